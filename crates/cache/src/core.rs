@@ -1,0 +1,361 @@
+//! The shared state of one multiplexer: the index readers use, the accounting writers keep.
+//!
+//! Two halves with different rules:
+//! - **The index** (`ArcSwap<Index>`) maps ids to loaded models. Readers (the hit path) never
+//!   lock: they load the current map, look up, pin. Writers replace the whole map (copy on
+//!   write), which is cheap because it changes only when a load finishes or a model is evicted.
+//! - **The state** (`Mutex<State>`) holds everything else: loads in progress, remembered
+//!   failures, capacity accounting, the event sequence. It is only locked for short, non-async
+//!   sections and never across an `.await` or a user callback, so it never serialises loads.
+//!
+//! Capacity invariant: `used_slots` / `used_bytes` count every model that occupies memory:
+//! loaded (in the index), reserved by a load in progress, and evicted-but-draining. A load
+//! reserves before it calls the loader, so the caps are never overcommitted.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use parking_lot::Mutex;
+use tokio::runtime::Handle;
+use tokio::sync::{Semaphore, broadcast};
+use tokio::time::Instant;
+
+use crate::events::{EvictReason, ModelEvent, ModelEventKind, ModelStatus, Subscription};
+use crate::guard::{ModelGuard, Resident, RoomSignal, WaiterCount};
+use crate::load::{Failure, LoadSlot};
+use crate::metrics::{Gauges, Metrics};
+use crate::model::DynLoader;
+use crate::{Config, Error, Model, ModelId, ModelInfo};
+
+pub(crate) type Index<M> = HashMap<ModelId, Arc<Resident<M>>, foldhash::fast::RandomState>;
+
+pub(crate) struct Core<M: Model> {
+    pub(crate) config: Config,
+    pub(crate) loader: Box<dyn DynLoader<M>>,
+    index: ArcSwap<Index<M>>,
+    pub(crate) state: Mutex<State<M>>,
+    /// Logical LRU clock: bumped when a model other than the most recent one is used.
+    clock: AtomicU64,
+    pub(crate) room: Arc<RoomSignal>,
+    pub(crate) load_permits: Semaphore,
+    events: broadcast::Sender<ModelEvent>,
+    pub(crate) metrics: Metrics,
+    pub(crate) runtime: Handle,
+    pub(crate) weak_self: Weak<Core<M>>,
+}
+
+pub(crate) struct State<M: Model> {
+    pub(crate) loading: HashMap<ModelId, LoadSlot<M>>,
+    pub(crate) failures: HashMap<ModelId, Failure>,
+    pub(crate) used_slots: usize,
+    pub(crate) used_bytes: u64,
+    /// Evicted models whose unload has not finished, with the bytes they hold.
+    draining: Vec<(ModelId, u64)>,
+    draining_bytes: u64,
+    seq: u64,
+    pub(crate) shutting_down: bool,
+}
+
+/// Whether a reservation fits.
+#[derive(Debug, PartialEq, Eq)]
+enum Room {
+    /// It fits now.
+    Now,
+    /// It will fit once models already draining (possibly just evicted for it) are unloaded,
+    /// or once a model in use becomes idle: wait and look again.
+    Wait,
+}
+
+impl<M: Model> Core<M> {
+    pub(crate) fn new(config: Config, loader: Box<dyn DynLoader<M>>, runtime: Handle) -> Arc<Self> {
+        Arc::new_cyclic(|weak_self| Core {
+            load_permits: Semaphore::new(config.max_concurrent_loads),
+            events: broadcast::channel(config.event_capacity).0,
+            config,
+            loader,
+            index: ArcSwap::from_pointee(Index::default()),
+            state: Mutex::new(State {
+                loading: HashMap::new(),
+                failures: HashMap::new(),
+                used_slots: 0,
+                used_bytes: 0,
+                draining: Vec::new(),
+                draining_bytes: 0,
+                seq: 0,
+                shutting_down: false,
+            }),
+            clock: AtomicU64::new(0),
+            room: Arc::default(),
+            metrics: Metrics::default(),
+            runtime,
+            weak_self: weak_self.clone(),
+        })
+    }
+
+    /// The hit path: no lock, no allocation.
+    pub(crate) fn hit(&self, id: &str) -> Option<ModelGuard<M>> {
+        let guard = ModelGuard::pin(self.index.load().get(id)?.clone());
+        self.touch(guard.resident());
+        self.metrics.hits.inc();
+        Some(guard)
+    }
+
+    /// Marks `r` most recently used. The clock only moves when the most recent model changes,
+    /// so a hot model's hits write nothing shared.
+    pub(crate) fn touch(&self, r: &Resident<M>) {
+        let now = self.clock.load(Ordering::Relaxed);
+        if r.last_used_tick.load(Ordering::Relaxed) != now {
+            let tick = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
+            r.last_used_tick.store(tick, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn next_tick(&self) -> u64 {
+        self.clock.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    pub(crate) fn loaded(&self, id: &str) -> Option<Arc<Resident<M>>> {
+        self.index.load().get(id).cloned()
+    }
+
+    /// Replaces the index with a modified copy. Taking `&mut State` proves the caller holds
+    /// the state lock, which serialises writers.
+    pub(crate) fn update_index(&self, _st: &mut State<M>, f: impl FnOnce(&mut Index<M>)) {
+        let mut next = Index::clone(&self.index.load());
+        f(&mut next);
+        self.index.store(Arc::new(next));
+    }
+
+    /// Publishes an event. Called with the state lock held, so events are in state order.
+    pub(crate) fn emit(&self, st: &mut State<M>, id: &ModelId, kind: ModelEventKind) {
+        st.seq += 1;
+        // No subscriber is not an error.
+        let _ = self.events.send(ModelEvent {
+            seq: st.seq,
+            id: id.clone(),
+            kind,
+        });
+    }
+
+    pub(crate) fn fits(&self, slots: usize, bytes: u64) -> bool {
+        self.config.max_models.is_none_or(|max| slots <= max)
+            && self.config.max_bytes.is_none_or(|max| bytes <= max)
+    }
+
+    /// Decides whether `slots` more slots and `bytes` more bytes fit, evicting idle models
+    /// (least recently used first) when that is what it takes. Evicts nothing unless the
+    /// evictions are enough: a load that will have to wait anyway must not empty the cache.
+    fn make_room(&self, st: &mut State<M>, slots: usize, bytes: u64) -> Room {
+        if self.fits(st.used_slots + slots, st.used_bytes + bytes) {
+            return Room::Now;
+        }
+        // What will be used once everything already draining is gone.
+        let mut after_slots = st.used_slots - st.draining.len() + slots;
+        let mut after_bytes = st.used_bytes - st.draining_bytes + bytes;
+        if self.fits(after_slots, after_bytes) {
+            return Room::Wait;
+        }
+        let index = self.index.load();
+        let mut idle: Vec<&Arc<Resident<M>>> = index.values().filter(|r| r.is_idle()).collect();
+        idle.sort_unstable_by_key(|r| r.last_used_tick.load(Ordering::Relaxed));
+        let mut victims = Vec::new();
+        for r in idle {
+            if self.fits(after_slots, after_bytes) {
+                break;
+            }
+            after_slots -= 1;
+            after_bytes -= r.size_or_zero();
+            victims.push(r.id.clone());
+        }
+        if self.fits(after_slots, after_bytes) {
+            self.metrics
+                .evictions
+                .fetch_add(victims.len() as u64, Ordering::Relaxed);
+            self.evict_locked(st, &victims, EvictReason::Capacity);
+        }
+        Room::Wait
+    }
+
+    /// Waits until `slots` and `bytes` fit, then reserves them. Gives up at `deadline` with
+    /// [`Error::CapacityExhausted`].
+    pub(crate) async fn reserve(
+        &self,
+        id: &ModelId,
+        slots: usize,
+        bytes: u64,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        let started = Instant::now();
+        let _waiting = WaiterCount::new(&self.room);
+        loop {
+            let notified = self.room.notify.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a wake-up between the look and the wait is kept.
+            notified.as_mut().enable();
+            {
+                let mut st = self.state.lock();
+                if st.shutting_down {
+                    return Err(Error::ShuttingDown);
+                }
+                if self.make_room(&mut st, slots, bytes) == Room::Now {
+                    st.used_slots += slots;
+                    st.used_bytes += bytes;
+                    return Ok(());
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                let st = self.state.lock();
+                return Err(self.capacity_error(&st, id, started.elapsed()));
+            }
+        }
+    }
+
+    fn capacity_error(&self, st: &State<M>, id: &ModelId, waited: Duration) -> Error {
+        let show = |v: Option<u64>| v.map_or_else(|| "unbounded".to_string(), |v| v.to_string());
+        Error::CapacityExhausted {
+            id: id.clone(),
+            waited,
+            resident: self.index.load().len(),
+            loading: st.loading.len().saturating_sub(1),
+            draining: st.draining.len(),
+            max_models: show(self.config.max_models.map(|m| m as u64)),
+            max_bytes: show(self.config.max_bytes),
+        }
+    }
+
+    /// Takes `ids` out of the index (new requests no longer find them) and counts them as
+    /// draining until their unload finishes.
+    pub(crate) fn evict_locked(&self, st: &mut State<M>, ids: &[ModelId], reason: EvictReason) {
+        let mut evicted = Vec::with_capacity(ids.len());
+        self.update_index(st, |index| {
+            evicted.extend(ids.iter().filter_map(|id| index.remove(id)));
+        });
+        for r in &evicted {
+            r.pinned.store(false, Ordering::Relaxed);
+            st.draining.push((r.id.clone(), r.size_or_zero()));
+            st.draining_bytes += r.size_or_zero();
+            self.emit(st, &r.id, ModelEventKind::Evicting { reason });
+            tracing::debug!(model_id = %r.id, ?reason, in_use = r.in_use.load(Ordering::Relaxed), "evicted");
+        }
+        // `evicted` drops here: an idle model's last reference goes and its unload starts.
+    }
+
+    /// Adds a model straight to the draining set (a load that finished but may not be kept).
+    pub(crate) fn drain_unadmitted(&self, st: &mut State<M>, id: &ModelId, size: u64) {
+        st.draining.push((id.clone(), size));
+        st.draining_bytes += size;
+    }
+
+    /// Called by the unload task when a model's unload hook has finished.
+    pub(crate) fn finish_unload(
+        &self,
+        id: ModelId,
+        size: Option<u64>,
+        took: Duration,
+        error: Option<String>,
+    ) {
+        Metrics::add(&self.metrics.unloads);
+        if error.is_some() {
+            Metrics::add(&self.metrics.unload_failures);
+        }
+        self.metrics.unload_duration.observe(took);
+        let size = size.unwrap_or(0);
+        {
+            let mut st = self.state.lock();
+            if let Some(pos) = st.draining.iter().position(|(d, s)| *d == id && *s == size) {
+                st.draining.swap_remove(pos);
+                st.draining_bytes -= size;
+                st.used_slots -= 1;
+                st.used_bytes -= size;
+            } else {
+                debug_assert!(false, "unloaded model '{id}' was not draining");
+            }
+            self.emit(
+                &mut st,
+                &id,
+                ModelEventKind::Unloaded {
+                    unload_time: took,
+                    error,
+                },
+            );
+        }
+        self.room.wake();
+    }
+
+    pub(crate) fn gauges(&self, st: &State<M>) -> Gauges {
+        let index = self.index.load();
+        Gauges {
+            loaded: index.len(),
+            loading: st.loading.len(),
+            draining: st.draining.len(),
+            used_slots: st.used_slots,
+            used_bytes: st.used_bytes,
+            pinned: index
+                .values()
+                .filter(|r| r.pinned.load(Ordering::Relaxed))
+                .count(),
+        }
+    }
+
+    /// Mean reported size of the loaded models (the reservation for a load of unknown size).
+    pub(crate) fn mean_loaded_size(&self) -> u64 {
+        let index = self.index.load();
+        let (n, sum) = index
+            .values()
+            .filter_map(|r| r.size)
+            .fold((0u64, 0u64), |(n, sum), s| (n + 1, sum.saturating_add(s)));
+        sum.checked_div(n).unwrap_or(0)
+    }
+
+    pub(crate) fn subscribe(&self) -> Subscription {
+        let st = self.state.lock();
+        let index = self.index.load();
+        let loaded = index.keys().map(|id| (id.clone(), ModelStatus::Loaded));
+        let loading = st
+            .loading
+            .keys()
+            .map(|id| (id.clone(), ModelStatus::Loading));
+        Subscription {
+            snapshot: loaded.chain(loading).collect(),
+            seq: st.seq,
+            events: self.events.subscribe(),
+        }
+    }
+
+    pub(crate) fn models(&self) -> Vec<ModelInfo> {
+        let st = self.state.lock();
+        let index = self.index.load();
+        let mut loaded: Vec<&Arc<Resident<M>>> = index.values().collect();
+        loaded
+            .sort_unstable_by_key(|r| std::cmp::Reverse(r.last_used_tick.load(Ordering::Relaxed)));
+        let loaded = loaded.into_iter().map(|r| ModelInfo {
+            id: r.id.clone(),
+            status: ModelStatus::Loaded,
+            size_bytes: r.size,
+            in_use: r.in_use.load(Ordering::Relaxed),
+            pinned: r.pinned.load(Ordering::Relaxed),
+            idle_for: r.idle_for(),
+        });
+        let loading = st.loading.keys().map(|id| ModelInfo {
+            id: id.clone(),
+            status: ModelStatus::Loading,
+            size_bytes: None,
+            in_use: 0,
+            pinned: false,
+            idle_for: Duration::ZERO,
+        });
+        loaded.chain(loading).collect()
+    }
+
+    /// Ids of the models draining, for the shutdown report.
+    pub(crate) fn draining_ids(&self, st: &State<M>) -> Vec<ModelId> {
+        st.draining.iter().map(|(id, _)| id.clone()).collect()
+    }
+
+    pub(crate) fn loaded_ids(&self) -> Vec<ModelId> {
+        self.index.load().keys().cloned().collect()
+    }
+}

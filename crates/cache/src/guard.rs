@@ -1,0 +1,236 @@
+//! A resident model and the guards that pin it while in use.
+//!
+//! Why unload is exactly-once by construction: a [`Resident`] is created once per successful
+//! load and its model is handed to the unload hook from `Resident::drop`, which Rust runs once,
+//! when the last `Arc` to it goes away. The index holds one `Arc` while the model is servable;
+//! every [`ModelGuard`] holds another. So eviction (dropping the index's `Arc`) can never unload
+//! a model someone is still using, and no bookkeeping can get the count wrong.
+
+use std::fmt;
+use std::ops::Deref;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+
+use futures_util::FutureExt;
+use tokio::runtime::Handle;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::core::Core;
+use crate::error::panic_message;
+use crate::{Model, ModelId};
+
+/// Wakes loads waiting for room. `waiters` lets the hot path skip the wake-up when nobody waits.
+#[derive(Default)]
+pub(crate) struct RoomSignal {
+    pub(crate) waiters: AtomicUsize,
+    pub(crate) notify: Notify,
+}
+
+impl RoomSignal {
+    /// Wakes every waiting load so it looks for room again.
+    pub(crate) fn wake(&self) {
+        self.notify.notify_waiters();
+    }
+
+    /// Wakes waiters if there are any. `SeqCst` pairs with [`WaiterCount::new`]: either the
+    /// waiter's check sees the change that freed room, or this sees the waiter.
+    fn wake_if_waiting(&self) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.wake();
+        }
+    }
+}
+
+/// Counts a load as waiting for room for as long as it lives.
+pub(crate) struct WaiterCount<'a>(&'a RoomSignal);
+
+impl<'a> WaiterCount<'a> {
+    pub(crate) fn new(signal: &'a RoomSignal) -> Self {
+        signal.waiters.fetch_add(1, Ordering::SeqCst);
+        Self(signal)
+    }
+}
+
+impl Drop for WaiterCount<'_> {
+    fn drop(&mut self) {
+        self.0.waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The wall clock, used only to show people how long a model has been idle. The hit path reads
+/// it once per release; Tokio's clock would cost more there and would show paused test time.
+#[allow(clippy::disallowed_types)]
+type WallClock = std::time::Instant;
+
+/// A loaded model and what the cache knows about it.
+pub(crate) struct Resident<M: Model> {
+    pub(crate) id: ModelId,
+    /// `Some` until `drop` hands it to the unload hook.
+    model: Option<M>,
+    pub(crate) size: Option<u64>,
+    /// Guards alive on this model.
+    pub(crate) in_use: AtomicUsize,
+    /// Logical LRU clock value of the last use (exact order, no ties).
+    pub(crate) last_used_tick: AtomicU64,
+    /// When the last guard was dropped, in milliseconds since `loaded_at` (for people; the LRU
+    /// order uses the tick).
+    idle_since_ms: AtomicU64,
+    /// Pinned by an operator: never evicted for capacity.
+    pub(crate) pinned: AtomicBool,
+    /// Wall clock, not a timer: only read to show ages to people.
+    loaded_at: WallClock,
+    room: Arc<RoomSignal>,
+    core: Weak<Core<M>>,
+    runtime: Handle,
+}
+
+impl<M: Model> Resident<M> {
+    pub(crate) fn new(id: ModelId, model: M, tick: u64, core: &Core<M>) -> Self {
+        Self {
+            id,
+            size: model.size_bytes(),
+            model: Some(model),
+            in_use: AtomicUsize::new(0),
+            last_used_tick: AtomicU64::new(tick),
+            idle_since_ms: AtomicU64::new(0),
+            pinned: AtomicBool::new(false),
+            loaded_at: WallClock::now(),
+            room: core.room.clone(),
+            core: core.weak_self.clone(),
+            runtime: core.runtime.clone(),
+        }
+    }
+
+    /// Neither in use nor pinned: a candidate for eviction.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.in_use.load(Ordering::SeqCst) == 0 && !self.pinned.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn size_or_zero(&self) -> u64 {
+        self.size.unwrap_or(0)
+    }
+
+    /// How long ago the model was last used: zero while it is in use.
+    pub(crate) fn idle_for(&self) -> std::time::Duration {
+        if self.in_use.load(Ordering::Relaxed) > 0 {
+            return std::time::Duration::ZERO;
+        }
+        let since = std::time::Duration::from_millis(self.idle_since_ms.load(Ordering::Relaxed));
+        self.loaded_at.elapsed().saturating_sub(since)
+    }
+
+    fn mark_idle(&self) {
+        let ms = u64::try_from(self.loaded_at.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.idle_since_ms.store(ms, Ordering::Relaxed);
+    }
+}
+
+impl<M: Model> Drop for Resident<M> {
+    fn drop(&mut self) {
+        let Some(model) = self.model.take() else {
+            return;
+        };
+        let core = self.core.clone();
+        let id = self.id.clone();
+        let size = self.size;
+        // If the runtime is already shut down the task is dropped unrun, and so is the model:
+        // its `Drop` is the fallback.
+        drop(self.runtime.spawn(unload(core, id, size, model)));
+    }
+}
+
+async fn unload<M: Model>(core: Weak<Core<M>>, id: ModelId, size: Option<u64>, model: M) {
+    tracing::info!(model_id = %id, "Unloading model '{id}'.");
+    let start = Instant::now();
+    // The hook is called inside the guarded future, so a panic while building it is caught too.
+    let outcome = AssertUnwindSafe(async move { model.unload().await })
+        .catch_unwind()
+        .await;
+    let elapsed = start.elapsed();
+    let error = match outcome {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(panic) => Some(format!("unload hook panicked: {}", panic_message(&*panic))),
+    };
+    match &error {
+        None => tracing::info!(
+            model_id = %id,
+            duration_ms = elapsed.as_secs_f64() * 1e3,
+            "Unloaded model '{id}' in {:.1}ms.",
+            elapsed.as_secs_f64() * 1e3
+        ),
+        Some(e) => tracing::warn!(model_id = %id, error = %e, "Unloading model '{id}' failed: {e}"),
+    }
+    if let Some(core) = core.upgrade() {
+        core.finish_unload(id, size, elapsed, error);
+    }
+}
+
+/// A loaded model, pinned against unloading for as long as this guard (or a clone) lives.
+///
+/// Dereferences to the model. Eviction can take the model out of the cache while a guard is
+/// alive (new requests then load a fresh copy), but the model's unload hook runs only after
+/// the last guard is dropped.
+pub struct ModelGuard<M: Model> {
+    resident: Arc<Resident<M>>,
+}
+
+impl<M: Model> ModelGuard<M> {
+    /// Pins `resident` (the caller must hold it through the index or another guard).
+    pub(crate) fn pin(resident: Arc<Resident<M>>) -> Self {
+        resident.in_use.fetch_add(1, Ordering::SeqCst);
+        Self { resident }
+    }
+
+    /// The model's id.
+    pub fn id(&self) -> &ModelId {
+        &self.resident.id
+    }
+
+    /// The model's reported size in bytes, if it reports one.
+    pub fn size_bytes(&self) -> Option<u64> {
+        self.resident.size
+    }
+
+    pub(crate) fn resident(&self) -> &Arc<Resident<M>> {
+        &self.resident
+    }
+}
+
+impl<M: Model> Deref for ModelGuard<M> {
+    type Target = M;
+    fn deref(&self) -> &M {
+        self.resident
+            .model
+            .as_ref()
+            .expect("a resident keeps its model until its last reference is dropped")
+    }
+}
+
+impl<M: Model> Clone for ModelGuard<M> {
+    fn clone(&self) -> Self {
+        Self::pin(self.resident.clone())
+    }
+}
+
+impl<M: Model> Drop for ModelGuard<M> {
+    fn drop(&mut self) {
+        if self.resident.in_use.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.resident.mark_idle();
+            // The model just became idle: a load waiting for room may now evict it.
+            self.resident.room.wake_if_waiting();
+        }
+    }
+}
+
+/// Shows the id and size, not the model (models are rarely `Debug`, and weights are long).
+impl<M: Model> fmt::Debug for ModelGuard<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelGuard")
+            .field("id", &self.resident.id)
+            .field("size_bytes", &self.resident.size)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,340 @@
+//! The miss path: single-flight loads, failure memory, admission into the index.
+//!
+//! Every load runs on its own task, so a caller that gives up (a client disconnects) cancels
+//! nothing: the others waiting on the same id still get the result, and the model stays warm.
+//! Whatever way a load ends (success, error, panic, timeout, abort), a [`LoadTicket`] makes
+//! sure its reservation is released and its `Loading` advertisement is retracted.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use tokio::sync::watch;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::core::{Core, State};
+use crate::error::panic_message;
+use crate::events::ModelEventKind;
+use crate::guard::{ModelGuard, Resident};
+use crate::metrics::Metrics;
+use crate::{Error, Model, ModelId};
+
+type Outcome<M> = Result<ModelGuard<M>, Error>;
+
+/// A load in progress, shared by everyone asking for its id.
+pub(crate) struct LoadSlot<M: Model> {
+    rx: watch::Receiver<Option<Outcome<M>>>,
+    pub(crate) task: AbortHandle,
+}
+
+/// A remembered load failure (the negative cache).
+pub(crate) struct Failure {
+    error: Arc<Error>,
+    /// Consecutive failures; the backoff doubles with each.
+    attempts: u32,
+    until: Instant,
+}
+
+/// Failures remembered before expired ones are pruned.
+const MAX_REMEMBERED_FAILURES: usize = 1024;
+
+impl<M: Model> Core<M> {
+    /// A get that missed the index: join the load in progress, or start one.
+    pub(crate) async fn get_slow(self: &Arc<Self>, id: &str) -> Result<ModelGuard<M>, Error> {
+        let id = ModelId::new(id)?;
+        let mut rx = {
+            let mut st = self.state.lock();
+            // A load may have finished since the lock-free look.
+            if let Some(guard) = self.hit(&id) {
+                return Ok(guard);
+            }
+            if st.shutting_down {
+                return Err(Error::ShuttingDown);
+            }
+            self.metrics.misses.inc();
+            match st.loading.get(&id) {
+                Some(slot) => slot.rx.clone(),
+                None => {
+                    if let Some(err) = self.backing_off(&st, &id) {
+                        Metrics::add(&self.metrics.backoff_rejections);
+                        return Err(err);
+                    }
+                    self.start_load(&mut st, id.clone())
+                }
+            }
+        };
+        let outcome = match rx.wait_for(Option::is_some).await {
+            Ok(value) => value.clone().expect("waited for Some"),
+            // The load task ended without a word: it was aborted.
+            Err(_) if self.state.lock().shutting_down => Err(Error::ShuttingDown),
+            Err(_) => Err(Error::LoadCancelled { id }),
+        };
+        if let Ok(guard) = &outcome {
+            self.touch(guard.resident());
+        }
+        outcome
+    }
+
+    fn backing_off(&self, st: &State<M>, id: &ModelId) -> Option<Error> {
+        let failure = st.failures.get(id)?;
+        let retry_after = failure.until.checked_duration_since(Instant::now())?;
+        if retry_after.is_zero() {
+            return None;
+        }
+        Some(Error::BackingOff {
+            id: id.clone(),
+            retry_after,
+            cause: failure.error.clone(),
+        })
+    }
+
+    fn start_load(
+        self: &Arc<Self>,
+        st: &mut State<M>,
+        id: ModelId,
+    ) -> watch::Receiver<Option<Outcome<M>>> {
+        let (tx, rx) = watch::channel(None);
+        self.emit(st, &id, ModelEventKind::Loading);
+        // The task cannot touch the state before this function returns: we hold the lock.
+        let task = self.runtime.spawn(self.clone().run_load(id.clone(), tx));
+        st.loading.insert(
+            id,
+            LoadSlot {
+                rx: rx.clone(),
+                task: task.abort_handle(),
+            },
+        );
+        rx
+    }
+
+    async fn run_load(self: Arc<Self>, id: ModelId, tx: watch::Sender<Option<Outcome<M>>>) {
+        let mut ticket = LoadTicket {
+            core: &self,
+            id: &id,
+            reserved: None,
+            open: true,
+        };
+        let outcome = self.load_and_admit(&mut ticket).await;
+        let over_caps = matches!(outcome, Ok((_, true)));
+        // Fails only when nobody waits any more; the model stays warm regardless.
+        let _ = tx.send(Some(outcome.map(|(guard, _)| guard)));
+        drop(tx);
+        if over_caps {
+            // The model turned out larger than its reservation: evict idle models to get back
+            // under the caps, waiting for ones in use to become idle.
+            let deadline = Instant::now() + self.config.capacity_timeout;
+            if let Err(e) = self.reserve(&id, 0, 0, deadline).await {
+                tracing::warn!(model_id = %id, error = %e, "model '{id}' is larger than its reservation and the caps stay exceeded");
+            }
+        }
+    }
+
+    /// Reserves room, runs the loader, and admits the model. `Ok((guard, over_caps))`.
+    async fn load_and_admit(
+        &self,
+        ticket: &mut LoadTicket<'_, M>,
+    ) -> Result<(ModelGuard<M>, bool), Error> {
+        let id = ticket.id;
+        let hint = self.loader.size_hint(id);
+        if let (Some(size), Some(max_bytes)) = (hint, self.config.max_bytes)
+            && size > max_bytes
+        {
+            return Err(ticket.fail(Error::ModelTooLarge {
+                id: id.clone(),
+                size,
+                max_bytes,
+            }));
+        }
+        let estimate = hint.unwrap_or_else(|| self.mean_loaded_size());
+        let deadline = Instant::now() + self.config.capacity_timeout;
+        if let Err(e) = self.reserve(id, 1, estimate, deadline).await {
+            return Err(ticket.fail(e));
+        }
+        ticket.reserved = Some(estimate);
+
+        let permit = self
+            .load_permits
+            .acquire()
+            .await
+            .expect("the load semaphore is never closed");
+        Metrics::add(&self.metrics.loads);
+        tracing::info!(model_id = %id, "Loading model '{id}'.");
+        let start = Instant::now();
+        let load = AssertUnwindSafe(self.loader.load_boxed(id.clone())).catch_unwind();
+        let finished = match self.config.load_timeout {
+            Some(limit) => tokio::time::timeout(limit, load).await.ok(),
+            None => Some(load.await),
+        };
+        drop(permit);
+        let took = start.elapsed();
+        let model = match finished {
+            Some(Ok(Ok(model))) => model,
+            Some(Ok(Err(source))) => {
+                return Err(ticket.fail(Error::LoadFailed {
+                    id: id.clone(),
+                    source: Arc::from(source),
+                }));
+            }
+            Some(Err(panic)) => {
+                return Err(ticket.fail(Error::LoadPanicked {
+                    id: id.clone(),
+                    message: panic_message(&*panic),
+                }));
+            }
+            None => {
+                return Err(ticket.fail(Error::LoadTimeout {
+                    id: id.clone(),
+                    after: self.config.load_timeout.unwrap_or_default(),
+                }));
+            }
+        };
+        self.admit(ticket, model, took)
+    }
+
+    /// Puts a freshly loaded model into the index (or refuses it, and drains it at once).
+    fn admit(
+        &self,
+        ticket: &mut LoadTicket<'_, M>,
+        model: M,
+        took: Duration,
+    ) -> Result<(ModelGuard<M>, bool), Error> {
+        let id = ticket.id;
+        let estimate = ticket.reserved.take().unwrap_or(0);
+        ticket.open = false;
+        let resident = Arc::new(Resident::new(id.clone(), model, self.next_tick(), self));
+        let size = resident.size_or_zero();
+
+        let mut st = self.state.lock();
+        st.loading.remove(id);
+        st.used_bytes = st.used_bytes - estimate + size;
+        let refusal = match self.config.max_bytes {
+            _ if st.shutting_down => Some(Error::ShuttingDown),
+            Some(max_bytes) if size > max_bytes => Some(Error::ModelTooLarge {
+                id: id.clone(),
+                size,
+                max_bytes,
+            }),
+            _ => None,
+        };
+        if let Some(error) = refusal {
+            // It was loaded, so it must be unloaded: count it as draining, then let it go.
+            self.drain_unadmitted(&mut st, id, size);
+            self.record_failure(&mut st, id, &error);
+            drop(st);
+            drop(resident);
+            return Err(error);
+        }
+        st.failures.remove(id);
+        let guard = ModelGuard::pin(resident.clone());
+        self.update_index(&mut st, |index| {
+            index.insert(id.clone(), resident);
+        });
+        self.emit(
+            &mut st,
+            id,
+            ModelEventKind::Loaded {
+                size_bytes: guard.size_bytes(),
+                load_time: took,
+            },
+        );
+        let over_caps = !self.fits(st.used_slots, st.used_bytes);
+        drop(st);
+        self.metrics.load_duration.observe(took);
+        tracing::info!(
+            model_id = %id,
+            duration_ms = took.as_secs_f64() * 1e3,
+            size_bytes = guard.size_bytes(),
+            "Loaded model '{id}' in {:.1}ms.",
+            took.as_secs_f64() * 1e3
+        );
+        Ok((guard, over_caps))
+    }
+
+    /// Releases a failed load's reservation, retracts its advertisement, remembers the failure.
+    fn fail_load(&self, id: &ModelId, reserved: Option<u64>, error: &Error) {
+        {
+            let mut st = self.state.lock();
+            if let Some(bytes) = reserved {
+                st.used_slots -= 1;
+                st.used_bytes -= bytes;
+            }
+            st.loading.remove(id);
+            self.record_failure(&mut st, id, error);
+        }
+        self.room.wake();
+        tracing::warn!(model_id = %id, error_type = error.error_type(), "{error}");
+    }
+
+    /// Counts a failure, remembers it if it is the model's fault, and publishes it.
+    fn record_failure(&self, st: &mut State<M>, id: &ModelId, error: &Error) {
+        match error {
+            Error::CapacityExhausted { .. } => Metrics::add(&self.metrics.capacity_exhausted),
+            e if e.is_model_failure() => Metrics::add(&self.metrics.load_failures),
+            _ => {}
+        }
+        let base = self.config.failure_backoff;
+        if error.is_model_failure() && !base.is_zero() {
+            let now = Instant::now();
+            if st.failures.len() >= MAX_REMEMBERED_FAILURES {
+                st.failures.retain(|_, f| f.until > now);
+            }
+            let attempts = st
+                .failures
+                .get(id)
+                .map_or(1, |f| f.attempts.saturating_add(1));
+            let backoff = base
+                .saturating_mul(2u32.saturating_pow(attempts - 1))
+                .min(self.config.max_failure_backoff.max(base));
+            st.failures.insert(
+                id.clone(),
+                Failure {
+                    error: Arc::new(error.clone()),
+                    attempts,
+                    until: now + backoff,
+                },
+            );
+        }
+        self.emit(
+            st,
+            id,
+            ModelEventKind::Failed {
+                error: error.clone(),
+            },
+        );
+    }
+}
+
+/// Owns a load's cleanup: dropped while still open (the task was aborted, or its runtime shut
+/// down), it releases the reservation and retracts the `Loading` advertisement.
+struct LoadTicket<'a, M: Model> {
+    core: &'a Core<M>,
+    id: &'a ModelId,
+    /// Bytes reserved (with one slot), once the reservation succeeded.
+    reserved: Option<u64>,
+    open: bool,
+}
+
+impl<M: Model> LoadTicket<'_, M> {
+    fn fail(&mut self, error: Error) -> Error {
+        self.open = false;
+        self.core.fail_load(self.id, self.reserved.take(), &error);
+        error
+    }
+}
+
+impl<M: Model> Drop for LoadTicket<'_, M> {
+    fn drop(&mut self) {
+        if self.open {
+            let error = if self.core.state.lock().shutting_down {
+                Error::ShuttingDown
+            } else {
+                Error::LoadCancelled {
+                    id: self.id.clone(),
+                }
+            };
+            self.fail(error);
+        }
+    }
+}
