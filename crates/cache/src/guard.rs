@@ -59,11 +59,6 @@ impl Drop for WaiterCount<'_> {
     }
 }
 
-/// The wall clock, used only to show people how long a model has been idle. The hit path reads
-/// it once per release; Tokio's clock would cost more there and would show paused test time.
-#[allow(clippy::disallowed_types)]
-type WallClock = std::time::Instant;
-
 /// A loaded model and what the cache knows about it.
 pub(crate) struct Resident<M: Model> {
     pub(crate) id: ModelId,
@@ -74,13 +69,11 @@ pub(crate) struct Resident<M: Model> {
     pub(crate) in_use: AtomicUsize,
     /// Logical LRU clock value of the last use (exact order, no ties).
     pub(crate) last_used_tick: AtomicU64,
-    /// When the last guard was dropped, in milliseconds since `loaded_at` (for people; the LRU
-    /// order uses the tick).
-    idle_since_ms: AtomicU64,
+    /// When the last guard was dropped, as a coarse monotonic timestamp in ticks of
+    /// `coarsetime` (for people; the LRU order uses the logical tick).
+    idle_since: AtomicU64,
     /// Pinned by an operator: never evicted for capacity.
     pub(crate) pinned: AtomicBool,
-    /// Wall clock, not a timer: only read to show ages to people.
-    loaded_at: WallClock,
     room: Arc<RoomSignal>,
     core: Weak<Core<M>>,
     runtime: Handle,
@@ -94,9 +87,8 @@ impl<M: Model> Resident<M> {
             model: Some(model),
             in_use: AtomicUsize::new(0),
             last_used_tick: AtomicU64::new(tick),
-            idle_since_ms: AtomicU64::new(0),
+            idle_since: AtomicU64::new(coarsetime::Instant::now().as_ticks()),
             pinned: AtomicBool::new(false),
-            loaded_at: WallClock::now(),
             room: core.room.clone(),
             core: core.weak_self.clone(),
             runtime: core.runtime.clone(),
@@ -117,13 +109,16 @@ impl<M: Model> Resident<M> {
         if self.in_use.load(Ordering::Relaxed) > 0 {
             return std::time::Duration::ZERO;
         }
-        let since = std::time::Duration::from_millis(self.idle_since_ms.load(Ordering::Relaxed));
-        self.loaded_at.elapsed().saturating_sub(since)
+        let since = coarsetime::Instant::from_u64(self.idle_since.load(Ordering::Relaxed));
+        coarsetime::Instant::now().duration_since(since).into()
     }
 
+    /// Records when the model became idle. A precise clock read costs about as much as the
+    /// rest of a cache hit; the coarse clock (CLOCK_MONOTONIC_COARSE, a few ms resolution) is
+    /// a plain memory read and is precise enough to tell people how long a model sat idle.
     fn mark_idle(&self) {
-        let ms = u64::try_from(self.loaded_at.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.idle_since_ms.store(ms, Ordering::Relaxed);
+        self.idle_since
+            .store(coarsetime::Instant::now().as_ticks(), Ordering::Relaxed);
     }
 }
 

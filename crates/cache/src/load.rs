@@ -19,7 +19,8 @@ use crate::error::panic_message;
 use crate::events::ModelEventKind;
 use crate::guard::{ModelGuard, Resident};
 use crate::metrics::Metrics;
-use crate::{Error, Model, ModelId};
+use crate::model::BoxFuture;
+use crate::{BoxError, Error, Model, ModelId};
 
 type Outcome<M> = Result<ModelGuard<M>, Error>;
 
@@ -131,14 +132,20 @@ impl<M: Model> Core<M> {
         }
     }
 
-    /// Reserves room, runs the loader, and admits the model. `Ok((guard, over_caps))`.
+    /// Probes, reserves room, runs the loader, and admits the model. `Ok((guard, over_caps))`.
     async fn load_and_admit(
         &self,
         ticket: &mut LoadTicket<'_, M>,
     ) -> Result<(ModelGuard<M>, bool), Error> {
         let id = ticket.id;
-        let hint = self.loader.size_hint(id);
-        if let (Some(size), Some(max_bytes)) = (hint, self.config.max_bytes)
+        let size = match self
+            .call_user(id, self.loader.probe_boxed(id.clone()))
+            .await
+        {
+            Ok(size) => size,
+            Err(e) => return Err(ticket.fail(e)),
+        };
+        if let (Some(size), Some(max_bytes)) = (size, self.config.max_bytes)
             && size > max_bytes
         {
             return Err(ticket.fail(Error::ModelTooLarge {
@@ -147,7 +154,7 @@ impl<M: Model> Core<M> {
                 max_bytes,
             }));
         }
-        let estimate = hint.unwrap_or_else(|| self.mean_loaded_size());
+        let estimate = size.unwrap_or_else(|| self.mean_loaded_size());
         let deadline = Instant::now() + self.config.capacity_timeout;
         if let Err(e) = self.reserve(id, 1, estimate, deadline).await {
             return Err(ticket.fail(e));
@@ -162,35 +169,41 @@ impl<M: Model> Core<M> {
         Metrics::add(&self.metrics.loads);
         tracing::info!(model_id = %id, "Loading model '{id}'.");
         let start = Instant::now();
-        let load = AssertUnwindSafe(self.loader.load_boxed(id.clone())).catch_unwind();
-        let finished = match self.config.load_timeout {
-            Some(limit) => tokio::time::timeout(limit, load).await.ok(),
-            None => Some(load.await),
-        };
+        let loaded = self.call_user(id, self.loader.load_boxed(id.clone())).await;
         drop(permit);
-        let took = start.elapsed();
-        let model = match finished {
-            Some(Ok(Ok(model))) => model,
-            Some(Ok(Err(source))) => {
-                return Err(ticket.fail(Error::LoadFailed {
-                    id: id.clone(),
-                    source: Arc::from(source),
-                }));
-            }
-            Some(Err(panic)) => {
-                return Err(ticket.fail(Error::LoadPanicked {
-                    id: id.clone(),
-                    message: panic_message(&*panic),
-                }));
-            }
-            None => {
-                return Err(ticket.fail(Error::LoadTimeout {
-                    id: id.clone(),
-                    after: self.config.load_timeout.unwrap_or_default(),
-                }));
-            }
+        match loaded {
+            Ok(model) => self.admit(ticket, model, start.elapsed()),
+            Err(e) => Err(ticket.fail(e)),
+        }
+    }
+
+    /// Runs a user future (probe or load) with the load timeout, turning its error, panic or
+    /// timeout into an [`Error`].
+    async fn call_user<T>(
+        &self,
+        id: &ModelId,
+        fut: BoxFuture<'_, Result<T, BoxError>>,
+    ) -> Result<T, Error> {
+        let fut = AssertUnwindSafe(fut).catch_unwind();
+        let finished = match self.config.load_timeout {
+            Some(limit) => tokio::time::timeout(limit, fut).await.ok(),
+            None => Some(fut.await),
         };
-        self.admit(ticket, model, took)
+        match finished {
+            Some(Ok(Ok(value))) => Ok(value),
+            Some(Ok(Err(source))) => Err(Error::LoadFailed {
+                id: id.clone(),
+                source: Arc::from(source),
+            }),
+            Some(Err(panic)) => Err(Error::LoadPanicked {
+                id: id.clone(),
+                message: panic_message(&*panic),
+            }),
+            None => Err(Error::LoadTimeout {
+                id: id.clone(),
+                after: self.config.load_timeout.unwrap_or_default(),
+            }),
+        }
     }
 
     /// Puts a freshly loaded model into the index (or refuses it, and drains it at once).

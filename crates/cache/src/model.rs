@@ -75,22 +75,29 @@ pub trait Model: Send + Sync + 'static {
 /// # }
 /// ```
 ///
-/// Implement the trait on a type when the loader has state or can tell a model's size before
-/// loading it ([`size_hint`](Loader::size_hint)), which lets the byte cap be enforced exactly.
+/// Implement the trait on a type when the loader has state, or can check a model cheaply before
+/// loading it ([`probe`](Loader::probe)): a missing model then fails without evicting anything,
+/// and a known size lets the byte cap be enforced exactly.
 pub trait Loader<M>: Send + Sync + 'static {
     /// Loads the model named `id`. Runs on its own task: a caller that stops waiting does not
     /// cancel it, and other callers asking for the same id share its result.
     fn load(&self, id: &ModelId) -> impl Future<Output = Result<M, BoxError>> + Send;
 
-    /// The size the model will report once loaded, if it can be known beforehand (for example
-    /// from the object's size in a store). Used to reserve bytes before the load starts.
+    /// Checks, cheaply and before any room is made for it, that `id` can be loaded, and
+    /// returns the size it will report if that is known (for example a `HEAD` of the object in
+    /// a store, or a file's metadata). The default knows nothing: `Ok(None)`.
     ///
-    /// When `None`, the reservation is the mean size of the models already resident: the models
-    /// a multiplexer serves are usually of one shape, so this is a close guess. The reservation
-    /// is corrected to the real size as soon as the load finishes.
-    fn size_hint(&self, id: &ModelId) -> Option<u64> {
+    /// Room for a load is made before the loader runs (a loading model occupies memory, so it
+    /// counts against the caps), which may evict an idle model. An error here fails the get
+    /// without evicting anything, so a request for a model that does not exist costs the cache
+    /// nothing. It is remembered like any load failure, and bounded by the same `load_timeout`.
+    ///
+    /// With `Ok(None)`, the reservation is the mean size of the models already loaded: the
+    /// models a multiplexer serves are usually of one shape, so this is a close guess. It is
+    /// corrected to the real size as soon as the load finishes.
+    fn probe(&self, id: &ModelId) -> impl Future<Output = Result<Option<u64>, BoxError>> + Send {
         let _ = id;
-        None
+        async { Ok(None) }
     }
 }
 
@@ -107,22 +114,19 @@ where
 
 /// The object-safe form of [`Loader`] the multiplexer stores.
 pub(crate) trait DynLoader<M>: Send + Sync + 'static {
-    fn load_boxed(
-        &self,
-        id: ModelId,
-    ) -> Pin<Box<dyn Future<Output = Result<M, BoxError>> + Send + '_>>;
-    fn size_hint(&self, id: &ModelId) -> Option<u64>;
+    fn load_boxed(&self, id: ModelId) -> BoxFuture<'_, Result<M, BoxError>>;
+    fn probe_boxed(&self, id: ModelId) -> BoxFuture<'_, Result<Option<u64>, BoxError>>;
 }
 
+/// A boxed, sendable future (what the object-safe loader returns).
+pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
 impl<M, L: Loader<M>> DynLoader<M> for L {
-    fn load_boxed(
-        &self,
-        id: ModelId,
-    ) -> Pin<Box<dyn Future<Output = Result<M, BoxError>> + Send + '_>> {
+    fn load_boxed(&self, id: ModelId) -> BoxFuture<'_, Result<M, BoxError>> {
         Box::pin(async move { self.load(&id).await })
     }
 
-    fn size_hint(&self, id: &ModelId) -> Option<u64> {
-        Loader::size_hint(self, id)
+    fn probe_boxed(&self, id: ModelId) -> BoxFuture<'_, Result<Option<u64>, BoxError>> {
+        Box::pin(async move { self.probe(&id).await })
     }
 }

@@ -675,3 +675,27 @@ async fn eviction_prefers_an_idle_model_over_an_older_busy_one() {
     drop(old_but_busy);
     probe.assert_clean();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_model_that_fails_its_probe_evicts_nothing() {
+    let probe = Probe::new();
+    probe.missing.lock().insert("ghost".into());
+    let mux = build(&probe, Multiplexer::builder().max_models(1));
+    mux.get("resident").await.unwrap();
+    let err = mux.get("ghost").await.unwrap_err();
+    assert!(matches!(err, Error::LoadFailed { .. }), "{err}");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    assert_eq!(
+        ids(mux.loaded_ids()),
+        ["resident"],
+        "the cache is untouched"
+    );
+    assert_eq!(probe.loads_of("ghost"), 0);
+    assert_eq!(probe.total_unloads(), 0);
+    // Remembered like any failure: the next get does not even probe.
+    assert!(matches!(
+        mux.get("ghost").await,
+        Err(Error::BackingOff { .. })
+    ));
+    assert_eq!(probe.probes.lock()["ghost"], 1);
+}

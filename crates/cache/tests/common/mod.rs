@@ -45,8 +45,11 @@ pub struct Probe {
     pub delay: Mutex<HashMap<String, Duration>>,
     pub default_delay: Mutex<Duration>,
     pub sizes: Mutex<HashMap<String, u64>>,
-    /// Whether the loader tells sizes in advance through `size_hint`.
+    /// Whether the loader tells sizes in advance through `probe`.
     pub hint_sizes: std::sync::atomic::AtomicBool,
+    /// Ids whose probe says they do not exist; probe calls per id.
+    pub missing: Mutex<HashSet<String>>,
+    pub probes: Mutex<HashMap<String, usize>>,
     pub unload_behaviour: Mutex<HashMap<String, UnloadBehaviour>>,
     pub unload_delay: Mutex<Duration>,
 }
@@ -228,11 +231,16 @@ impl Loader<TestModel> for TestLoader {
         })
     }
 
-    fn size_hint(&self, id: &ModelId) -> Option<u64> {
-        self.0
+    async fn probe(&self, id: &ModelId) -> Result<Option<u64>, BoxError> {
+        *self.0.probes.lock().entry(id.to_string()).or_default() += 1;
+        if self.0.missing.lock().contains(id.as_str()) {
+            return Err(format!("model {id} does not exist").into());
+        }
+        Ok(self
+            .0
             .hint_sizes
             .load(Ordering::SeqCst)
-            .then(|| self.0.size_of(id))
+            .then(|| self.0.size_of(id)))
     }
 }
 
