@@ -2,8 +2,10 @@
 //!
 //! - `hit/*`: `get` of a loaded model and dropping its guard, polled once (no runtime in the
 //!   loop), from one thread and from two threads at once (same model, and one model each).
-//!   `mutex_map/*` runs the same pattern against a `Mutex<HashMap<String, Arc<M>>>`, the
-//!   simplest correct design, so the two can be compared as a ratio from one run.
+//!   `locked_cache/*` runs the same pattern against the obvious lock-based design with the
+//!   same semantics (a `Mutex<HashMap>` whose entries carry a pin count and an LRU tick, both
+//!   updated under the lock on get and on release), so the two compare as a ratio from one run.
+//!   `bare_mutex_map/*` is a floor: a `Mutex<HashMap<String, Arc<M>>>` with no pins and no LRU.
 //! - `miss/zero_cost_loader`: a get that loads (and, at capacity 1, evicts and unloads the
 //!   previous model), with a loader that does nothing: the cache's own overhead per load.
 //!
@@ -12,6 +14,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::hint::black_box;
+use std::ops::Deref;
 use std::pin::pin;
 use std::sync::{Arc, Barrier};
 use std::task::{Context, Poll, Waker};
@@ -33,6 +36,69 @@ fn hit(mux: &Multiplexer<Weights>, id: &str) -> ModelGuard<Weights> {
     match pin!(mux.get(id)).poll(&mut cx) {
         Poll::Ready(Ok(guard)) => guard,
         _ => panic!("'{id}' was expected to be loaded"),
+    }
+}
+
+/// The lock-based design: what a cache with pins and LRU looks like behind one mutex.
+#[derive(Default)]
+struct LockedCache {
+    inner: parking_lot::Mutex<(u64, HashMap<String, LockedEntry>)>,
+}
+
+struct LockedEntry {
+    model: Arc<Weights>,
+    in_use: usize,
+    tick: u64,
+}
+
+struct LockedGuard<'a> {
+    cache: &'a LockedCache,
+    id: &'a str,
+    model: Arc<Weights>,
+}
+
+impl LockedCache {
+    fn insert(&self, id: &str) {
+        let model = Arc::new(Weights([0; 64]));
+        let entry = LockedEntry {
+            model,
+            in_use: 0,
+            tick: 0,
+        };
+        self.inner.lock().1.insert(id.to_string(), entry);
+    }
+
+    fn get<'a>(&'a self, id: &'a str) -> LockedGuard<'a> {
+        let mut inner = self.inner.lock();
+        inner.0 += 1;
+        let tick = inner.0;
+        let entry = inner.1.get_mut(id).expect("loaded");
+        entry.in_use += 1;
+        entry.tick = tick;
+        LockedGuard {
+            cache: self,
+            id,
+            model: entry.model.clone(),
+        }
+    }
+}
+
+impl Deref for LockedGuard<'_> {
+    type Target = Weights;
+    fn deref(&self) -> &Weights {
+        &self.model
+    }
+}
+
+impl Drop for LockedGuard<'_> {
+    fn drop(&mut self) {
+        self.cache
+            .inner
+            .lock()
+            .1
+            .get_mut(self.id)
+            .expect("loaded")
+            .in_use -= 1;
     }
 }
 
@@ -84,6 +150,10 @@ fn benches(c: &mut Criterion) {
             .collect(),
     );
     let mutex_get = |id: &str| mutex_map.lock().get(id).cloned().unwrap();
+    let locked = LockedCache::default();
+    for id in ["hot", "t0", "t1"] {
+        locked.insert(id);
+    }
     let per_thread = ["t0", "t1"];
 
     let mut g = c.benchmark_group("hit");
@@ -98,7 +168,19 @@ fn benches(c: &mut Criterion) {
     });
     g.finish();
 
-    let mut g = c.benchmark_group("mutex_map");
+    let mut g = c.benchmark_group("locked_cache");
+    g.bench_function("one_thread", |b| {
+        b.iter(|| drop(black_box(locked.get(black_box("hot")))))
+    });
+    g.bench_function("two_threads_same_model", |b| {
+        b.iter_custom(|iters| two_threads(iters, |_| drop(black_box(locked.get("hot")))))
+    });
+    g.bench_function("two_threads_one_model_each", |b| {
+        b.iter_custom(|iters| two_threads(iters, |t| drop(black_box(locked.get(per_thread[t])))))
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("bare_mutex_map");
     g.bench_function("one_thread", |b| {
         b.iter(|| drop(black_box(mutex_get(black_box("hot")))))
     });

@@ -60,23 +60,27 @@ impl Drop for WaiterCount<'_> {
 }
 
 /// A loaded model and what the cache knows about it.
+///
+/// `repr(C)` keeps the fields every hit writes first, next to the `Arc`'s own counts, so a hit
+/// moves as few cache lines between cores as it can; the model, which may be large, comes last.
+#[repr(C)]
 pub(crate) struct Resident<M: Model> {
-    pub(crate) id: ModelId,
-    /// `Some` until `drop` hands it to the unload hook.
-    model: Option<M>,
-    pub(crate) size: Option<u64>,
     /// Guards alive on this model.
     pub(crate) in_use: AtomicUsize,
-    /// Logical LRU clock value of the last use (exact order, no ties).
-    pub(crate) last_used_tick: AtomicU64,
     /// When the last guard was dropped, as a coarse monotonic timestamp in ticks of
     /// `coarsetime` (for people; the LRU order uses the logical tick).
     idle_since: AtomicU64,
+    /// Logical LRU clock value of the last use (exact order, no ties).
+    pub(crate) last_used_tick: AtomicU64,
     /// Pinned by an operator: never evicted for capacity.
     pub(crate) pinned: AtomicBool,
+    pub(crate) id: ModelId,
+    pub(crate) size: Option<u64>,
     room: Arc<RoomSignal>,
     core: Weak<Core<M>>,
     runtime: Handle,
+    /// `Some` until `drop` hands it to the unload hook.
+    model: Option<M>,
 }
 
 impl<M: Model> Resident<M> {
