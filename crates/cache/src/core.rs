@@ -45,6 +45,8 @@ pub(crate) struct Core<M: Model> {
     pub(crate) metrics: Metrics,
     pub(crate) runtime: Handle,
     pub(crate) weak_self: Weak<Core<M>>,
+    /// The span current when the multiplexer was built (a replica's): unloads log inside it.
+    pub(crate) span: tracing::Span,
 }
 
 pub(crate) struct State<M: Model> {
@@ -52,11 +54,25 @@ pub(crate) struct State<M: Model> {
     pub(crate) failures: HashMap<ModelId, Failure>,
     pub(crate) used_slots: usize,
     pub(crate) used_bytes: u64,
-    /// Evicted models whose unload has not finished, with the bytes they hold.
-    draining: Vec<(ModelId, u64)>,
-    draining_bytes: u64,
+    /// Evicted models whose unload has not finished.
+    draining: Vec<Draining<M>>,
     seq: u64,
     pub(crate) shutting_down: bool,
+}
+
+/// An evicted model whose unload has not finished.
+struct Draining<M: Model> {
+    id: ModelId,
+    size: u64,
+    /// Alive while guards hold the model; gone once its unload has started.
+    resident: Weak<Resident<M>>,
+}
+
+impl<M: Model> Draining<M> {
+    /// Its unload is running, so its capacity comes back soon (not when some request ends).
+    fn unloading(&self) -> bool {
+        self.resident.strong_count() == 0
+    }
 }
 
 /// Whether a reservation fits.
@@ -83,7 +99,6 @@ impl<M: Model> Core<M> {
                 used_slots: 0,
                 used_bytes: 0,
                 draining: Vec::new(),
-                draining_bytes: 0,
                 seq: 0,
                 shutting_down: false,
             }),
@@ -92,6 +107,7 @@ impl<M: Model> Core<M> {
             metrics: Metrics::default(),
             runtime,
             weak_self: weak_self.clone(),
+            span: tracing::Span::current(),
         })
     }
 
@@ -152,9 +168,16 @@ impl<M: Model> Core<M> {
         if self.fits(st.used_slots + slots, st.used_bytes + bytes) {
             return Room::Now;
         }
-        // What will be used once everything already draining is gone.
-        let mut after_slots = st.used_slots - st.draining.len() + slots;
-        let mut after_bytes = st.used_bytes - st.draining_bytes + bytes;
+        // What will be used once the models already unloading are gone. Models evicted while
+        // in use are not counted as coming back: their requests may run for long, and an idle
+        // model can make room now.
+        let (soon_slots, soon_bytes) = st
+            .draining
+            .iter()
+            .filter(|d| d.unloading())
+            .fold((0, 0), |(n, b), d| (n + 1, b + d.size));
+        let mut after_slots = st.used_slots - soon_slots + slots;
+        let mut after_bytes = st.used_bytes - soon_bytes + bytes;
         if self.fits(after_slots, after_bytes) {
             return Room::Wait;
         }
@@ -235,18 +258,20 @@ impl<M: Model> Core<M> {
         });
         for r in &evicted {
             r.pinned.store(false, Ordering::Relaxed);
-            st.draining.push((r.id.clone(), r.size_or_zero()));
-            st.draining_bytes += r.size_or_zero();
+            self.drain_unadmitted(st, r);
             self.emit(st, &r.id, ModelEventKind::Evicting { reason });
             tracing::debug!(model_id = %r.id, ?reason, in_use = r.in_use.load(Ordering::Relaxed), "evicted");
         }
         // `evicted` drops here: an idle model's last reference goes and its unload starts.
     }
 
-    /// Adds a model straight to the draining set (a load that finished but may not be kept).
-    pub(crate) fn drain_unadmitted(&self, st: &mut State<M>, id: &ModelId, size: u64) {
-        st.draining.push((id.clone(), size));
-        st.draining_bytes += size;
+    /// Counts a model as draining: evicted, or loaded but refused admission.
+    pub(crate) fn drain_unadmitted(&self, st: &mut State<M>, r: &Arc<Resident<M>>) {
+        st.draining.push(Draining {
+            id: r.id.clone(),
+            size: r.size_or_zero(),
+            resident: Arc::downgrade(r),
+        });
     }
 
     /// Called by the unload task when a model's unload hook has finished.
@@ -265,9 +290,13 @@ impl<M: Model> Core<M> {
         let size = size.unwrap_or(0);
         {
             let mut st = self.state.lock();
-            if let Some(pos) = st.draining.iter().position(|(d, s)| *d == id && *s == size) {
+            // Entries with the same id and size are interchangeable for the accounting.
+            if let Some(pos) = st
+                .draining
+                .iter()
+                .position(|d| d.id == id && d.size == size)
+            {
                 st.draining.swap_remove(pos);
-                st.draining_bytes -= size;
                 st.used_slots -= 1;
                 st.used_bytes -= size;
             } else {
@@ -352,7 +381,7 @@ impl<M: Model> Core<M> {
 
     /// Ids of the models draining, for the shutdown report.
     pub(crate) fn draining_ids(&self, st: &State<M>) -> Vec<ModelId> {
-        st.draining.iter().map(|(id, _)| id.clone()).collect()
+        st.draining.iter().map(|d| d.id.clone()).collect()
     }
 
     pub(crate) fn loaded_ids(&self) -> Vec<ModelId> {

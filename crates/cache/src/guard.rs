@@ -16,6 +16,7 @@ use futures_util::FutureExt;
 use tokio::runtime::Handle;
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::core::Core;
 use crate::error::panic_message;
@@ -79,15 +80,16 @@ pub(crate) struct Resident<M: Model> {
     room: Arc<RoomSignal>,
     core: Weak<Core<M>>,
     runtime: Handle,
+    span: tracing::Span,
     /// `Some` until `drop` hands it to the unload hook.
     model: Option<M>,
 }
 
 impl<M: Model> Resident<M> {
-    pub(crate) fn new(id: ModelId, model: M, tick: u64, core: &Core<M>) -> Self {
+    pub(crate) fn new(id: ModelId, model: M, size: Option<u64>, tick: u64, core: &Core<M>) -> Self {
         Self {
             id,
-            size: model.size_bytes(),
+            size,
             model: Some(model),
             in_use: AtomicUsize::new(0),
             last_used_tick: AtomicU64::new(tick),
@@ -96,6 +98,7 @@ impl<M: Model> Resident<M> {
             room: core.room.clone(),
             core: core.weak_self.clone(),
             runtime: core.runtime.clone(),
+            span: core.span.clone(),
         }
     }
 
@@ -136,7 +139,8 @@ impl<M: Model> Drop for Resident<M> {
         let size = self.size;
         // If the runtime is already shut down the task is dropped unrun, and so is the model:
         // its `Drop` is the fallback.
-        drop(self.runtime.spawn(unload(core, id, size, model)));
+        let unload = unload(core, id, size, model).instrument(self.span.clone());
+        drop(self.runtime.spawn(unload));
     }
 }
 
@@ -144,13 +148,14 @@ async fn unload<M: Model>(core: Weak<Core<M>>, id: ModelId, size: Option<u64>, m
     tracing::info!(model_id = %id, "Unloading model '{id}'.");
     let start = Instant::now();
     // The hook is called inside the guarded future, so a panic while building it is caught too.
-    let outcome = AssertUnwindSafe(async move { model.unload().await })
+    // Formatting the error is user code too (its `Display`), so it happens inside the guard.
+    let outcome = AssertUnwindSafe(async move { model.unload().await.map_err(|e| e.to_string()) })
         .catch_unwind()
         .await;
     let elapsed = start.elapsed();
     let error = match outcome {
         Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e.to_string()),
+        Ok(Err(e)) => Some(e),
         Err(panic) => Some(format!("unload hook panicked: {}", panic_message(&*panic))),
     };
     match &error {

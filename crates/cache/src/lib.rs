@@ -57,6 +57,8 @@ pub use error::{Error, SharedError};
 pub use events::{EvictReason, ModelEvent, ModelEventKind, ModelStatus, Subscription};
 pub use guard::ModelGuard;
 pub use id::{InvalidModelId, MAX_MODEL_ID_LEN, ModelId};
-pub use metrics::{DURATION_BUCKETS, Gauges, HistogramSnapshot, MetricsSnapshot};
+pub use metrics::{
+    DURATION_BUCKETS, DurationHistogram, Gauges, HistogramSnapshot, MetricsSnapshot,
+};
 pub use model::{BoxError, Loader, Model};
 pub use multiplexer::{Config, ModelInfo, Multiplexer, MultiplexerBuilder, ShutdownReport};

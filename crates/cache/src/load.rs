@@ -13,6 +13,7 @@ use futures_util::FutureExt;
 use tokio::sync::watch;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::core::{Core, State};
 use crate::error::panic_message;
@@ -23,11 +24,15 @@ use crate::model::BoxFuture;
 use crate::{BoxError, Error, Model, ModelId};
 
 type Outcome<M> = Result<ModelGuard<M>, Error>;
+type LoadSender<M> = watch::Sender<Option<Outcome<M>>>;
 
 /// A load in progress, shared by everyone asking for its id.
 pub(crate) struct LoadSlot<M: Model> {
     rx: watch::Receiver<Option<Outcome<M>>>,
-    pub(crate) task: AbortHandle,
+    /// Set just after the task is spawned (outside the lock); `None` for that instant.
+    pub(crate) task: Option<AbortHandle>,
+    /// Tells this load from a later one for the same id.
+    generation: u64,
 }
 
 /// A remembered load failure (the negative cache).
@@ -45,7 +50,7 @@ impl<M: Model> Core<M> {
     /// A get that missed the index: join the load in progress, or start one.
     pub(crate) async fn get_slow(self: &Arc<Self>, id: &str) -> Result<ModelGuard<M>, Error> {
         let id = ModelId::new(id)?;
-        let mut rx = {
+        let (mut rx, start) = {
             let mut st = self.state.lock();
             // A load may have finished since the lock-free look.
             if let Some(guard) = self.hit(&id) {
@@ -56,16 +61,20 @@ impl<M: Model> Core<M> {
             }
             self.metrics.misses.inc();
             match st.loading.get(&id) {
-                Some(slot) => slot.rx.clone(),
+                Some(slot) => (slot.rx.clone(), None),
                 None => {
                     if let Some(err) = self.backing_off(&st, &id) {
                         Metrics::add(&self.metrics.backoff_rejections);
                         return Err(err);
                     }
-                    self.start_load(&mut st, id.clone())
+                    let (rx, tx, generation) = self.register_load(&mut st, &id);
+                    (rx, Some((tx, generation)))
                 }
             }
         };
+        if let Some((tx, generation)) = start {
+            self.spawn_load(id.clone(), tx, generation);
+        }
         let outcome = match rx.wait_for(Option::is_some).await {
             Ok(value) => value.clone().expect("waited for Some"),
             // The load task ended without a word: it was aborted.
@@ -91,33 +100,52 @@ impl<M: Model> Core<M> {
         })
     }
 
-    fn start_load(
-        self: &Arc<Self>,
+    /// Advertises a new load and makes its slot; the caller spawns it after unlocking.
+    fn register_load(
+        &self,
         st: &mut State<M>,
-        id: ModelId,
-    ) -> watch::Receiver<Option<Outcome<M>>> {
+        id: &ModelId,
+    ) -> (watch::Receiver<Option<Outcome<M>>>, LoadSender<M>, u64) {
         let (tx, rx) = watch::channel(None);
-        self.emit(st, &id, ModelEventKind::Loading);
-        // The task cannot touch the state before this function returns: we hold the lock.
-        let task = self.runtime.spawn(self.clone().run_load(id.clone(), tx));
-        st.loading.insert(
-            id,
-            LoadSlot {
-                rx: rx.clone(),
-                task: task.abort_handle(),
-            },
-        );
-        rx
+        self.emit(st, id, ModelEventKind::Loading);
+        let generation = self.next_tick();
+        let slot = LoadSlot {
+            rx: rx.clone(),
+            task: None,
+            generation,
+        };
+        st.loading.insert(id.clone(), slot);
+        (rx, tx, generation)
     }
 
-    async fn run_load(self: Arc<Self>, id: ModelId, tx: watch::Sender<Option<Outcome<M>>>) {
-        let mut ticket = LoadTicket {
-            core: &self,
-            id: &id,
+    /// Spawns the load. Called without the state lock: the ticket exists before the task, so
+    /// if the task is dropped unpolled (aborted at once, or its runtime is gone) the ticket's
+    /// `Drop` still cleans up, and that takes the lock.
+    fn spawn_load(self: &Arc<Self>, id: ModelId, tx: LoadSender<M>, generation: u64) {
+        let ticket = LoadTicket {
+            core: self.clone(),
+            id: id.clone(),
             reserved: None,
             open: true,
         };
-        let outcome = self.load_and_admit(&mut ticket).await;
+        // The load logs in the span of the request that started it (its replica, request id).
+        let load = Self::run_load(ticket, tx).instrument(tracing::Span::current());
+        let task = self.runtime.spawn(load);
+        let mut st = self.state.lock();
+        match st.loading.get_mut(&id) {
+            Some(slot) if slot.generation == generation => slot.task = Some(task.abort_handle()),
+            // Already finished (or shut down before we got here).
+            _ => {}
+        }
+        if st.shutting_down {
+            task.abort();
+        }
+    }
+
+    async fn run_load(mut ticket: LoadTicket<M>, tx: LoadSender<M>) {
+        let core = ticket.core.clone();
+        let id = ticket.id.clone();
+        let outcome = core.load_and_admit(&mut ticket).await;
         let over_caps = matches!(outcome, Ok((_, true)));
         // Fails only when nobody waits any more; the model stays warm regardless.
         let _ = tx.send(Some(outcome.map(|(guard, _)| guard)));
@@ -125,8 +153,8 @@ impl<M: Model> Core<M> {
         if over_caps {
             // The model turned out larger than its reservation: evict idle models to get back
             // under the caps, waiting for ones in use to become idle.
-            let deadline = Instant::now() + self.config.capacity_timeout;
-            if let Err(e) = self.reserve(&id, 0, 0, deadline).await {
+            let deadline = Instant::now() + core.config.capacity_timeout;
+            if let Err(e) = core.reserve(&id, 0, 0, deadline).await {
                 tracing::warn!(model_id = %id, error = %e, "model '{id}' is larger than its reservation and the caps stay exceeded");
             }
         }
@@ -135,9 +163,9 @@ impl<M: Model> Core<M> {
     /// Probes, reserves room, runs the loader, and admits the model. `Ok((guard, over_caps))`.
     async fn load_and_admit(
         &self,
-        ticket: &mut LoadTicket<'_, M>,
+        ticket: &mut LoadTicket<M>,
     ) -> Result<(ModelGuard<M>, bool), Error> {
-        let id = ticket.id;
+        let id = &ticket.id.clone();
         let size = match self
             .call_user(id, self.loader.probe_boxed(id.clone()))
             .await
@@ -209,20 +237,36 @@ impl<M: Model> Core<M> {
     /// Puts a freshly loaded model into the index (or refuses it, and drains it at once).
     fn admit(
         &self,
-        ticket: &mut LoadTicket<'_, M>,
+        ticket: &mut LoadTicket<M>,
         model: M,
         took: Duration,
     ) -> Result<(ModelGuard<M>, bool), Error> {
-        let id = ticket.id;
+        let id = &ticket.id.clone();
+        // User code: a panic here must not leave the reservation behind.
+        let reported = std::panic::catch_unwind(AssertUnwindSafe(|| model.size_bytes()));
         let estimate = ticket.reserved.take().unwrap_or(0);
         ticket.open = false;
-        let resident = Arc::new(Resident::new(id.clone(), model, self.next_tick(), self));
+        let (reported_size, size_panic) = match reported {
+            Ok(size) => (size, None),
+            Err(panic) => (None, Some(panic_message(&*panic))),
+        };
+        let resident = Arc::new(Resident::new(
+            id.clone(),
+            model,
+            reported_size,
+            self.next_tick(),
+            self,
+        ));
         let size = resident.size_or_zero();
 
         let mut st = self.state.lock();
         st.loading.remove(id);
         st.used_bytes = st.used_bytes - estimate + size;
         let refusal = match self.config.max_bytes {
+            _ if size_panic.is_some() => Some(Error::LoadPanicked {
+                id: id.clone(),
+                message: format!("size_bytes() panicked: {}", size_panic.unwrap_or_default()),
+            }),
             _ if st.shutting_down => Some(Error::ShuttingDown),
             Some(max_bytes) if size > max_bytes => Some(Error::ModelTooLarge {
                 id: id.clone(),
@@ -233,10 +277,11 @@ impl<M: Model> Core<M> {
         };
         if let Some(error) = refusal {
             // It was loaded, so it must be unloaded: count it as draining, then let it go.
-            self.drain_unadmitted(&mut st, id, size);
+            self.drain_unadmitted(&mut st, &resident);
             self.record_failure(&mut st, id, &error);
             drop(st);
             drop(resident);
+            self.room.wake();
             return Err(error);
         }
         st.failures.remove(id);
@@ -254,6 +299,8 @@ impl<M: Model> Core<M> {
         );
         let over_caps = !self.fits(st.used_slots, st.used_bytes);
         drop(st);
+        // The model may be smaller than its reservation: a waiting load may fit now.
+        self.room.wake();
         self.metrics.load_duration.observe(took);
         tracing::info!(
             model_id = %id,
@@ -321,23 +368,23 @@ impl<M: Model> Core<M> {
 
 /// Owns a load's cleanup: dropped while still open (the task was aborted, or its runtime shut
 /// down), it releases the reservation and retracts the `Loading` advertisement.
-struct LoadTicket<'a, M: Model> {
-    core: &'a Core<M>,
-    id: &'a ModelId,
+struct LoadTicket<M: Model> {
+    core: Arc<Core<M>>,
+    id: ModelId,
     /// Bytes reserved (with one slot), once the reservation succeeded.
     reserved: Option<u64>,
     open: bool,
 }
 
-impl<M: Model> LoadTicket<'_, M> {
+impl<M: Model> LoadTicket<M> {
     fn fail(&mut self, error: Error) -> Error {
         self.open = false;
-        self.core.fail_load(self.id, self.reserved.take(), &error);
+        self.core.fail_load(&self.id, self.reserved.take(), &error);
         error
     }
 }
 
-impl<M: Model> Drop for LoadTicket<'_, M> {
+impl<M: Model> Drop for LoadTicket<M> {
     fn drop(&mut self) {
         if self.open {
             let error = if self.core.state.lock().shutting_down {

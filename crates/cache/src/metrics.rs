@@ -39,24 +39,52 @@ impl StripedCounter {
     }
 }
 
-/// Upper bounds, in seconds, of the duration histogram buckets: from 1 ms (a cached read) to
+/// Upper bounds, in seconds, of the load and unload histograms: from 1 ms (a cached read) to
 /// 10 minutes (a large model over a slow link).
 pub const DURATION_BUCKETS: [f64; 16] = [
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 600.0,
 ];
 
-/// A fixed-bucket histogram of durations.
-#[derive(Default)]
-pub(crate) struct DurationHistogram {
-    buckets: [AtomicU64; DURATION_BUCKETS.len()],
+/// A fixed-bucket histogram of durations, safe to observe from many threads at once.
+///
+/// ```
+/// use std::time::Duration;
+/// use modelmux_cache::DurationHistogram;
+///
+/// static BOUNDS: [f64; 3] = [0.001, 0.01, 0.1];
+/// let h = DurationHistogram::new(&BOUNDS);
+/// h.observe(Duration::from_millis(5));
+/// assert_eq!(h.snapshot().buckets, vec![(0.001, 0), (0.01, 1), (0.1, 1)]);
+/// ```
+pub struct DurationHistogram {
+    bounds: &'static [f64],
+    buckets: Box<[AtomicU64]>,
     count: AtomicU64,
     sum_nanos: AtomicU64,
 }
 
+impl Default for DurationHistogram {
+    fn default() -> Self {
+        Self::new(&DURATION_BUCKETS)
+    }
+}
+
 impl DurationHistogram {
-    pub(crate) fn observe(&self, d: Duration) {
+    /// A histogram with these bucket upper bounds, in seconds, ascending.
+    pub fn new(bounds: &'static [f64]) -> Self {
+        debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]), "bounds must ascend");
+        Self {
+            bounds,
+            buckets: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            count: AtomicU64::new(0),
+            sum_nanos: AtomicU64::new(0),
+        }
+    }
+
+    /// Records one duration.
+    pub fn observe(&self, d: Duration) {
         let secs = d.as_secs_f64();
-        if let Some(i) = DURATION_BUCKETS.iter().position(|&b| secs <= b) {
+        if let Some(i) = self.bounds.iter().position(|&b| secs <= b) {
             self.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.count.fetch_add(1, Ordering::Relaxed);
@@ -64,11 +92,13 @@ impl DurationHistogram {
         self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
-    fn snapshot(&self) -> HistogramSnapshot {
+    /// Reads it, with cumulative buckets.
+    pub fn snapshot(&self) -> HistogramSnapshot {
         let mut cumulative = 0;
-        let buckets = DURATION_BUCKETS
+        let buckets = self
+            .bounds
             .iter()
-            .zip(&self.buckets)
+            .zip(self.buckets.iter())
             .map(|(&le, n)| {
                 cumulative += n.load(Ordering::Relaxed);
                 (le, cumulative)

@@ -295,7 +295,11 @@ impl<M: Model> Multiplexer<M> {
             st.shutting_down = true;
             let ids = self.core.loaded_ids();
             self.core.evict_locked(&mut st, &ids, EvictReason::Shutdown);
-            let tasks: Vec<_> = st.loading.values().map(|slot| slot.task.clone()).collect();
+            let tasks: Vec<_> = st
+                .loading
+                .values()
+                .filter_map(|slot| slot.task.clone())
+                .collect();
             (ids.len(), tasks)
         };
         let cancelled_loads = cancelled.len();

@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -698,4 +699,126 @@ async fn a_model_that_fails_its_probe_evicts_nothing() {
         Err(Error::BackingOff { .. })
     ));
     assert_eq!(probe.probes.lock()["ghost"], 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_panicking_size_bytes_fails_the_load_and_leaks_nothing() {
+    let probe = Probe::new();
+    probe.size_panics.lock().insert("odd".into());
+    let mux = build(
+        &probe,
+        Multiplexer::builder()
+            .max_models(1)
+            .failure_backoff(ms(100), ms(100)),
+    );
+    let err = mux.get("odd").await.unwrap_err();
+    assert!(
+        matches!(&err, Error::LoadPanicked { message, .. } if message.contains("size_bytes")),
+        "{err}"
+    );
+    drained(&mux).await;
+    let g = mux.gauges();
+    assert_eq!((g.used_slots, g.loading, g.loaded), (0, 0, 0), "{g:?}");
+    probe.assert_all_unloaded_once();
+    // The id is not wedged: once fixed and past the backoff, it loads.
+    probe.size_panics.lock().clear();
+    tokio::time::sleep(ms(150)).await;
+    mux.get("odd").await.unwrap();
+}
+
+#[test]
+fn shutdown_right_after_a_load_is_spawned_retracts_it() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let probe = Probe::new();
+        let mux = build(&probe, Multiplexer::builder());
+        let mut sub = mux.subscribe();
+        // Polled once by hand: the get registers the load and spawns its task, and nothing has
+        // run that task yet (this is the only thread, and it is busy here).
+        let mut get = Box::pin(mux.get("x"));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        assert!(get.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(ids(mux.loading_ids()), ["x"]);
+        let started = std::time::Instant::now();
+        let report = mux.shutdown(Duration::from_secs(5)).await;
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "shutdown waited out its timeout"
+        );
+        assert_eq!(report.cancelled_loads, 1);
+        assert!(mux.loading_ids().is_empty());
+        assert_eq!(mux.gauges().used_slots, 0);
+        assert!(matches!(get.await, Err(Error::ShuttingDown)));
+        let kinds: Vec<_> = std::iter::from_fn(|| sub.events.try_recv().ok())
+            .map(|e| e.kind)
+            .collect();
+        assert!(
+            matches!(
+                kinds.as_slice(),
+                [ModelEventKind::Loading, ModelEventKind::Failed { .. }]
+            ),
+            "{kinds:?}"
+        );
+        assert_eq!(probe.total_loads(), 0);
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_load_smaller_than_its_reservation_lets_a_waiting_load_in() {
+    let probe = Probe::new();
+    probe.hint_sizes.store(true, Ordering::SeqCst);
+    for (id, size) in [("x", 50), ("a", 10), ("b", 40)] {
+        probe.sizes.lock().insert(id.into(), size);
+    }
+    probe.unknown_size.lock().insert("a".into());
+    probe.delay.lock().insert("a".into(), ms(100));
+    let mux = build(
+        &probe,
+        Multiplexer::builder()
+            .unbounded_models()
+            .max_bytes(100)
+            .capacity_timeout(Duration::from_secs(30)),
+    );
+    let _x = mux.get("x").await.unwrap(); // in use for the whole test
+    let start = Instant::now();
+    // `a` reserves the mean loaded size (50): 100 of 100. `b` (40) must wait for it.
+    let a = tokio::spawn({
+        let mux = mux.clone();
+        async move { mux.get("a").await.map(drop) }
+    });
+    settle().await;
+    assert_eq!(
+        mux.gauges().used_bytes,
+        100,
+        "a reserved the mean loaded size"
+    );
+    let b = mux.get("b").await;
+    assert!(b.is_ok(), "{b:?}");
+    assert_eq!(
+        start.elapsed(),
+        ms(100),
+        "b got in as soon as a turned out to be 10 bytes"
+    );
+    a.await.unwrap().unwrap();
+    assert_eq!(mux.gauges().used_bytes, 100);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_model_evicted_while_in_use_does_not_block_evicting_an_idle_one() {
+    let probe = Probe::new();
+    let mux = build(&probe, Multiplexer::builder().max_models(2));
+    let busy = Held::new(mux.get("busy").await.unwrap());
+    mux.get("idle").await.unwrap();
+    assert!(mux.evict("busy"));
+    // `busy` drains for as long as its request runs; `idle` can make room now.
+    let start = Instant::now();
+    mux.get("new").await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(ids(mux.loaded_ids()), ["new"]);
+    drop(busy);
+    drained(&mux).await;
+    probe.assert_clean();
 }

@@ -49,6 +49,9 @@ pub struct Probe {
     pub hint_sizes: std::sync::atomic::AtomicBool,
     /// Ids whose probe says they do not exist; probe calls per id.
     pub missing: Mutex<HashSet<String>>,
+    /// Ids whose probe does not tell the size; ids whose `size_bytes` panics.
+    pub unknown_size: Mutex<HashSet<String>>,
+    pub size_panics: Mutex<HashSet<String>>,
     pub probes: Mutex<HashMap<String, usize>>,
     pub unload_behaviour: Mutex<HashMap<String, UnloadBehaviour>>,
     pub unload_delay: Mutex<Duration>,
@@ -140,11 +143,16 @@ pub struct TestModel {
 
 impl Model for TestModel {
     fn size_bytes(&self) -> Option<u64> {
+        if self.probe.size_panics.lock().contains(&self.id) {
+            panic!("size of {} unknowable", self.id);
+        }
         Some(self.size)
     }
 
     async fn unload(mut self) -> Result<(), BoxError> {
         let probe = self.probe.clone();
+        // Both checks below hold by construction today (the hook consumes the model, and only the
+        // last reference's drop can call it); they stand guard against a refactor that breaks it.
         let users = self.users.load(Ordering::SeqCst);
         if users != 0 {
             probe.violation(format!(
@@ -236,11 +244,9 @@ impl Loader<TestModel> for TestLoader {
         if self.0.missing.lock().contains(id.as_str()) {
             return Err(format!("model {id} does not exist").into());
         }
-        Ok(self
-            .0
-            .hint_sizes
-            .load(Ordering::SeqCst)
-            .then(|| self.0.size_of(id)))
+        let hint = self.0.hint_sizes.load(Ordering::SeqCst)
+            && !self.0.unknown_size.lock().contains(id.as_str());
+        Ok(hint.then(|| self.0.size_of(id)))
     }
 }
 

@@ -1,0 +1,248 @@
+//! The serve layer's one error type, and the one place errors become HTTP responses.
+
+use std::time::Duration;
+
+use http::{HeaderValue, StatusCode, header};
+use modelmux_cache::{BoxError, InvalidModelId};
+
+use crate::{Body, Response};
+
+/// Everything that can go wrong between a request arriving and a response leaving.
+///
+/// Deployments may return one of these (boxed) to choose the status themselves; any other
+/// error from a deployment is a 500 that says what failed. Errors from the model cache
+/// (`modelmux_cache::Error`) keep their meaning: a model that is backing off or a replica
+/// without room is a 503 with `Retry-After`, a load that timed out a 504.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// No application serves this path.
+    #[error("no application serves the path '{path}'")]
+    NoRoute {
+        /// The request's path.
+        path: String,
+    },
+    /// The request is malformed.
+    #[error("{message}")]
+    BadRequest {
+        /// What is wrong with it.
+        message: String,
+    },
+    /// The model id header is not a valid model id.
+    #[error("invalid serve_multiplexed_model_id: {0}")]
+    InvalidModelId(#[from] InvalidModelId),
+    /// The body is longer than `max_body_bytes`.
+    #[error("request body is larger than the limit of {limit} bytes")]
+    PayloadTooLarge {
+        /// The limit.
+        limit: usize,
+    },
+    /// Every replica is busy and the queue is full.
+    #[error(
+        "deployment '{deployment}' is overloaded: all replicas are busy and {queued} requests are queued"
+    )]
+    Overloaded {
+        /// The deployment.
+        deployment: String,
+        /// Requests waiting when this one was refused.
+        queued: usize,
+    },
+    /// The request waited in the queue for longer than the queue timeout.
+    #[error("deployment '{deployment}' had no free replica within {waited:?}")]
+    QueueTimeout {
+        /// The deployment.
+        deployment: String,
+        /// How long it waited.
+        waited: Duration,
+    },
+    /// A handle named a deployment that does not exist.
+    #[error("no deployment named '{name}'")]
+    UnknownDeployment {
+        /// The name asked for.
+        name: String,
+    },
+    /// The admin API needs a bearer token and the request had none, or the wrong one.
+    #[error("this endpoint needs 'Authorization: Bearer <admin token>'")]
+    Unauthorized,
+    /// An admin or API resource does not exist.
+    #[error("{what}")]
+    NotFound {
+        /// What was not found.
+        what: String,
+    },
+    /// The model cache refused or failed.
+    #[error(transparent)]
+    Model(#[from] modelmux_cache::Error),
+    /// The deployment returned an error.
+    #[error("deployment '{deployment}' failed: {message}")]
+    Deployment {
+        /// The deployment.
+        deployment: String,
+        /// Its error.
+        message: String,
+    },
+    /// The deployment panicked while handling the request. The replica keeps serving.
+    #[error("deployment '{deployment}' panicked while handling the request: {message}")]
+    Panicked {
+        /// The deployment.
+        deployment: String,
+        /// The panic's message.
+        message: String,
+    },
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    ShuttingDown,
+    /// A status and message chosen by the deployment.
+    #[error("{message}")]
+    Status {
+        /// The status to answer with.
+        status: StatusCode,
+        /// The message.
+        message: String,
+    },
+}
+
+impl ServeError {
+    /// An error with a status of the deployment's choosing (`404 model not found`, say).
+    pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
+        Self::Status {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// Turns a deployment's error into a `ServeError`, keeping a typed one as it is.
+    pub fn from_deployment(deployment: &str, error: BoxError) -> Self {
+        let error = match error.downcast::<ServeError>() {
+            Ok(e) => return *e,
+            Err(e) => e,
+        };
+        match error.downcast::<modelmux_cache::Error>() {
+            Ok(e) => Self::Model(*e),
+            Err(e) => Self::Deployment {
+                deployment: deployment.to_string(),
+                message: e.to_string(),
+            },
+        }
+    }
+
+    /// The HTTP status this error is answered with.
+    pub fn http_status(&self) -> StatusCode {
+        use modelmux_cache::Error as M;
+        match self {
+            Self::NoRoute { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::BadRequest { .. } | Self::InvalidModelId(_) => StatusCode::BAD_REQUEST,
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Overloaded { .. } | Self::QueueTimeout { .. } | Self::ShuttingDown => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::UnknownDeployment { .. } | Self::Deployment { .. } | Self::Panicked { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+            Self::Status { status, .. } => *status,
+            Self::Model(e) => match e {
+                M::InvalidModelId(_) => StatusCode::BAD_REQUEST,
+                M::BackingOff { .. }
+                | M::CapacityExhausted { .. }
+                | M::ShuttingDown
+                | M::LoadCancelled { .. } => StatusCode::SERVICE_UNAVAILABLE,
+                M::LoadTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+                _ => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+        }
+    }
+
+    /// A short, stable name for metrics labels and the JSON body's `type`.
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            Self::NoRoute { .. } => "no_route",
+            Self::BadRequest { .. } => "bad_request",
+            Self::InvalidModelId(_) => "invalid_model_id",
+            Self::PayloadTooLarge { .. } => "payload_too_large",
+            Self::Overloaded { .. } => "overloaded",
+            Self::QueueTimeout { .. } => "queue_timeout",
+            Self::UnknownDeployment { .. } => "unknown_deployment",
+            Self::Unauthorized => "unauthorized",
+            Self::NotFound { .. } => "not_found",
+            Self::Model(e) => e.error_type(),
+            Self::Deployment { .. } => "deployment_error",
+            Self::Panicked { .. } => "deployment_panicked",
+            Self::ShuttingDown => "shutting_down",
+            Self::Status { .. } => "deployment_status",
+        }
+    }
+
+    /// How long a client should wait before trying again, for `Retry-After`.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::Overloaded { .. } | Self::QueueTimeout { .. } | Self::ShuttingDown => {
+                Some(Duration::from_secs(1))
+            }
+            Self::Model(e) => e.retry_after(),
+            _ => None,
+        }
+    }
+
+    /// The response: the status, `Retry-After` when there is one, and a JSON body
+    /// `{"error": {"type": ..., "message": ..., "request_id": ...}}`.
+    pub fn into_response(self, request_id: Option<&str>) -> Response {
+        let body = serde_json::json!({
+            "error": {
+                "type": self.error_type(),
+                "message": self.to_string(),
+                "request_id": request_id,
+            }
+        });
+        let mut response = Response::new(Body::json(&body));
+        *response.status_mut() = self.http_status();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let Some(after) = self.retry_after() {
+            let secs = after.as_secs_f64().ceil().max(1.0) as u64;
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn typed_errors_from_deployments_keep_their_status() {
+        let e = ServeError::from_deployment(
+            "d",
+            Box::new(ServeError::status(StatusCode::NOT_FOUND, "no such model")),
+        );
+        assert_eq!(e.http_status(), StatusCode::NOT_FOUND);
+        let cache = modelmux_cache::Error::LoadTimeout {
+            id: modelmux_cache::ModelId::new("m").unwrap(),
+            after: Duration::from_secs(1),
+        };
+        let e = ServeError::from_deployment("d", Box::new(cache));
+        assert_eq!(e.http_status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(e.error_type(), "load_timeout");
+        let e = ServeError::from_deployment("d", "plain failure".into());
+        assert_eq!(e.http_status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(e.to_string(), "deployment 'd' failed: plain failure");
+    }
+
+    #[test]
+    fn overload_answers_503_with_retry_after_and_a_json_body() {
+        let r = ServeError::Overloaded {
+            deployment: "d".into(),
+            queued: 3,
+        }
+        .into_response(Some("req-1"));
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        let body: serde_json::Value = serde_json::from_slice(r.body().as_full().unwrap()).unwrap();
+        assert_eq!(body["error"]["type"], "overloaded");
+        assert_eq!(body["error"]["request_id"], "req-1");
+    }
+}

@@ -1,0 +1,104 @@
+//! Handles: how one deployment calls another (model composition).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use modelmux_cache::ModelId;
+use modelmux_context::{RequestContext, RequestId};
+
+use crate::dispatch::DeploymentRouter;
+use crate::{Request, Response, ServeError};
+
+/// The deployments of one application, by name, for [`ReplicaContext::handle`](crate::ReplicaContext::handle).
+#[derive(Clone, Default)]
+pub(crate) struct HandleDirectory {
+    routers: Arc<HashMap<String, Arc<DeploymentRouter>>>,
+}
+
+impl HandleDirectory {
+    pub(crate) fn new(routers: HashMap<String, Arc<DeploymentRouter>>) -> Self {
+        Self {
+            routers: Arc::new(routers),
+        }
+    }
+
+    pub(crate) fn get(&self, name: &str) -> Result<DeploymentHandle, ServeError> {
+        let router = self
+            .routers
+            .get(name)
+            .ok_or_else(|| ServeError::UnknownDeployment {
+                name: name.to_string(),
+            })?;
+        Ok(DeploymentHandle {
+            router: router.clone(),
+            model_id: None,
+        })
+    }
+}
+
+/// Calls a deployment's replicas through its router, as the HTTP ingress does.
+///
+/// A call does not inherit the caller's model id: set it with
+/// [`options`](Self::options)`().multiplexed_model_id(..)`, as in Ray Serve. The request id is
+/// carried over, so logs of nested calls can be joined.
+///
+/// ```no_run
+/// # use modelmux_serve::{Body, DeploymentHandle, Request};
+/// # async fn f(downstream: DeploymentHandle) -> Result<(), modelmux_serve::ServeError> {
+/// let response = downstream
+///     .options()
+///     .multiplexed_model_id("bar")?
+///     .call(Request::new(Body::empty()))
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct DeploymentHandle {
+    router: Arc<DeploymentRouter>,
+    model_id: Option<ModelId>,
+}
+
+/// Options for the calls made through a handle (see [`DeploymentHandle::options`]).
+#[must_use]
+pub struct HandleOptions {
+    handle: DeploymentHandle,
+}
+
+impl HandleOptions {
+    /// The model the callee should serve (it reads it with `multiplexed_model_id()`), and the
+    /// router uses to pick a replica holding it.
+    pub fn multiplexed_model_id(mut self, id: &str) -> Result<DeploymentHandle, ServeError> {
+        self.handle.model_id = Some(ModelId::new(id)?);
+        Ok(self.handle)
+    }
+
+    /// No model id (the default).
+    pub fn no_model_id(mut self) -> DeploymentHandle {
+        self.handle.model_id = None;
+        self.handle
+    }
+}
+
+impl DeploymentHandle {
+    /// The deployment this handle calls.
+    pub fn deployment(&self) -> &str {
+        self.router.name()
+    }
+
+    /// Starts setting options; the handle itself is not changed.
+    pub fn options(&self) -> HandleOptions {
+        HandleOptions {
+            handle: self.clone(),
+        }
+    }
+
+    /// Calls the deployment and waits for its response.
+    pub async fn call(&self, request: Request) -> Result<Response, ServeError> {
+        let request_id = modelmux_context::request_id().unwrap_or_else(RequestId::generate);
+        let mut context = RequestContext::new().with_request_id(request_id);
+        if let Some(id) = &self.model_id {
+            context = context.with_multiplexed_model_id(id.clone());
+        }
+        self.router.dispatch(request, context).await.0
+    }
+}

@@ -1,0 +1,34 @@
+//! `modelmux-serve`: turns model caches into a server.
+//!
+//! - [`DeploymentSpec`] / [`Deployment`]: what runs in each replica; [`ReplicaContext`] builds
+//!   the replica's [`Multiplexer`](modelmux_cache::Multiplexer) and registers it for routing.
+//! - The router sends each request to a replica that holds its model (router.rs has the rules),
+//!   fed by the replicas' cache events the moment they happen.
+//! - [`Server`]: the HTTP ingress (`serve_multiplexed_model_id` header, `x-request-id`,
+//!   `x-modelmux-replica`), the admin API under `/-/`, and `/metrics`.
+//! - [`DeploymentHandle`]: one deployment calling another.
+//! - [`ModelKind`] / [`model_deployment`]: a ready-made deployment that serves any model kind.
+//!
+//! This crate knows nothing of model formats; model kinds live in their own crates.
+
+mod body;
+mod deployment;
+mod dispatch;
+mod error;
+mod handle;
+mod placement;
+mod replica;
+mod router;
+
+pub use body::{Body, BodyError, BodySender};
+pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};
+pub use error::ServeError;
+pub use handle::{DeploymentHandle, HandleOptions};
+pub use modelmux_cache::BoxError;
+pub use placement::{Holding, ReplicaSlot, ReplicaView};
+pub use router::{Choice, Reason, Rng, choose, rendezvous_score};
+
+/// A request as deployments see it.
+pub type Request = http::Request<Body>;
+/// A response as deployments return it.
+pub type Response = http::Response<Body>;

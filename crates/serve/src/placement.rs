@@ -1,0 +1,278 @@
+//! What the router knows about each replica: its load, and which models it holds.
+//!
+//! Each replica has a [`ReplicaSlot`]. Its model set is replaced (copy on write) whenever the
+//! replica's multiplexer publishes an event, the moment it publishes it, so reading it on the
+//! request path takes no lock. The router adds *pending* entries when it places a cold model on
+//! a replica, before that replica has even started the load: requests for the same model that
+//! arrive in between follow the first one instead of scattering (Ray's first-request burst).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use modelmux_cache::{ModelEvent, ModelEventKind, ModelId, ModelStatus};
+use tokio::time::Instant;
+
+/// How long a placement the router made stays valid without word from the replica.
+pub(crate) const PENDING_TTL: Duration = Duration::from_secs(5);
+
+/// How a replica holds a model, as far as routing is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holding {
+    /// The router sent a request for it there; the replica has not reported yet.
+    Pending(Instant),
+    /// Loading.
+    Loading,
+    /// Loaded.
+    Loaded,
+}
+
+/// The router's view of one replica.
+pub trait ReplicaView {
+    /// The replica's id (used for rendezvous hashing).
+    fn id(&self) -> &str;
+    /// Requests in progress on it.
+    fn ongoing(&self) -> usize;
+    /// Its `max_ongoing_requests`.
+    fn max_ongoing(&self) -> usize;
+    /// Whether it takes requests at all (healthy, not draining).
+    fn is_available(&self) -> bool;
+    /// Whether it holds (or is about to load) `id`.
+    fn holds(&self, id: &ModelId, now: Instant) -> bool;
+    /// Whether it has `id` loaded (servable now, not pending or loading).
+    fn holds_loaded(&self, id: &ModelId) -> bool;
+    /// Models it holds, loading ones included.
+    fn model_count(&self, now: Instant) -> usize;
+    /// Whether it can load another model without evicting one.
+    fn has_free_slot(&self, now: Instant) -> bool;
+
+    /// At `max_ongoing_requests`.
+    fn is_saturated(&self) -> bool {
+        self.ongoing() >= self.max_ongoing()
+    }
+}
+
+/// One replica's routing state, shared by the router (reads) and the replica's event feed
+/// (writes).
+pub struct ReplicaSlot {
+    id: Arc<str>,
+    ongoing: AtomicUsize,
+    max_ongoing: usize,
+    available: AtomicBool,
+    /// `max_models` of the replica's caches (summed), `None` if unbounded or unknown.
+    model_capacity: Option<usize>,
+    models: ArcSwap<HashMap<ModelId, Holding>>,
+}
+
+impl ReplicaSlot {
+    pub(crate) fn new(id: Arc<str>, max_ongoing: usize, model_capacity: Option<usize>) -> Self {
+        Self {
+            id,
+            ongoing: AtomicUsize::new(0),
+            max_ongoing,
+            available: AtomicBool::new(true),
+            model_capacity,
+            models: ArcSwap::default(),
+        }
+    }
+
+    pub(crate) fn set_available(&self, available: bool) {
+        self.available.store(available, Ordering::SeqCst);
+    }
+
+    /// Takes one request slot if fewer than `max_ongoing` are taken (one CAS, no lock), so
+    /// concurrent dispatchers can never push a replica past its limit.
+    pub(crate) fn try_increment_ongoing(&self) -> bool {
+        self.ongoing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max_ongoing).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    /// Returns the number still in progress.
+    pub(crate) fn end(&self) -> usize {
+        self.ongoing.fetch_sub(1, Ordering::SeqCst) - 1
+    }
+
+    fn update(&self, f: impl FnOnce(&mut HashMap<ModelId, Holding>)) {
+        self.models.rcu(|current| {
+            let mut next = HashMap::clone(current);
+            f(&mut next);
+            // Drop placements the replica never confirmed.
+            let now = Instant::now();
+            next.retain(
+                |_, h| !matches!(h, Holding::Pending(at) if now.duration_since(*at) > PENDING_TTL),
+            );
+            next
+        });
+    }
+
+    /// Records that the router sent `id` here to be loaded.
+    pub(crate) fn mark_pending(&self, id: &ModelId) {
+        let now = Instant::now();
+        self.update(|m| {
+            m.entry(id.clone()).or_insert(Holding::Pending(now));
+        });
+    }
+
+    /// Starts (or starts again, after lagging) from a multiplexer's snapshot: what it reports
+    /// replaces what was known, except the router's own pending placements.
+    pub(crate) fn apply_snapshot(&self, snapshot: &[(ModelId, ModelStatus)]) {
+        self.update(|m| {
+            m.retain(|_, h| matches!(h, Holding::Pending(_)));
+            for (id, status) in snapshot {
+                let holding = match status {
+                    ModelStatus::Loading => Holding::Loading,
+                    ModelStatus::Loaded => Holding::Loaded,
+                };
+                m.insert(id.clone(), holding);
+            }
+        });
+    }
+
+    /// Folds in one event from the replica's multiplexer.
+    pub(crate) fn apply(&self, event: &ModelEvent) {
+        self.update(|m| match event.kind {
+            ModelEventKind::Loading => {
+                m.insert(event.id.clone(), Holding::Loading);
+            }
+            ModelEventKind::Loaded { .. } => {
+                m.insert(event.id.clone(), Holding::Loaded);
+            }
+            // Failed retracts the Loading (and any pending placement); Evicting means new
+            // requests can no longer be served from it. Unloaded changes nothing more.
+            ModelEventKind::Failed { .. } | ModelEventKind::Evicting { .. } => {
+                m.remove(&event.id);
+            }
+            _ => {}
+        });
+    }
+
+    /// The models held now (for admin views and tests).
+    pub fn holdings(&self) -> HashMap<ModelId, Holding> {
+        HashMap::clone(&self.models.load())
+    }
+}
+
+fn live(h: &Holding, now: Instant) -> bool {
+    match h {
+        Holding::Pending(at) => now.duration_since(*at) <= PENDING_TTL,
+        Holding::Loading | Holding::Loaded => true,
+    }
+}
+
+impl ReplicaView for ReplicaSlot {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn ongoing(&self) -> usize {
+        self.ongoing.load(Ordering::SeqCst)
+    }
+
+    fn max_ongoing(&self) -> usize {
+        self.max_ongoing
+    }
+
+    fn is_available(&self) -> bool {
+        self.available.load(Ordering::SeqCst)
+    }
+
+    fn holds(&self, id: &ModelId, now: Instant) -> bool {
+        self.models.load().get(id).is_some_and(|h| live(h, now))
+    }
+
+    fn holds_loaded(&self, id: &ModelId) -> bool {
+        self.models.load().get(id) == Some(&Holding::Loaded)
+    }
+
+    fn model_count(&self, now: Instant) -> usize {
+        self.models.load().values().filter(|h| live(h, now)).count()
+    }
+
+    fn has_free_slot(&self, now: Instant) -> bool {
+        self.model_capacity
+            .is_none_or(|cap| self.model_count(now) < cap)
+    }
+}
+
+impl<T: ReplicaView> ReplicaView for Arc<T> {
+    fn id(&self) -> &str {
+        (**self).id()
+    }
+    fn ongoing(&self) -> usize {
+        (**self).ongoing()
+    }
+    fn max_ongoing(&self) -> usize {
+        (**self).max_ongoing()
+    }
+    fn is_available(&self) -> bool {
+        (**self).is_available()
+    }
+    fn holds(&self, id: &ModelId, now: Instant) -> bool {
+        (**self).holds(id, now)
+    }
+    fn holds_loaded(&self, id: &ModelId) -> bool {
+        (**self).holds_loaded(id)
+    }
+    fn model_count(&self, now: Instant) -> usize {
+        (**self).model_count(now)
+    }
+    fn has_free_slot(&self, now: Instant) -> bool {
+        (**self).has_free_slot(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(id: &str, kind: ModelEventKind) -> ModelEvent {
+        ModelEvent {
+            seq: 0,
+            id: ModelId::new(id).unwrap(),
+            kind,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_drive_the_model_set() {
+        let slot = ReplicaSlot::new("r".into(), 5, Some(2));
+        let m = ModelId::new("m").unwrap();
+        let now = Instant::now();
+        assert!(!slot.holds(&m, now));
+        slot.apply(&event("m", ModelEventKind::Loading));
+        assert!(slot.holds(&m, now));
+        assert!(slot.has_free_slot(now));
+        slot.apply(&event("n", ModelEventKind::Loading));
+        assert!(!slot.has_free_slot(now));
+        slot.apply(&event(
+            "n",
+            ModelEventKind::Failed {
+                error: modelmux_cache::Error::ShuttingDown,
+            },
+        ));
+        assert_eq!(slot.model_count(now), 1, "a failed load is retracted");
+        slot.apply(&event(
+            "m",
+            ModelEventKind::Evicting {
+                reason: modelmux_cache::EvictReason::Capacity,
+            },
+        ));
+        assert!(!slot.holds(&m, now));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pending_placements_expire() {
+        let slot = ReplicaSlot::new("r".into(), 5, None);
+        let m = ModelId::new("m").unwrap();
+        slot.mark_pending(&m);
+        assert!(slot.holds(&m, Instant::now()));
+        tokio::time::advance(PENDING_TTL + Duration::from_millis(1)).await;
+        assert!(!slot.holds(&m, Instant::now()));
+        assert_eq!(slot.model_count(Instant::now()), 0);
+    }
+}

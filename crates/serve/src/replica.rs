@@ -1,0 +1,234 @@
+//! A replica: one instance of a deployment, its model caches, its routing slot, its counters.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use modelmux_cache::{
+    BoxError, DurationHistogram, MetricsSnapshot, Model, ModelInfo, Multiplexer, ShutdownReport,
+    Subscription,
+};
+use modelmux_context::{RequestContext, RequestId};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
+
+use crate::deployment::{BoxFuture, DeploymentSpec, DynDeployment, ReplicaContext};
+use crate::handle::HandleDirectory;
+use crate::placement::ReplicaSlot;
+use crate::{Request, Response, ServeError};
+
+/// A model cache as the serve layer sees it, whatever its model type.
+pub(crate) trait ModelCache: Send + Sync + 'static {
+    fn models(&self) -> Vec<ModelInfo>;
+    fn metrics(&self) -> MetricsSnapshot;
+    fn max_models(&self) -> Option<usize>;
+    fn subscribe(&self) -> Subscription;
+    fn load(&self, id: &str, pin: bool) -> BoxFuture<'_, Result<(), modelmux_cache::Error>>;
+    fn evict(&self, id: &str) -> bool;
+    fn shutdown(&self, timeout: Duration) -> BoxFuture<'_, ShutdownReport>;
+}
+
+impl<M: Model> ModelCache for Multiplexer<M> {
+    fn models(&self) -> Vec<ModelInfo> {
+        Multiplexer::models(self)
+    }
+    fn metrics(&self) -> MetricsSnapshot {
+        Multiplexer::metrics(self)
+    }
+    fn max_models(&self) -> Option<usize> {
+        self.config().max_models
+    }
+    fn subscribe(&self) -> Subscription {
+        Multiplexer::subscribe(self)
+    }
+    fn load(&self, id: &str, pin: bool) -> BoxFuture<'_, Result<(), modelmux_cache::Error>> {
+        let id = id.to_string();
+        Box::pin(async move {
+            if pin {
+                self.pin(&id).await
+            } else {
+                self.preload(&id).await
+            }
+        })
+    }
+    fn evict(&self, id: &str) -> bool {
+        Multiplexer::evict(self, id)
+    }
+    fn shutdown(&self, timeout: Duration) -> BoxFuture<'_, ShutdownReport> {
+        Box::pin(Multiplexer::shutdown(self, timeout))
+    }
+}
+
+/// Upper bounds (seconds) of the request-duration histogram: 100 µs to 60 s.
+pub(crate) static REQUEST_BUCKETS: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    10.0, 60.0,
+];
+
+/// Requests one replica served, by status class, and how long they took.
+pub(crate) struct RequestMetrics {
+    /// Index 0..5 = 1xx..5xx.
+    pub(crate) by_class: [AtomicU64; 5],
+    pub(crate) duration: DurationHistogram,
+}
+
+impl RequestMetrics {
+    fn new() -> Self {
+        Self {
+            by_class: Default::default(),
+            duration: DurationHistogram::new(&REQUEST_BUCKETS),
+        }
+    }
+
+    pub(crate) fn record(&self, status: u16, took: Duration) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.by_class[class].fetch_add(1, Ordering::Relaxed);
+        self.duration.observe(took);
+    }
+}
+
+pub(crate) struct Replica {
+    pub(crate) id: Arc<str>,
+    pub(crate) deployment: Arc<str>,
+    pub(crate) app: Arc<str>,
+    instance: Arc<dyn DynDeployment>,
+    pub(crate) slot: Arc<ReplicaSlot>,
+    pub(crate) caches: Vec<Arc<dyn ModelCache>>,
+    pub(crate) metrics: RequestMetrics,
+    span: tracing::Span,
+    feeds: Vec<JoinHandle<()>>,
+}
+
+impl Replica {
+    /// Builds one replica of `spec`: runs its constructor, then starts feeding its caches'
+    /// events into its routing slot.
+    pub(crate) async fn start(
+        spec: &DeploymentSpec,
+        app: &Arc<str>,
+        handles: HandleDirectory,
+    ) -> Result<Replica, BoxError> {
+        let deployment: Arc<str> = spec.config.name.as_str().into();
+        let id: Arc<str> = format!("{deployment}#{}", &RequestId::generate().as_str()[..6]).into();
+        let span =
+            tracing::info_span!("replica", app = %app, deployment = %deployment, replica = %id);
+        let ctx = ReplicaContext {
+            app: app.clone(),
+            deployment: deployment.clone(),
+            replica_id: id.clone(),
+            caches: Arc::default(),
+            handles,
+        };
+        // The constructor runs in the replica's span, so multiplexers built in it log there.
+        let instance = (spec.factory)(ctx.clone()).instrument(span.clone()).await?;
+        let caches = ctx.caches.lock().clone();
+        let capacity = caches
+            .iter()
+            .map(|c| c.max_models())
+            .sum::<Option<usize>>()
+            .filter(|_| !caches.is_empty());
+        let slot = Arc::new(ReplicaSlot::new(
+            id.clone(),
+            spec.config.max_ongoing_requests,
+            capacity,
+        ));
+        let feeds = caches
+            .iter()
+            .map(|cache| spawn_feed(cache.clone(), slot.clone()))
+            .collect();
+        tracing::info!(parent: &span, "replica started");
+        Ok(Replica {
+            id,
+            deployment,
+            app: app.clone(),
+            instance,
+            slot,
+            caches,
+            metrics: RequestMetrics::new(),
+            span,
+            feeds,
+        })
+    }
+
+    /// Runs the request in `context`, containing a panic.
+    pub(crate) async fn call(
+        &self,
+        request: Request,
+        context: RequestContext,
+    ) -> Result<Response, ServeError> {
+        let span = tracing::info_span!(parent: &self.span, "request", request_id = ?context.request_id().map(|r| r.as_str()));
+        let call = context.scope(self.instance.call_boxed(request));
+        match AssertUnwindSafe(call).catch_unwind().instrument(span).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(error)) => Err(ServeError::from_deployment(&self.deployment, error)),
+            Err(panic) => {
+                let message = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "non-string panic payload".into());
+                tracing::error!(parent: &self.span, "deployment panicked: {message}");
+                Err(ServeError::Panicked {
+                    deployment: self.deployment.to_string(),
+                    message,
+                })
+            }
+        }
+    }
+
+    /// Runs the deployment's health check with a timeout.
+    pub(crate) async fn check_health(&self, timeout: Duration) -> Result<(), String> {
+        let check = AssertUnwindSafe(self.instance.check_health_boxed()).catch_unwind();
+        match tokio::time::timeout(timeout, check)
+            .instrument(self.span.clone())
+            .await
+        {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => Err(e.to_string()),
+            Ok(Err(_)) => Err("the health check panicked".into()),
+            Err(_) => Err(format!("the health check took longer than {timeout:?}")),
+        }
+    }
+
+    /// Unloads every model (after in-flight requests are done: the caller drains first).
+    pub(crate) async fn shutdown(&self, timeout: Duration) {
+        self.slot.set_available(false);
+        for cache in &self.caches {
+            let report = cache.shutdown(timeout).instrument(self.span.clone()).await;
+            if !report.still_draining.is_empty() {
+                tracing::warn!(parent: &self.span, still_draining = ?report.still_draining, "models still in use at shutdown");
+            }
+        }
+        for feed in &self.feeds {
+            feed.abort();
+        }
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        for feed in &self.feeds {
+            feed.abort();
+        }
+    }
+}
+
+/// Folds a cache's events into the slot as they happen; resynchronises after lagging.
+fn spawn_feed(cache: Arc<dyn ModelCache>, slot: Arc<ReplicaSlot>) -> JoinHandle<()> {
+    let mut sub = cache.subscribe();
+    slot.apply_snapshot(&sub.snapshot);
+    tokio::spawn(async move {
+        loop {
+            match sub.events.recv().await {
+                Ok(event) => slot.apply(&event),
+                Err(RecvError::Lagged(_)) => {
+                    sub = cache.subscribe();
+                    slot.apply_snapshot(&sub.snapshot);
+                }
+                Err(RecvError::Closed) => return,
+            }
+        }
+    })
+}

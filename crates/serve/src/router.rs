@@ -1,0 +1,401 @@
+//! The routing rules, as a pure function over the replicas' views (no I/O, no waiting), so each
+//! rule can be tested on scripted replicas. Dispatching (queueing, retries) is in `dispatch.rs`.
+//!
+//! For a request naming model `m`:
+//! 1. Replicas holding `m` (loaded, loading, or just placed there by this router) with spare
+//!    capacity: the less loaded of two picked at random (power of two choices).
+//! 2. Holders all saturated, but one is still loading `m`: wait for it. A second copy started
+//!    now would be ready no sooner, and a burst of first requests must trigger one load.
+//! 3. Holders all saturated with `m` loaded, or no holder: place `m` on the best other replica:
+//!    one with a free model slot, then the fewest models, then the highest rendezvous hash of
+//!    `(m, replica)`. The hash makes the choice deterministic, so every router (and every
+//!    ingress process) with the same view sends `m`'s first requests to the same replica.
+//! 4. Nothing has room: wait (the dispatcher queues, bounded).
+//!
+//! A request naming no model goes to the less loaded of two random available replicas.
+
+use modelmux_cache::ModelId;
+use tokio::time::Instant;
+
+use crate::placement::ReplicaView;
+
+/// Where a request should go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// To the replica at this index, for this reason.
+    Replica(usize, Reason),
+    /// Nowhere yet: wait for a replica to free up.
+    Wait,
+}
+
+/// Why a replica was chosen (logged, and counted in tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// No model named: the less loaded of two.
+    LeastLoaded,
+    /// It holds the model.
+    Holder,
+    /// It holds no copy, and no replica held one: the model's first placement.
+    Placed,
+    /// Every holder was saturated: a further copy.
+    NewCopy,
+}
+
+/// A small, fast random source for the power of two choices (xorshift64*).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed (any value; zero is mapped to a fixed odd constant).
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// A stable 64-bit hash of `(model, replica)` for rendezvous placement: FNV-1a, then a
+/// finaliser so that similar replica names score independently. Stable across processes and
+/// Rust versions (std's hasher is neither promised).
+pub fn rendezvous_score(model: &str, replica: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in model.bytes().chain([0xff]).chain(replica.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The less loaded of two distinct random candidates (the only one, if there is one).
+fn power_of_two<R: ReplicaView>(
+    replicas: &[R],
+    candidates: &[usize],
+    rng: &mut Rng,
+) -> Option<usize> {
+    match candidates.len() {
+        0 => None,
+        1 => Some(candidates[0]),
+        n => {
+            let a = rng.below(n);
+            let b = (a + 1 + rng.below(n - 1)) % n;
+            let (a, b) = (candidates[a], candidates[b]);
+            Some(if replicas[b].ongoing() < replicas[a].ongoing() {
+                b
+            } else {
+                a
+            })
+        }
+    }
+}
+
+/// Applies the rules above.
+pub fn choose<R: ReplicaView>(
+    replicas: &[R],
+    model: Option<&ModelId>,
+    now: Instant,
+    rng: &mut Rng,
+) -> Choice {
+    let open = |r: &R| r.is_available() && !r.is_saturated();
+    let Some(model) = model else {
+        let candidates: Vec<usize> = (0..replicas.len())
+            .filter(|&i| open(&replicas[i]))
+            .collect();
+        return power_of_two(replicas, &candidates, rng)
+            .map_or(Choice::Wait, |i| Choice::Replica(i, Reason::LeastLoaded));
+    };
+
+    let mut holders = Vec::new();
+    let mut open_holders = Vec::new();
+    for (i, r) in replicas.iter().enumerate() {
+        if r.is_available() && r.holds(model, now) {
+            holders.push(i);
+            if !r.is_saturated() {
+                open_holders.push(i);
+            }
+        }
+    }
+    if let Some(i) = power_of_two(replicas, &open_holders, rng) {
+        return Choice::Replica(i, Reason::Holder);
+    }
+    if holders.iter().any(|&i| !replicas[i].holds_loaded(model)) {
+        return Choice::Wait;
+    }
+    let best = (0..replicas.len())
+        .filter(|&i| open(&replicas[i]) && !holders.contains(&i))
+        .max_by_key(|&i| {
+            let r = &replicas[i];
+            (
+                r.has_free_slot(now),
+                std::cmp::Reverse(r.model_count(now)),
+                rendezvous_score(model, r.id()),
+            )
+        });
+    match best {
+        Some(i) if holders.is_empty() => Choice::Replica(i, Reason::Placed),
+        Some(i) => Choice::Replica(i, Reason::NewCopy),
+        None => Choice::Wait,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+    use crate::placement::Holding;
+
+    /// A scripted replica.
+    #[derive(Debug, Clone)]
+    struct Fake {
+        id: String,
+        ongoing: usize,
+        max: usize,
+        available: bool,
+        models: HashMap<ModelId, Holding>,
+        capacity: Option<usize>,
+    }
+
+    fn fake(id: &str) -> Fake {
+        Fake {
+            id: id.to_string(),
+            ongoing: 0,
+            max: 5,
+            available: true,
+            models: HashMap::new(),
+            capacity: Some(3),
+        }
+    }
+
+    impl ReplicaView for Fake {
+        fn id(&self) -> &str {
+            &self.id
+        }
+        fn ongoing(&self) -> usize {
+            self.ongoing
+        }
+        fn max_ongoing(&self) -> usize {
+            self.max
+        }
+        fn is_available(&self) -> bool {
+            self.available
+        }
+        fn holds(&self, id: &ModelId, _now: Instant) -> bool {
+            self.models.contains_key(id)
+        }
+        fn holds_loaded(&self, id: &ModelId) -> bool {
+            self.models.get(id) == Some(&Holding::Loaded)
+        }
+        fn model_count(&self, _now: Instant) -> usize {
+            self.models.len()
+        }
+        fn has_free_slot(&self, now: Instant) -> bool {
+            self.capacity.is_none_or(|c| self.model_count(now) < c)
+        }
+    }
+
+    fn id(s: &str) -> ModelId {
+        ModelId::new(s).unwrap()
+    }
+
+    fn pick(replicas: &[Fake], model: Option<&str>, rng: &mut Rng) -> Choice {
+        choose(replicas, model.map(id).as_ref(), Instant::now(), rng)
+    }
+
+    #[tokio::test]
+    async fn requests_without_a_model_go_to_the_less_loaded_of_two() {
+        let mut rs = vec![fake("a"), fake("b")];
+        rs[0].ongoing = 4;
+        let mut rng = Rng::new(7);
+        for _ in 0..50 {
+            assert_eq!(
+                pick(&rs, None, &mut rng),
+                Choice::Replica(1, Reason::LeastLoaded)
+            );
+        }
+        rs[1].ongoing = 5;
+        assert_eq!(
+            pick(&rs, None, &mut rng),
+            Choice::Replica(0, Reason::LeastLoaded),
+            "b is saturated"
+        );
+        rs[0].ongoing = 5;
+        assert_eq!(pick(&rs, None, &mut rng), Choice::Wait);
+        rs[0].ongoing = 0;
+        rs[0].available = false;
+        assert_eq!(
+            pick(&rs, None, &mut rng),
+            Choice::Wait,
+            "an unavailable replica takes nothing"
+        );
+    }
+
+    #[tokio::test]
+    async fn holders_are_chosen_despite_longer_queues() {
+        let mut rs = vec![fake("a"), fake("b"), fake("c")];
+        rs[1].models.insert(id("m"), Holding::Loaded);
+        rs[1].ongoing = 4;
+        let mut rng = Rng::new(1);
+        for _ in 0..50 {
+            assert_eq!(
+                pick(&rs, Some("m"), &mut rng),
+                Choice::Replica(1, Reason::Holder)
+            );
+        }
+        // A loading (not yet loaded) holder attracts the model's requests too.
+        rs[1].models.insert(id("m"), Holding::Loading);
+        assert_eq!(
+            pick(&rs, Some("m"), &mut rng),
+            Choice::Replica(1, Reason::Holder)
+        );
+    }
+
+    #[tokio::test]
+    async fn among_holders_the_less_loaded_wins() {
+        let mut rs = vec![fake("a"), fake("b")];
+        for r in &mut rs {
+            r.models.insert(id("m"), Holding::Loaded);
+        }
+        rs[0].ongoing = 3;
+        let mut rng = Rng::new(3);
+        assert_eq!(
+            pick(&rs, Some("m"), &mut rng),
+            Choice::Replica(1, Reason::Holder)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_burst_of_first_requests_lands_on_one_replica() {
+        let mut rs: Vec<Fake> = (0..4).map(|i| fake(&format!("r{i}"))).collect();
+        for r in &mut rs {
+            r.max = 1000;
+        }
+        let mut rng = Rng::new(11);
+        let mut chosen = Vec::new();
+        for _ in 0..100 {
+            match pick(&rs, Some("cold"), &mut rng) {
+                Choice::Replica(i, reason) => {
+                    if reason == Reason::Placed {
+                        // What the dispatcher does: record the placement at once.
+                        rs[i]
+                            .models
+                            .insert(id("cold"), Holding::Pending(Instant::now()));
+                    }
+                    rs[i].ongoing += 1;
+                    chosen.push((i, reason));
+                }
+                Choice::Wait => panic!("there is room"),
+            }
+        }
+        let first = chosen[0].0;
+        assert!(chosen.iter().all(|(i, _)| *i == first), "{chosen:?}");
+        assert_eq!(
+            chosen.iter().filter(|(_, r)| *r == Reason::Placed).count(),
+            1,
+            "one placement, one load"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_burst_waits_for_a_loading_holder_instead_of_copying() {
+        let mut rs = vec![fake("a"), fake("b")];
+        rs[0].models.insert(id("m"), Holding::Loading);
+        rs[0].ongoing = 5;
+        let mut rng = Rng::new(5);
+        assert_eq!(pick(&rs, Some("m"), &mut rng), Choice::Wait);
+    }
+
+    #[tokio::test]
+    async fn saturated_holders_get_a_second_copy() {
+        let mut rs = vec![fake("a"), fake("b"), fake("c")];
+        rs[0].models.insert(id("hot"), Holding::Loaded);
+        rs[0].ongoing = 5;
+        rs[1].models.insert(id("x"), Holding::Loaded);
+        let mut rng = Rng::new(9);
+        // `c` has no models at all: fewest models wins.
+        assert_eq!(
+            pick(&rs, Some("hot"), &mut rng),
+            Choice::Replica(2, Reason::NewCopy)
+        );
+        // Everyone saturated: wait.
+        rs[1].ongoing = 5;
+        rs[2].ongoing = 5;
+        assert_eq!(pick(&rs, Some("hot"), &mut rng), Choice::Wait);
+    }
+
+    #[tokio::test]
+    async fn cold_models_prefer_free_slots_then_fewest_models() {
+        let mut rs = vec![fake("a"), fake("b"), fake("c")];
+        for m in ["1", "2", "3"] {
+            rs[0].models.insert(id(m), Holding::Loaded); // full
+        }
+        rs[1].models.insert(id("4"), Holding::Loaded);
+        rs[1].models.insert(id("5"), Holding::Loaded);
+        rs[2].models.insert(id("6"), Holding::Loaded);
+        let mut rng = Rng::new(2);
+        for cold in ["p", "q", "r", "s"] {
+            assert_eq!(
+                pick(&rs, Some(cold), &mut rng),
+                Choice::Replica(2, Reason::Placed),
+                "{cold}"
+            );
+        }
+        // With equal counts, the rendezvous hash decides, differently for different models,
+        // and identically for every router.
+        let even = vec![fake("a"), fake("b"), fake("c"), fake("d")];
+        let spread: std::collections::HashSet<usize> = (0..40)
+            .map(
+                |k| match pick(&even, Some(&format!("model-{k}")), &mut rng) {
+                    Choice::Replica(i, Reason::Placed) => i,
+                    other => panic!("{other:?}"),
+                },
+            )
+            .collect();
+        assert_eq!(spread.len(), 4, "cold models spread over every replica");
+        let again = pick(&even, Some("model-7"), &mut Rng::new(999));
+        assert_eq!(
+            again,
+            pick(&even, Some("model-7"), &mut Rng::new(1)),
+            "deterministic"
+        );
+    }
+
+    #[tokio::test]
+    async fn failed_loads_no_longer_attract_traffic() {
+        // A failed load is retracted from the view (placement.rs): the replica holds nothing.
+        let mut rs = vec![fake("a"), fake("b")];
+        rs[0].models.insert(id("broken"), Holding::Loading);
+        let mut rng = Rng::new(4);
+        assert_eq!(
+            pick(&rs, Some("broken"), &mut rng),
+            Choice::Replica(0, Reason::Holder)
+        );
+        rs[0].models.remove(&id("broken"));
+        // Now it is placed afresh by the cold rules, not sent to `a` as a holder.
+        assert!(matches!(
+            pick(&rs, Some("broken"), &mut rng),
+            Choice::Replica(_, Reason::Placed)
+        ));
+    }
+
+    #[test]
+    fn rendezvous_scores_are_stable() {
+        // Fixed values: a change here moves every model's placement in running clusters.
+        assert_eq!(rendezvous_score("m", "r1"), rendezvous_score("m", "r1"));
+        assert_ne!(rendezvous_score("m", "r1"), rendezvous_score("m", "r2"));
+        assert_ne!(rendezvous_score("ab", "c"), rendezvous_score("a", "bc"));
+    }
+}
