@@ -784,10 +784,11 @@ async fn a_load_smaller_than_its_reservation_lets_a_waiting_load_in() {
     );
     let _x = mux.get("x").await.unwrap(); // in use for the whole test
     let start = Instant::now();
-    // `a` reserves the mean loaded size (50): 100 of 100. `b` (40) must wait for it.
+    // `a` reserves the mean loaded size (50): 100 of 100. `b` (40) must wait for it. `a`'s
+    // caller keeps it in use, so only the admission itself can tell `b` there is room.
     let a = tokio::spawn({
         let mux = mux.clone();
-        async move { mux.get("a").await.map(drop) }
+        async move { mux.get("a").await }
     });
     settle().await;
     assert_eq!(
@@ -802,7 +803,7 @@ async fn a_load_smaller_than_its_reservation_lets_a_waiting_load_in() {
         ms(100),
         "b got in as soon as a turned out to be 10 bytes"
     );
-    a.await.unwrap().unwrap();
+    let _a = a.await.unwrap().unwrap();
     assert_eq!(mux.gauges().used_bytes, 100);
 }
 
