@@ -11,22 +11,30 @@
 //!
 //! This crate knows nothing of model formats; model kinds live in their own crates.
 
+mod admin;
 mod body;
 mod deployment;
 mod dispatch;
 mod error;
 mod handle;
+mod ingress;
+mod metrics;
+mod model;
 mod placement;
 mod replica;
 mod router;
+mod server;
 
 pub use body::{Body, BodyError, BodySender};
 pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};
 pub use error::ServeError;
 pub use handle::{DeploymentHandle, HandleOptions};
+pub use ingress::{MODEL_ID_HEADER, MODEL_ID_HEADER_DASHED, REPLICA_HEADER, REQUEST_ID_HEADER};
+pub use model::{ModelKind, model_deployment};
 pub use modelmux_cache::BoxError;
 pub use placement::{Holding, ReplicaSlot, ReplicaView};
-pub use router::{Choice, Reason, Rng, choose, rendezvous_score};
+pub use router::{Choice, Reason, Rng, choose, place, rendezvous_score};
+pub use server::{Application, Server, ServerBuilder, ServerConfig, StartError};
 
 /// A request as deployments see it.
 pub type Request = http::Request<Body>;

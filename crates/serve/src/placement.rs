@@ -97,7 +97,8 @@ impl ReplicaSlot {
         self.ongoing.fetch_sub(1, Ordering::SeqCst) - 1
     }
 
-    fn update(&self, f: impl FnOnce(&mut HashMap<ModelId, Holding>)) {
+    /// Replaces the model set with `f` applied to a copy (retried if a concurrent update won).
+    fn update(&self, f: impl Fn(&mut HashMap<ModelId, Holding>)) {
         self.models.rcu(|current| {
             let mut next = HashMap::clone(current);
             f(&mut next);

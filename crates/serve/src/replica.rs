@@ -11,6 +11,7 @@ use modelmux_cache::{
     Subscription,
 };
 use modelmux_context::{RequestContext, RequestId};
+use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -28,6 +29,7 @@ pub(crate) trait ModelCache: Send + Sync + 'static {
     fn subscribe(&self) -> Subscription;
     fn load(&self, id: &str, pin: bool) -> BoxFuture<'_, Result<(), modelmux_cache::Error>>;
     fn evict(&self, id: &str) -> bool;
+    fn unpin(&self, id: &str) -> bool;
     fn shutdown(&self, timeout: Duration) -> BoxFuture<'_, ShutdownReport>;
 }
 
@@ -56,6 +58,9 @@ impl<M: Model> ModelCache for Multiplexer<M> {
     }
     fn evict(&self, id: &str) -> bool {
         Multiplexer::evict(self, id)
+    }
+    fn unpin(&self, id: &str) -> bool {
+        Multiplexer::unpin(self, id)
     }
     fn shutdown(&self, timeout: Duration) -> BoxFuture<'_, ShutdownReport> {
         Box::pin(Multiplexer::shutdown(self, timeout))
@@ -109,6 +114,7 @@ impl Replica {
         spec: &DeploymentSpec,
         app: &Arc<str>,
         handles: HandleDirectory,
+        wake: Arc<Notify>,
     ) -> Result<Replica, BoxError> {
         let deployment: Arc<str> = spec.config.name.as_str().into();
         let id: Arc<str> = format!("{deployment}#{}", &RequestId::generate().as_str()[..6]).into();
@@ -136,7 +142,7 @@ impl Replica {
         ));
         let feeds = caches
             .iter()
-            .map(|cache| spawn_feed(cache.clone(), slot.clone()))
+            .map(|cache| spawn_feed(cache.clone(), slot.clone(), wake.clone()))
             .collect();
         tracing::info!(parent: &span, "replica started");
         Ok(Replica {
@@ -215,14 +221,22 @@ impl Drop for Replica {
     }
 }
 
-/// Folds a cache's events into the slot as they happen; resynchronises after lagging.
-fn spawn_feed(cache: Arc<dyn ModelCache>, slot: Arc<ReplicaSlot>) -> JoinHandle<()> {
+/// Folds a cache's events into the slot as they happen (and wakes requests queued in the
+/// router, whose choice may change); resynchronises after lagging.
+fn spawn_feed(
+    cache: Arc<dyn ModelCache>,
+    slot: Arc<ReplicaSlot>,
+    wake: Arc<Notify>,
+) -> JoinHandle<()> {
     let mut sub = cache.subscribe();
     slot.apply_snapshot(&sub.snapshot);
     tokio::spawn(async move {
         loop {
             match sub.events.recv().await {
-                Ok(event) => slot.apply(&event),
+                Ok(event) => {
+                    slot.apply(&event);
+                    wake.notify_waiters();
+                }
                 Err(RecvError::Lagged(_)) => {
                     sub = cache.subscribe();
                     slot.apply_snapshot(&sub.snapshot);

@@ -102,6 +102,36 @@ fn power_of_two<R: ReplicaView>(
     }
 }
 
+/// The best replica to load `model` on among those `eligible` says yes to: a free model slot
+/// first, then the fewest models, then the highest rendezvous score.
+fn best_placement<R: ReplicaView>(
+    replicas: &[R],
+    model: &ModelId,
+    now: Instant,
+    eligible: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    (0..replicas.len())
+        .filter(|&i| eligible(i))
+        .max_by_key(|&i| {
+            let r = &replicas[i];
+            (
+                r.has_free_slot(now),
+                std::cmp::Reverse(r.model_count(now)),
+                rendezvous_score(model, r.id()),
+            )
+        })
+}
+
+/// Where an operator's prewarm of `model` should go, whatever the load: a replica that already
+/// holds it (loaded first), else where its first request would be placed.
+pub fn place<R: ReplicaView>(replicas: &[R], model: &ModelId, now: Instant) -> Option<usize> {
+    let available = |i: usize| replicas[i].is_available();
+    (0..replicas.len())
+        .filter(|&i| available(i) && replicas[i].holds(model, now))
+        .max_by_key(|&i| replicas[i].holds_loaded(model))
+        .or_else(|| best_placement(replicas, model, now, available))
+}
+
 /// Applies the rules above.
 pub fn choose<R: ReplicaView>(
     replicas: &[R],
@@ -134,16 +164,9 @@ pub fn choose<R: ReplicaView>(
     if holders.iter().any(|&i| !replicas[i].holds_loaded(model)) {
         return Choice::Wait;
     }
-    let best = (0..replicas.len())
-        .filter(|&i| open(&replicas[i]) && !holders.contains(&i))
-        .max_by_key(|&i| {
-            let r = &replicas[i];
-            (
-                r.has_free_slot(now),
-                std::cmp::Reverse(r.model_count(now)),
-                rendezvous_score(model, r.id()),
-            )
-        });
+    let best = best_placement(replicas, model, now, |i| {
+        open(&replicas[i]) && !holders.contains(&i)
+    });
     match best {
         Some(i) if holders.is_empty() => Choice::Replica(i, Reason::Placed),
         Some(i) => Choice::Replica(i, Reason::NewCopy),

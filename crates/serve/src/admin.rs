@@ -1,0 +1,319 @@
+//! The admin and observability API, under `/-/`, and `/metrics`.
+//!
+//! | method and path | what |
+//! |---|---|
+//! | `GET /-/healthz` | 200 when every deployment has a replica taking requests, else 503 |
+//! | `GET /-/routes` | route prefix → application, as Ray Serve's `/-/routes` |
+//! | `GET /-/models` | per application, deployment and replica: loaded and loading models |
+//! | `POST /-/models/{deployment}/{model_id}/load[?pin=true]` | prewarm (and pin) a model |
+//! | `DELETE /-/models/{deployment}/{model_id}` | evict a model from every replica |
+//! | `POST /-/models/{deployment}/{model_id}/unpin` | unpin it everywhere |
+//! | `GET /metrics` | Prometheus text format |
+//!
+//! `/-/models*` need `Authorization: Bearer <token>` when an admin token is configured.
+//! Model ids may contain `/`; percent-encode other reserved characters.
+
+use std::sync::Arc;
+
+use http::{HeaderValue, Method, StatusCode, header};
+use hyper::body::Incoming;
+use modelmux_cache::ModelId;
+use modelmux_context::RequestId;
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::dispatch::DeploymentRouter;
+use crate::placement::ReplicaView;
+use crate::server::ServerState;
+use crate::{Body, Response, ServeError};
+
+pub(crate) async fn handle(
+    state: &ServerState,
+    request: http::Request<Incoming>,
+    request_id: &RequestId,
+) -> Response {
+    match route(state, &request).await {
+        Ok(response) => response,
+        Err(e) => e.into_response(Some(request_id.as_str())),
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut r = Response::new(Body::json(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn route(
+    state: &ServerState,
+    request: &http::Request<Incoming>,
+) -> Result<Response, ServeError> {
+    let path = request.uri().path();
+    let method = request.method();
+    match (method, path) {
+        (&Method::GET, "/-/healthz") => Ok(healthz(state)),
+        (&Method::GET, "/-/routes") => {
+            let routes: serde_json::Map<String, Value> = state
+                .apps
+                .iter()
+                .map(|a| (a.route_prefix.clone(), json!(&*a.name)))
+                .collect();
+            Ok(json_response(StatusCode::OK, &Value::Object(routes)))
+        }
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(Body::from(crate::metrics::render(state)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(r)
+        }
+        (_, p) if p == "/-/models" || p.starts_with("/-/models/") => {
+            authorize(state, request)?;
+            models(state, method, p, request.uri().query()).await
+        }
+        _ => Err(ServeError::NotFound {
+            what: format!("no admin endpoint {method} {path}"),
+        }),
+    }
+}
+
+fn authorize(state: &ServerState, request: &http::Request<Incoming>) -> Result<(), ServeError> {
+    let Some(token) = &state.config.admin_token else {
+        return Ok(());
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    // Compare without stopping at the first difference.
+    let same = given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0, |d, (a, b)| d | (a ^ b))
+                == 0
+    });
+    if same {
+        Ok(())
+    } else {
+        Err(ServeError::Unauthorized)
+    }
+}
+
+fn healthz(state: &ServerState) -> Response {
+    let unavailable: Vec<String> = state
+        .routers()
+        .filter(|r| !r.replicas().iter().any(|rep| rep.is_available()))
+        .map(|r| format!("{}/{}", r.app, r.name()))
+        .collect();
+    if unavailable.is_empty() {
+        json_response(StatusCode::OK, &json!({"status": "ok"}))
+    } else {
+        json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "unavailable", "deployments_without_replicas": unavailable}),
+        )
+    }
+}
+
+async fn models(
+    state: &ServerState,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Result<Response, ServeError> {
+    if path == "/-/models" {
+        return match *method {
+            Method::GET => Ok(json_response(StatusCode::OK, &list_models(state))),
+            _ => Err(ServeError::status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use GET on /-/models",
+            )),
+        };
+    }
+    let rest = &path["/-/models/".len()..];
+    let (deployment, rest) = rest.split_once('/').ok_or_else(|| ServeError::BadRequest {
+        message: "expected /-/models/{deployment}/{model_id}[/load|/unpin]".into(),
+    })?;
+    let router = find_deployment(state, deployment)?;
+    let (id, action) = match (method, rest.rsplit_once('/')) {
+        (&Method::POST, Some((id, "load"))) => (id, Action::Load),
+        (&Method::POST, Some((id, "unpin"))) => (id, Action::Unpin),
+        (&Method::DELETE, _) => (rest, Action::Evict),
+        _ => {
+            return Err(ServeError::status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "use POST .../{model_id}/load, POST .../{model_id}/unpin or DELETE .../{model_id}",
+            ));
+        }
+    };
+    let id = ModelId::new(percent_decode(id)?)?;
+    match action {
+        Action::Load => load(&router, &id, query_flag(query, "pin")).await,
+        Action::Evict => {
+            let evicted: Vec<String> = router
+                .replicas()
+                .iter()
+                .filter(|r| r.caches.iter().fold(false, |any, c| c.evict(&id) | any))
+                .map(|r| r.id.to_string())
+                .collect();
+            if evicted.is_empty() {
+                return Err(ServeError::NotFound {
+                    what: format!("model '{id}' is not loaded by any replica of '{deployment}'"),
+                });
+            }
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"model_id": id.as_str(), "evicted_from": evicted}),
+            ))
+        }
+        Action::Unpin => {
+            let unpinned: Vec<String> = router
+                .replicas()
+                .iter()
+                .filter(|r| r.caches.iter().fold(false, |any, c| c.unpin(&id) | any))
+                .map(|r| r.id.to_string())
+                .collect();
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"model_id": id.as_str(), "unpinned_on": unpinned}),
+            ))
+        }
+    }
+}
+
+enum Action {
+    Load,
+    Evict,
+    Unpin,
+}
+
+async fn load(router: &DeploymentRouter, id: &ModelId, pin: bool) -> Result<Response, ServeError> {
+    let replicas = router.replicas();
+    let index =
+        crate::router::place(&replicas, id, Instant::now()).ok_or(ServeError::ShuttingDown)?;
+    let replica = &replicas[index];
+    let cache = replica
+        .caches
+        .first()
+        .ok_or_else(|| ServeError::BadRequest {
+            message: format!(
+                "deployment '{}' has no model cache to load into",
+                router.name()
+            ),
+        })?;
+    cache.load(id, pin).await?;
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({"model_id": id.as_str(), "deployment": router.name(), "replica": &*replica.id, "pinned": pin}),
+    ))
+}
+
+fn find_deployment(state: &ServerState, name: &str) -> Result<Arc<DeploymentRouter>, ServeError> {
+    state
+        .routers()
+        .find(|r| r.name() == name)
+        .cloned()
+        .ok_or_else(|| ServeError::NotFound {
+            what: format!("no deployment named '{name}'"),
+        })
+}
+
+fn list_models(state: &ServerState) -> Value {
+    let apps: Vec<Value> = state
+        .apps
+        .iter()
+        .map(|app| {
+            let deployments: Vec<Value> = app
+                .deployments
+                .iter()
+                .map(|(router, _)| {
+                    let replicas: Vec<Value> = router.replicas().iter().map(|r| replica_models(r)).collect();
+                    json!({"name": router.name(), "queued_requests": router.queued(), "replicas": replicas})
+                })
+                .collect();
+            json!({"name": &*app.name, "route_prefix": app.route_prefix, "deployments": deployments})
+        })
+        .collect();
+    json!({ "applications": apps })
+}
+
+fn replica_models(replica: &crate::replica::Replica) -> Value {
+    let mut loaded = Vec::new();
+    let mut loading = Vec::new();
+    for info in replica.caches.iter().flat_map(|c| c.models()) {
+        match info.status {
+            modelmux_cache::ModelStatus::Loaded => loaded.push(json!({
+                "id": info.id.as_str(),
+                "size_bytes": info.size_bytes,
+                "in_use": info.in_use,
+                "pinned": info.pinned,
+                "idle_seconds": info.idle_for.as_secs_f64(),
+            })),
+            modelmux_cache::ModelStatus::Loading => loading.push(json!(info.id.as_str())),
+        }
+    }
+    json!({
+        "id": &*replica.id,
+        "available": replica.is_available(),
+        "ongoing_requests": replica.ongoing(),
+        "max_ongoing_requests": replica.max_ongoing(),
+        "loaded": loaded,
+        "loading": loading,
+    })
+}
+
+fn query_flag(query: Option<&str>, name: &str) -> bool {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .any(|kv| kv == name || kv == format!("{name}=true") || kv == format!("{name}=1"))
+}
+
+/// Decodes `%XX` escapes (model ids in paths may need them).
+fn percent_decode(s: &str) -> Result<String, ServeError> {
+    let bad = || ServeError::BadRequest {
+        message: format!("'{s}' is not a valid percent-encoded model id"),
+    };
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).ok_or_else(bad)?;
+            let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%2Fb%20c").unwrap(), "a/b c");
+        assert!(percent_decode("bad%2").is_err());
+        assert!(percent_decode("bad%zz").is_err());
+    }
+
+    #[test]
+    fn query_flags() {
+        assert!(query_flag(Some("pin=true"), "pin"));
+        assert!(query_flag(Some("x=1&pin"), "pin"));
+        assert!(!query_flag(Some("pin=false"), "pin"));
+        assert!(!query_flag(None, "pin"));
+    }
+}

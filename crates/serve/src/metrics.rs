@@ -1,0 +1,300 @@
+//! `/metrics` in the Prometheus text format, rendered at scrape time from the counters each
+//! replica and each model cache keep (no global registry).
+//!
+//! Every series has `app`, `deployment` and `replica` labels. Mapping from Ray Serve:
+//!
+//! | modelmux | Ray Serve |
+//! |---|---|
+//! | `modelmux_requests_total` | `ray_serve_deployment_request_counter_total` |
+//! | `modelmux_request_duration_seconds` | `ray_serve_deployment_processing_latency_ms` (in seconds) |
+//! | `modelmux_replica_ongoing_requests` | `ray_serve_replica_processing_queries` |
+//! | `modelmux_deployment_queued_requests` | `ray_serve_deployment_queued_queries` |
+//! | `modelmux_model_loads_total` | `ray_serve_multiplexed_models_load_counter_total` |
+//! | `modelmux_model_unloads_total` | `ray_serve_multiplexed_models_unload_counter_total` |
+//! | `modelmux_model_load_duration_seconds` | `ray_serve_multiplexed_model_load_latency_ms` (in seconds) |
+//! | `modelmux_model_unload_duration_seconds` | `ray_serve_multiplexed_model_unload_latency_ms` (in seconds) |
+//! | `modelmux_models_loaded` | `ray_serve_num_multiplexed_models` |
+//! | `modelmux_model_loaded{model=...}` | `ray_serve_registered_multiplexed_model_id` |
+//! | `modelmux_cache_hits_total` + `modelmux_cache_misses_total` | `ray_serve_multiplexed_get_model_requests_counter_total` |
+//! | `modelmux_model_load_failures_total`, `modelmux_model_unload_failures_total`, `modelmux_model_evictions_total`, `modelmux_models_loading`, `modelmux_model_bytes` | (none) |
+
+use std::fmt::Write;
+
+use modelmux_cache::{HistogramSnapshot, MetricsSnapshot};
+
+use crate::placement::ReplicaView;
+use crate::replica::Replica;
+use crate::server::ServerState;
+
+/// Writes one metric family at a time, each with its HELP and TYPE once.
+struct Exposition {
+    out: String,
+}
+
+impl Exposition {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: impl std::fmt::Display) {
+        self.out.push_str(name);
+        if !labels.is_empty() {
+            self.out.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(',');
+                }
+                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
+            }
+            self.out.push('}');
+        }
+        let _ = writeln!(self.out, " {value}");
+    }
+
+    fn histogram(&mut self, name: &str, labels: &[(&str, &str)], h: &HistogramSnapshot) {
+        let bucket = format!("{name}_bucket");
+        for (le, count) in &h.buckets {
+            let le = le.to_string();
+            self.sample(&bucket, &with(labels.to_vec(), "le", &le), count);
+        }
+        self.sample(&bucket, &with(labels.to_vec(), "le", "+Inf"), h.count);
+        self.sample(&format!("{name}_sum"), labels, h.sum.as_secs_f64());
+        self.sample(&format!("{name}_count"), labels, h.count);
+    }
+}
+
+fn escape(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// One replica's cache metrics (summed over its caches; usually one).
+fn cache_metrics(replica: &Replica) -> Option<MetricsSnapshot> {
+    let mut all = replica.caches.iter().map(|c| c.metrics());
+    let first = all.next()?;
+    Some(all.fold(first, |mut a, b| {
+        a.hits += b.hits;
+        a.misses += b.misses;
+        a.loads += b.loads;
+        a.load_failures += b.load_failures;
+        a.unloads += b.unloads;
+        a.unload_failures += b.unload_failures;
+        a.evictions += b.evictions;
+        a.gauges.loaded += b.gauges.loaded;
+        a.gauges.loading += b.gauges.loading;
+        a.gauges.used_bytes += b.gauges.used_bytes;
+        a
+    }))
+}
+
+type Counter = fn(&MetricsSnapshot) -> u64;
+
+const CACHE_COUNTERS: [(&str, &str, Counter); 7] = [
+    (
+        "modelmux_cache_hits_total",
+        "Model gets served from the replica's cache.",
+        |m| m.hits,
+    ),
+    (
+        "modelmux_cache_misses_total",
+        "Model gets that waited for a load.",
+        |m| m.misses,
+    ),
+    ("modelmux_model_loads_total", "Model loads started.", |m| {
+        m.loads
+    }),
+    (
+        "modelmux_model_load_failures_total",
+        "Model loads that failed, panicked or timed out.",
+        |m| m.load_failures,
+    ),
+    ("modelmux_model_unloads_total", "Models unloaded.", |m| {
+        m.unloads
+    }),
+    (
+        "modelmux_model_unload_failures_total",
+        "Unload hooks that failed or panicked.",
+        |m| m.unload_failures,
+    ),
+    (
+        "modelmux_model_evictions_total",
+        "Models evicted to make room.",
+        |m| m.evictions,
+    ),
+];
+
+const CACHE_GAUGES: [(&str, &str, Counter); 3] = [
+    (
+        "modelmux_models_loaded",
+        "Models loaded on the replica.",
+        |m| m.gauges.loaded as u64,
+    ),
+    (
+        "modelmux_models_loading",
+        "Models being loaded on the replica.",
+        |m| m.gauges.loading as u64,
+    ),
+    (
+        "modelmux_model_bytes",
+        "Bytes held by the replica's models (loaded, loading, draining).",
+        |m| m.gauges.used_bytes,
+    ),
+];
+
+/// The labels of every replica series, borrowed from the replica.
+fn labels(r: &Replica) -> Vec<(&str, &str)> {
+    vec![
+        ("app", &*r.app),
+        ("deployment", &*r.deployment),
+        ("replica", &*r.id),
+    ]
+}
+
+fn with<'a>(
+    mut labels: Vec<(&'a str, &'a str)>,
+    key: &'a str,
+    value: &'a str,
+) -> Vec<(&'a str, &'a str)> {
+    labels.push((key, value));
+    labels
+}
+
+/// Renders every metric.
+pub(crate) fn render(state: &ServerState) -> String {
+    let mut x = Exposition {
+        out: String::with_capacity(16 << 10),
+    };
+    let routers: Vec<_> = state.routers().cloned().collect();
+    let replicas: Vec<_> = routers.iter().flat_map(|r| r.replicas().to_vec()).collect();
+
+    x.family(
+        "modelmux_requests_total",
+        "counter",
+        "Requests handled, by status class.",
+    );
+    for r in &replicas {
+        for (i, class) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
+            let n = r.metrics.by_class[i].load(std::sync::atomic::Ordering::Relaxed);
+            x.sample(
+                "modelmux_requests_total",
+                &with(labels(r), "status", class),
+                n,
+            );
+        }
+    }
+    x.family(
+        "modelmux_request_duration_seconds",
+        "histogram",
+        "Time from dispatch to response headers.",
+    );
+    for r in &replicas {
+        x.histogram(
+            "modelmux_request_duration_seconds",
+            &labels(r),
+            &r.metrics.duration.snapshot(),
+        );
+    }
+    x.family(
+        "modelmux_replica_ongoing_requests",
+        "gauge",
+        "Requests in progress on the replica.",
+    );
+    for r in &replicas {
+        x.sample("modelmux_replica_ongoing_requests", &labels(r), r.ongoing());
+    }
+    x.family(
+        "modelmux_deployment_queued_requests",
+        "gauge",
+        "Requests waiting for a free replica.",
+    );
+    for router in &routers {
+        let l = [("app", &*router.app), ("deployment", router.name())];
+        x.sample("modelmux_deployment_queued_requests", &l, router.queued());
+    }
+
+    let caches: Vec<(&Replica, MetricsSnapshot)> = replicas
+        .iter()
+        .filter_map(|r| cache_metrics(r).map(|m| (&**r, m)))
+        .collect();
+    for (families, kind) in [
+        (&CACHE_COUNTERS[..], "counter"),
+        (&CACHE_GAUGES[..], "gauge"),
+    ] {
+        for (name, help, value) in families {
+            x.family(name, kind, help);
+            for (r, m) in &caches {
+                x.sample(name, &labels(r), value(m));
+            }
+        }
+    }
+    x.family(
+        "modelmux_model_load_duration_seconds",
+        "histogram",
+        "Time spent loading models.",
+    );
+    for (r, m) in &caches {
+        x.histogram(
+            "modelmux_model_load_duration_seconds",
+            &labels(r),
+            &m.load_duration,
+        );
+    }
+    x.family(
+        "modelmux_model_unload_duration_seconds",
+        "histogram",
+        "Time spent unloading models.",
+    );
+    for (r, m) in &caches {
+        x.histogram(
+            "modelmux_model_unload_duration_seconds",
+            &labels(r),
+            &m.unload_duration,
+        );
+    }
+    // One series per loaded model: bounded by the caches' caps, so safe to label by model.
+    x.family(
+        "modelmux_model_loaded",
+        "gauge",
+        "1 for each model loaded on the replica.",
+    );
+    for r in &replicas {
+        for info in r.caches.iter().flat_map(|c| c.models()) {
+            if info.status == modelmux_cache::ModelStatus::Loaded {
+                x.sample(
+                    "modelmux_model_loaded",
+                    &with(labels(r), "model", info.id.as_str()),
+                    1,
+                );
+            }
+        }
+    }
+    x.out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels_are_escaped_and_histograms_are_cumulative_with_inf() {
+        let mut x = Exposition { out: String::new() };
+        x.sample("m", &[("model", "a\"b\\c\nd")], 1);
+        assert_eq!(x.out, "m{model=\"a\\\"b\\\\c\\nd\"} 1\n");
+        let mut x = Exposition { out: String::new() };
+        let h = HistogramSnapshot {
+            buckets: vec![(0.1, 1), (1.0, 2)],
+            count: 3,
+            sum: std::time::Duration::from_millis(2500),
+        };
+        x.histogram("h", &[("a", "b")], &h);
+        assert!(
+            x.out.contains("h_bucket{a=\"b\",le=\"0.1\"} 1\n"),
+            "{}",
+            x.out
+        );
+        assert!(x.out.contains("h_bucket{a=\"b\",le=\"+Inf\"} 3\n"));
+        assert!(x.out.contains("h_sum{a=\"b\"} 2.5\n"));
+        assert!(x.out.contains("h_count{a=\"b\"} 3\n"));
+    }
+}

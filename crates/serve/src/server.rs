@@ -1,0 +1,476 @@
+//! Applications, and the server that runs them: starts replicas, accepts HTTP connections,
+//! checks health, and shuts down gracefully.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use modelmux_cache::BoxError;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::deployment::DeploymentSpec;
+use crate::dispatch::DeploymentRouter;
+use crate::handle::HandleDirectory;
+use crate::replica::Replica;
+
+/// A set of deployments served under one route prefix; requests under the prefix go to its
+/// ingress deployment, which may call the others through handles.
+#[derive(Clone)]
+pub struct Application {
+    pub(crate) name: String,
+    pub(crate) route_prefix: String,
+    pub(crate) deployments: Vec<DeploymentSpec>,
+    pub(crate) ingress: Option<String>,
+}
+
+impl Application {
+    /// An application named `name`, served at `/` until [`route_prefix`](Self::route_prefix)
+    /// says otherwise.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            route_prefix: "/".to_string(),
+            deployments: Vec::new(),
+            ingress: None,
+        }
+    }
+
+    /// The path prefix it serves (`/` by default). Requests go to the application with the
+    /// longest matching prefix.
+    pub fn route_prefix(mut self, prefix: &str) -> Self {
+        self.route_prefix = prefix.to_string();
+        self
+    }
+
+    /// Adds a deployment that other deployments call through handles.
+    pub fn deployment(mut self, spec: DeploymentSpec) -> Self {
+        self.deployments.push(spec);
+        self
+    }
+
+    /// Adds the deployment that receives the application's HTTP requests. Without one, the
+    /// first deployment added is the ingress.
+    pub fn ingress(mut self, spec: DeploymentSpec) -> Self {
+        self.ingress = Some(spec.config.name.clone());
+        self.deployments.push(spec);
+        self
+    }
+}
+
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The applications are not consistent (a name or prefix twice, no deployment, ...).
+    #[error("invalid application '{app}': {message}")]
+    InvalidApplication {
+        /// The application.
+        app: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A replica's constructor failed.
+    #[error("replica of deployment '{deployment}' failed to start: {source}")]
+    Replica {
+        /// The deployment.
+        deployment: String,
+        /// The constructor's error.
+        source: BoxError,
+    },
+    /// The listening socket could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
+}
+
+/// Server-wide settings.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Where to listen (default `127.0.0.1:8000`).
+    pub bind: SocketAddr,
+    /// Largest request body accepted; larger ones get 413 (default 16 MiB).
+    pub max_body_bytes: usize,
+    /// When set, `/-/models` and its load/unload endpoints need `Authorization: Bearer <token>`.
+    pub admin_token: Option<String>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            max_body_bytes: 16 << 20,
+            admin_token: None,
+        }
+    }
+}
+
+/// Builds a [`Server`].
+#[derive(Default)]
+#[must_use]
+pub struct ServerBuilder {
+    config: ServerConfig,
+    apps: Vec<Application>,
+}
+
+impl ServerBuilder {
+    /// Where to listen; port 0 picks a free one (see [`Server::local_addr`]).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.config.bind = addr;
+        self
+    }
+
+    /// Largest request body accepted.
+    pub fn max_body_bytes(mut self, n: usize) -> Self {
+        self.config.max_body_bytes = n;
+        self
+    }
+
+    /// Requires this bearer token on the admin API.
+    pub fn admin_token(mut self, token: impl Into<String>) -> Self {
+        self.config.admin_token = Some(token.into());
+        self
+    }
+
+    /// Adds an application.
+    pub fn application(mut self, app: Application) -> Self {
+        self.apps.push(app);
+        self
+    }
+
+    /// Starts every replica, then listens. Fails if any replica fails to start.
+    pub async fn start(self) -> Result<Server, StartError> {
+        Server::start(self.config, self.apps).await
+    }
+}
+
+pub(crate) struct AppState {
+    pub(crate) name: Arc<str>,
+    pub(crate) route_prefix: String,
+    pub(crate) ingress: Arc<DeploymentRouter>,
+    pub(crate) deployments: Vec<(Arc<DeploymentRouter>, DeploymentSpec)>,
+    handles: HandleDirectory,
+}
+
+pub(crate) struct ServerState {
+    pub(crate) config: ServerConfig,
+    pub(crate) apps: Vec<AppState>,
+}
+
+impl ServerState {
+    /// The application whose prefix is the longest one matching `path`.
+    pub(crate) fn app_for(&self, path: &str) -> Option<&AppState> {
+        self.apps
+            .iter()
+            .filter(|a| prefix_matches(&a.route_prefix, path))
+            .max_by_key(|a| a.route_prefix.len())
+    }
+
+    /// Every deployment router, with its application.
+    pub(crate) fn routers(&self) -> impl Iterator<Item = &Arc<DeploymentRouter>> {
+        self.apps
+            .iter()
+            .flat_map(|a| a.deployments.iter().map(|(r, _)| r))
+    }
+}
+
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+fn validate(apps: &[Application]) -> Result<(), StartError> {
+    let invalid = |app: &Application, message: String| StartError::InvalidApplication {
+        app: app.name.clone(),
+        message,
+    };
+    let mut names = std::collections::HashSet::new();
+    let mut prefixes = std::collections::HashSet::new();
+    for app in apps {
+        if !names.insert(&app.name) {
+            return Err(invalid(app, "two applications have this name".into()));
+        }
+        let p = &app.route_prefix;
+        if !p.starts_with('/') || (p.len() > 1 && p.ends_with('/')) {
+            return Err(invalid(
+                app,
+                format!("route_prefix '{p}' must start with '/' and not end with one"),
+            ));
+        }
+        if !prefixes.insert(p) {
+            return Err(invalid(
+                app,
+                format!("route_prefix '{p}' is used by another application"),
+            ));
+        }
+        if app.deployments.is_empty() {
+            return Err(invalid(app, "it has no deployments".into()));
+        }
+        let mut deployment_names = std::collections::HashSet::new();
+        for d in &app.deployments {
+            if !deployment_names.insert(&d.config.name) {
+                return Err(invalid(
+                    app,
+                    format!("two deployments are named '{}'", d.config.name),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A running server. Dropping it does not stop it; call [`shutdown`](Self::shutdown).
+pub struct Server {
+    local_addr: SocketAddr,
+    state: Arc<ServerState>,
+    stop: watch::Sender<bool>,
+    accept: JoinHandle<()>,
+    health: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Starts building a server.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+
+    async fn start(config: ServerConfig, apps: Vec<Application>) -> Result<Server, StartError> {
+        validate(&apps)?;
+        let mut states = Vec::new();
+        for app in apps {
+            let name: Arc<str> = app.name.as_str().into();
+            let routers: HashMap<String, Arc<DeploymentRouter>> = app
+                .deployments
+                .iter()
+                .map(|d| {
+                    (
+                        d.config.name.clone(),
+                        Arc::new(DeploymentRouter::new(name.clone(), d.config.clone())),
+                    )
+                })
+                .collect();
+            let handles = HandleDirectory::new(routers.clone());
+            let ingress_name = app
+                .ingress
+                .clone()
+                .unwrap_or_else(|| app.deployments[0].config.name.clone());
+            let mut deployments = Vec::new();
+            for spec in app.deployments {
+                let router = routers[&spec.config.name].clone();
+                let starts = (0..spec.config.num_replicas)
+                    .map(|_| Replica::start(&spec, &name, handles.clone(), router.wake.clone()));
+                let replicas =
+                    futures_util::future::try_join_all(starts)
+                        .await
+                        .map_err(|source| StartError::Replica {
+                            deployment: spec.config.name.clone(),
+                            source,
+                        })?;
+                router.set_replicas(replicas.into_iter().map(Arc::new).collect());
+                deployments.push((router, spec));
+            }
+            states.push(AppState {
+                ingress: routers[&ingress_name].clone(),
+                name,
+                route_prefix: app.route_prefix,
+                deployments,
+                handles,
+            });
+        }
+        let listener = TcpListener::bind(config.bind)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: config.bind,
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| StartError::Bind {
+            addr: config.bind,
+            source,
+        })?;
+        let state = Arc::new(ServerState {
+            config,
+            apps: states,
+        });
+        let (stop, stopped) = watch::channel(false);
+        let accept = tokio::spawn(accept_loop(listener, state.clone(), stopped.clone()));
+        let health = state
+            .apps
+            .iter()
+            .flat_map(|app| {
+                app.deployments
+                    .iter()
+                    .map(move |(router, spec)| (app, router, spec))
+            })
+            .map(|(app, router, spec)| {
+                tokio::spawn(health_loop(
+                    app.name.clone(),
+                    router.clone(),
+                    spec.clone(),
+                    app.handles.clone(),
+                    stopped.clone(),
+                ))
+            })
+            .collect();
+        tracing::info!(%local_addr, "modelmux listening");
+        Ok(Server {
+            local_addr,
+            state,
+            stop,
+            accept,
+            health,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops taking connections and requests, lets in-flight requests finish (up to each
+    /// deployment's `graceful_shutdown_timeout`), then unloads every model.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        self.accept.abort();
+        for task in &self.health {
+            task.abort();
+        }
+        for router in self.state.routers() {
+            router.stop_accepting();
+        }
+        for router in self.state.routers() {
+            let deadline = Instant::now() + router.config.graceful_shutdown_timeout;
+            for replica in router.replicas().iter() {
+                drain(replica, deadline).await;
+                replica
+                    .shutdown(deadline.saturating_duration_since(Instant::now()))
+                    .await;
+            }
+        }
+        tracing::info!("modelmux stopped");
+    }
+}
+
+/// Waits until `replica` has no request in progress, or `deadline`.
+async fn drain(replica: &Replica, deadline: Instant) {
+    replica.slot.set_available(false);
+    while crate::placement::ReplicaView::ongoing(&*replica.slot) > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<ServerState>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = stopped.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a little, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        let mut stopped = stopped.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| crate::ingress::handle(state.clone(), request));
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                result = conn.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "connection ended with an error");
+                    }
+                }
+                _ = stopped.changed() => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+        });
+    }
+}
+
+/// Checks each replica's health every period; replaces one that fails.
+async fn health_loop(
+    app: Arc<str>,
+    router: Arc<DeploymentRouter>,
+    spec: DeploymentSpec,
+    handles: HandleDirectory,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return,
+            _ = tokio::time::sleep(spec.config.health_check_period) => {}
+        }
+        for replica in router.replicas().iter() {
+            let Err(reason) = replica.check_health(spec.config.health_check_timeout).await else {
+                continue;
+            };
+            tracing::warn!(replica = %replica.id, %reason, "replica failed its health check; replacing it");
+            replica.slot.set_available(false);
+            match Replica::start(&spec, &app, handles.clone(), router.wake.clone()).await {
+                Ok(fresh) => {
+                    let fresh = Arc::new(fresh);
+                    let next = router
+                        .replicas()
+                        .iter()
+                        .map(|r| {
+                            if Arc::ptr_eq(r, replica) {
+                                fresh.clone()
+                            } else {
+                                r.clone()
+                            }
+                        })
+                        .collect();
+                    router.set_replicas(next);
+                    let (old, deadline) = (
+                        replica.clone(),
+                        Instant::now() + spec.config.graceful_shutdown_timeout,
+                    );
+                    tokio::spawn(async move {
+                        drain(&old, deadline).await;
+                        old.shutdown(deadline.saturating_duration_since(Instant::now()))
+                            .await;
+                    });
+                }
+                Err(e) => {
+                    // Keep the old one out of rotation and try again next period.
+                    tracing::error!(deployment = %spec.config.name, error = %e, "could not start a replacement replica");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_whole_segments() {
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/v1"));
+        assert!(!prefix_matches("/api", "/apis"));
+    }
+}
