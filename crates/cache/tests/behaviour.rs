@@ -742,7 +742,7 @@ fn shutdown_right_after_a_load_is_spawned_retracts_it() {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
         assert!(get.as_mut().poll(&mut cx).is_pending());
         assert_eq!(ids(mux.loading_ids()), ["x"]);
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let report = mux.shutdown(Duration::from_secs(5)).await;
         assert!(
             started.elapsed() < Duration::from_secs(1),

@@ -164,7 +164,7 @@ impl Replica {
         request: Request,
         context: RequestContext,
     ) -> Result<Response, ServeError> {
-        let span = tracing::info_span!(parent: &self.span, "request", request_id = ?context.request_id().map(|r| r.as_str()));
+        let span = tracing::info_span!(parent: &self.span, "request", request_id = context.request_id().map_or("-", |r| r.as_str()));
         let call = context.scope(self.instance.call_boxed(request));
         match AssertUnwindSafe(call).catch_unwind().instrument(span).await {
             Ok(Ok(response)) => Ok(response),

@@ -1,0 +1,380 @@
+//! `modelmux bench`: a closed-loop load generator.
+//!
+//! `--concurrency` connections (HTTP/1.1 keep-alive) each send one request at a time for
+//! `--duration` seconds. Request `i` names model `ids[k]`, where `k` is drawn from a uniform
+//! or Zipf(`--zipf`) popularity by a function of `(seed, i)` alone, so the sequence is
+//! reproducible: `--lru-slots K` replays the same sequence through an offline global K-slot
+//! LRU, the yardstick for how many loads a multiplexed fleet should need. Server-side loads,
+//! evictions and hits are read from `/metrics` before and after.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use http_body_util::{BodyExt, Empty};
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+use crate::CliError;
+
+/// Arguments of `modelmux bench`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// The server (http://host:port).
+    #[arg(long, default_value = "http://127.0.0.1:8000")]
+    url: String,
+    /// Path to request.
+    #[arg(long, default_value = "/")]
+    path: String,
+    /// Distinct model ids (`<prefix><n>`); 0 sends no model header.
+    #[arg(long, default_value_t = 1)]
+    models: usize,
+    /// Prefix of the model ids.
+    #[arg(long, default_value = "")]
+    model_prefix: String,
+    /// Zipf exponent of model popularity; 0 is uniform.
+    #[arg(long, default_value_t = 0.0)]
+    zipf: f64,
+    /// Connections, each with one request in flight.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Seconds to run.
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Seed of the request sequence.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Also replay the sequence through an offline global LRU with this many slots.
+    #[arg(long)]
+    lru_slots: Option<usize>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Chooses model `k` for request `i`.
+struct Popularity {
+    cdf: Vec<f64>,
+    seed: u64,
+}
+
+fn mix(mut x: u64) -> u64 {
+    // splitmix64's finaliser.
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+impl Popularity {
+    fn new(models: usize, zipf: f64, seed: u64) -> Self {
+        let weights: Vec<f64> = (1..=models).map(|k| 1.0 / (k as f64).powf(zipf)).collect();
+        let total: f64 = weights.iter().sum();
+        let mut acc = 0.0;
+        let cdf = weights
+            .iter()
+            .map(|w| {
+                acc += w / total;
+                acc
+            })
+            .collect();
+        Self { cdf, seed }
+    }
+
+    fn model_for(&self, i: u64) -> usize {
+        let u = (mix(self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i) >> 11) as f64
+            / (1u64 << 53) as f64;
+        self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
+    }
+}
+
+/// Loads a global LRU of `slots` would do on `sequence`.
+pub fn lru_loads(sequence: impl IntoIterator<Item = usize>, slots: usize) -> u64 {
+    let mut order: Vec<usize> = Vec::with_capacity(slots);
+    let mut loads = 0;
+    for m in sequence {
+        if let Some(pos) = order.iter().position(|&x| x == m) {
+            order.remove(pos);
+        } else {
+            loads += 1;
+            if order.len() == slots {
+                order.remove(0);
+            }
+        }
+        order.push(m);
+    }
+    loads
+}
+
+fn parse_url(url: &str) -> Result<SocketAddr, CliError> {
+    let rest = url
+        .strip_prefix("http://")
+        .ok_or("only http:// URLs are supported")?;
+    let authority = rest.split('/').next().unwrap_or(rest);
+    let authority = authority.replace("localhost", "127.0.0.1");
+    Ok(authority
+        .parse()
+        .map_err(|e| format!("'{authority}' is not host:port ({e})"))?)
+}
+
+/// One GET on a fresh connection: `(status, body)`.
+pub async fn http_get(
+    url: &str,
+    path: &str,
+    token: Option<&str>,
+) -> Result<(u16, Bytes), CliError> {
+    let addr = parse_url(url)?;
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let mut request = hyper::Request::get(path).header("host", addr.to_string());
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let response = sender
+        .send_request(request.body(Empty::<Bytes>::new())?)
+        .await?;
+    let status = response.status().as_u16();
+    Ok((status, response.into_body().collect().await?.to_bytes()))
+}
+
+/// Sums every series of each named metric in a Prometheus text page.
+fn metric_sums(page: &str, names: &[&str]) -> Vec<f64> {
+    names
+        .iter()
+        .map(|name| {
+            page.lines()
+                .filter(|l| !l.starts_with('#'))
+                .filter(|l| {
+                    l.strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                })
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        })
+        .collect()
+}
+
+const SERVER_METRICS: [&str; 4] = [
+    "modelmux_model_loads_total",
+    "modelmux_model_evictions_total",
+    "modelmux_cache_hits_total",
+    "modelmux_cache_misses_total",
+];
+
+async fn scrape(url: &str) -> Option<Vec<f64>> {
+    let (status, body) = http_get(url, "/metrics", None).await.ok()?;
+    (status == 200).then(|| metric_sums(&String::from_utf8_lossy(&body), &SERVER_METRICS))
+}
+
+struct Totals {
+    latency: Histogram<u64>,
+    errors: u64,
+}
+
+async fn worker(
+    addr: SocketAddr,
+    args: Arc<BenchArgs>,
+    popularity: Arc<Popularity>,
+    next: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> Totals {
+    let mut totals = Totals {
+        latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+        errors: 0,
+    };
+    let host = addr.to_string();
+    'connect: while !stop.load(Ordering::Relaxed) {
+        let Ok(stream) = TcpStream::connect(addr).await else {
+            totals.errors += 1;
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let Ok((mut sender, conn)) = http1::handshake(TokioIo::new(stream)).await else {
+            totals.errors += 1;
+            continue;
+        };
+        tokio::spawn(conn);
+        while !stop.load(Ordering::Relaxed) {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let mut request = hyper::Request::get(args.path.as_str()).header("host", host.as_str());
+            if args.models > 0 {
+                let id = format!("{}{}", args.model_prefix, popularity.model_for(i));
+                request = request.header("serve_multiplexed_model_id", id);
+            }
+            let Ok(request) = request.body(Empty::<Bytes>::new()) else {
+                totals.errors += 1;
+                continue;
+            };
+            let start = Instant::now();
+            let ok = match sender.send_request(request).await {
+                Ok(response) => {
+                    let success = response.status().is_success();
+                    success && response.into_body().collect().await.is_ok()
+                }
+                Err(_) => {
+                    totals.errors += 1;
+                    continue 'connect;
+                }
+            };
+            let micros = u64::try_from(start.elapsed().as_micros())
+                .unwrap_or(u64::MAX)
+                .max(1);
+            let _ = totals.latency.record(micros.min(60_000_000));
+            if !ok {
+                totals.errors += 1;
+            }
+        }
+    }
+    totals
+}
+
+/// Runs the benchmark and prints its report.
+pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    let addr = parse_url(&args.url)?;
+    if args.concurrency == 0 || args.duration <= 0.0 {
+        return Err("--concurrency and --duration must be positive".into());
+    }
+    let popularity = Arc::new(Popularity::new(args.models.max(1), args.zipf, args.seed));
+    let before = scrape(&args.url).await;
+    let next = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let args = Arc::new(args);
+    let start = Instant::now();
+    let workers: Vec<_> = (0..args.concurrency)
+        .map(|_| {
+            tokio::spawn(worker(
+                addr,
+                args.clone(),
+                popularity.clone(),
+                next.clone(),
+                stop.clone(),
+            ))
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs_f64(args.duration)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    let mut errors = 0;
+    for w in workers {
+        let t = w.await?;
+        latency
+            .add(&t.latency)
+            .map_err(|e| format!("merging histograms: {e}"))?;
+        errors += t.errors;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let after = scrape(&args.url).await;
+    let sent = next.load(Ordering::Relaxed);
+    let completed = latency.len();
+    let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+    let server = before
+        .zip(after)
+        .map(|(b, a)| a.iter().zip(&b).map(|(a, b)| a - b).collect::<Vec<_>>());
+    let simulated = args.lru_slots.filter(|_| args.models > 0).map(|slots| {
+        (
+            slots,
+            lru_loads((0..sent).map(|i| popularity.model_for(i)), slots),
+        )
+    });
+
+    let report = serde_json::json!({
+        "requests": completed,
+        "errors": errors,
+        "seconds": elapsed,
+        "requests_per_second": completed as f64 / elapsed,
+        "latency_ms": {"p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "p99_9": ms(0.999), "max": latency.max() as f64 / 1000.0},
+        "server": server.as_ref().map(|d| serde_json::json!({
+            "loads": d[0], "evictions": d[1], "hits": d[2], "misses": d[3],
+            "hit_ratio": d[2] / (d[2] + d[3]).max(1.0),
+            "loads_per_10k_requests": d[0] * 10_000.0 / (completed as f64).max(1.0),
+        })),
+        "global_lru": simulated.map(|(slots, loads)| serde_json::json!({
+            "slots": slots, "loads": loads, "requests": sent,
+            "hit_ratio": 1.0 - loads as f64 / (sent as f64).max(1.0),
+            "loads_per_10k_requests": loads as f64 * 10_000.0 / (sent as f64).max(1.0),
+        })),
+    });
+    if args.json {
+        println!("{report}");
+        return Ok(());
+    }
+    println!(
+        "requests    {completed} ok+failed, {errors} errors, {elapsed:.1} s, {:.0} req/s",
+        completed as f64 / elapsed
+    );
+    println!(
+        "latency ms  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
+        ms(0.5),
+        ms(0.9),
+        ms(0.99),
+        ms(0.999),
+        latency.max() as f64 / 1000.0
+    );
+    if let Some(s) = &report["server"].as_object() {
+        println!(
+            "server      loads {}  evictions {}  hits {}  misses {}  hit ratio {:.2}%  loads/10k requests {:.1}",
+            s["loads"],
+            s["evictions"],
+            s["hits"],
+            s["misses"],
+            s["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            s["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
+        );
+    }
+    if let Some(g) = &report["global_lru"].as_object() {
+        println!(
+            "global LRU  {} slots, same {} requests offline: loads {}  hit ratio {:.2}%  loads/10k requests {:.1}",
+            g["slots"],
+            g["requests"],
+            g["loads"],
+            g["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            g["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zipf_prefers_low_ranks_and_is_reproducible() {
+        let p = Popularity::new(64, 1.1, 7);
+        let counts = (0..20_000).fold(vec![0u32; 64], |mut c, i| {
+            c[p.model_for(i)] += 1;
+            c
+        });
+        assert!(
+            counts[0] > counts[10] && counts[10] > counts[63],
+            "{counts:?}"
+        );
+        assert_eq!(p.model_for(123), Popularity::new(64, 1.1, 7).model_for(123));
+        let uniform = Popularity::new(4, 0.0, 1);
+        let u = (0..20_000).fold(vec![0u32; 4], |mut c, i| {
+            c[uniform.model_for(i)] += 1;
+            c
+        });
+        assert!(u.iter().all(|&n| (4000..6000).contains(&n)), "{u:?}");
+    }
+
+    #[test]
+    fn the_offline_lru_counts_misses() {
+        assert_eq!(lru_loads([1, 2, 1, 3, 2], 2), 4);
+        assert_eq!(lru_loads([1, 1, 1], 1), 1);
+    }
+
+    #[test]
+    fn metric_sums_add_every_series_of_a_name_only() {
+        let page = "# HELP a x\na_total{r=\"1\"} 2\na_total{r=\"2\"} 3\na_total_other 100\nb 1\n";
+        assert_eq!(metric_sums(page, &["a_total", "b"]), vec![5.0, 1.0]);
+    }
+}

@@ -1,0 +1,380 @@
+//! The YAML configuration, shaped like Ray Serve's config file: `http_options`, then
+//! `applications`, each with `route_prefix` and `deployments`. Every field is checked while
+//! parsing, so an error names the field and the line.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use modelmux_cache::Multiplexer;
+use modelmux_serve::{Application, ServerBuilder, model_deployment};
+use modelmux_synthetic::{Synthetic, SyntheticConfig};
+use serde::Deserialize;
+
+/// The configuration `modelmux serve` runs with no argument: two replicas of a synthetic
+/// model deployment, so a newcomer sees loading, caching and eviction without writing anything.
+pub const DEMO: &str = include_str!("demo.yaml");
+
+/// A whole configuration file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where and how to serve HTTP.
+    #[serde(default)]
+    pub http_options: HttpOptions,
+    /// Log settings.
+    #[serde(default)]
+    pub logging: Logging,
+    /// The applications to serve.
+    pub applications: Vec<AppConfig>,
+}
+
+/// `http_options`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpOptions {
+    /// Address to listen on.
+    #[serde(default = "default_host")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// Largest request body accepted (bytes).
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Bearer token required by the admin API.
+    #[serde(default)]
+    pub admin_token: Option<String>,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            host: default_host(),
+            port: default_port(),
+            max_body_bytes: default_max_body_bytes(),
+            admin_token: None,
+        }
+    }
+}
+
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+fn default_port() -> u16 {
+    8000
+}
+fn default_max_body_bytes() -> usize {
+    16 << 20
+}
+
+/// `logging`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Logging {
+    /// `text` (default) or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A `tracing` filter, such as `info` or `info,modelmux::access=warn` (default `info`).
+    #[serde(default)]
+    pub level: Option<String>,
+}
+
+/// Log line format.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// One application.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    /// Its name.
+    pub name: String,
+    /// The path prefix it serves.
+    #[serde(default = "default_route_prefix")]
+    pub route_prefix: String,
+    /// The deployment receiving its HTTP requests (default: the first).
+    #[serde(default)]
+    pub ingress: Option<String>,
+    /// Its deployments.
+    pub deployments: Vec<DeploymentConfig>,
+}
+
+fn default_route_prefix() -> String {
+    "/".into()
+}
+
+/// One deployment serving a kind of model.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentConfig {
+    /// Its name.
+    pub name: String,
+    /// Replicas.
+    #[serde(default = "one")]
+    pub num_replicas: NonZeroUsize,
+    /// Requests one replica handles at once.
+    #[serde(default = "five")]
+    pub max_ongoing_requests: NonZeroUsize,
+    /// Requests that may wait for a replica.
+    #[serde(default = "default_max_queued")]
+    pub max_queued_requests: usize,
+    /// Longest wait in the queue, in seconds.
+    #[serde(default = "default_queue_timeout")]
+    pub queue_timeout_s: Seconds,
+    /// Models per replica: a positive number, or -1 for no limit (Ray's convention).
+    #[serde(default)]
+    pub max_models_per_replica: ModelCap,
+    /// Bytes of models per replica.
+    #[serde(default)]
+    pub max_bytes_per_replica: Option<u64>,
+    /// Loads running at once per replica.
+    #[serde(default = "four")]
+    pub max_concurrent_loads: NonZeroUsize,
+    /// Longest a model load may take, in seconds.
+    #[serde(default = "default_load_timeout")]
+    pub model_load_timeout_s: Seconds,
+    /// What kind of model it serves.
+    pub model: ModelSpec,
+}
+
+fn one() -> NonZeroUsize {
+    NonZeroUsize::MIN
+}
+fn four() -> NonZeroUsize {
+    NonZeroUsize::new(4).expect("4 is not 0")
+}
+fn five() -> NonZeroUsize {
+    NonZeroUsize::new(5).expect("5 is not 0")
+}
+fn default_max_queued() -> usize {
+    1024
+}
+fn default_queue_timeout() -> Seconds {
+    Seconds(Duration::from_secs(30))
+}
+fn default_load_timeout() -> Seconds {
+    Seconds(Duration::from_secs(120))
+}
+
+/// `max_models_per_replica`: at least 1, or -1 for no limit.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelCap(pub Option<usize>);
+
+impl Default for ModelCap {
+    fn default() -> Self {
+        Self(Some(3))
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelCap {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match i64::deserialize(d)? {
+            -1 => Ok(Self(None)),
+            n if n >= 1 => Ok(Self(Some(n as usize))),
+            n => Err(serde::de::Error::custom(format!(
+                "max_models_per_replica must be at least 1, or -1 for no limit; got {n}"
+            ))),
+        }
+    }
+}
+
+/// A positive number of seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Seconds(pub Duration);
+
+impl<'de> Deserialize<'de> for Seconds {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = f64::deserialize(d)?;
+        if s.is_finite() && s > 0.0 && s < 1e9 {
+            Ok(Self(Duration::from_secs_f64(s)))
+        } else {
+            Err(serde::de::Error::custom(format!(
+                "expected a positive number of seconds, got {s}"
+            )))
+        }
+    }
+}
+
+/// The model kinds this binary knows.
+#[derive(Debug, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase", deny_unknown_fields)]
+pub enum ModelSpec {
+    /// Synthetic models (see `modelmux-synthetic`).
+    Synthetic(SyntheticConfig),
+}
+
+/// Why a configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not valid YAML, or a field is wrong; the message names it and its line.
+    #[error("{0}")]
+    Parse(String),
+    /// The fields are fine one by one but not together.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Parses and checks a configuration.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let config: Config =
+            serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        if config.applications.is_empty() {
+            return Err(ConfigError::Invalid(
+                "applications: at least one application is needed".into(),
+            ));
+        }
+        for (i, app) in config.applications.iter().enumerate() {
+            if app.deployments.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}] ('{}'): at least one deployment is needed",
+                    app.name
+                )));
+            }
+            if let Some(ingress) = &app.ingress
+                && !app.deployments.iter().any(|d| &d.name == ingress)
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].ingress: no deployment named '{ingress}' in application '{}'",
+                    app.name
+                )));
+            }
+            for (j, d) in app.deployments.iter().enumerate() {
+                if d.name.is_empty() || d.name.contains('/') {
+                    return Err(ConfigError::Invalid(format!(
+                        "applications[{i}].deployments[{j}].name: '{}' must be non-empty and have no '/'",
+                        d.name
+                    )));
+                }
+            }
+        }
+        config.bind_address()?;
+        Ok(config)
+    }
+
+    /// The address `http_options` names.
+    pub fn bind_address(&self) -> Result<SocketAddr, ConfigError> {
+        let host = &self.http_options.host;
+        let ip: std::net::IpAddr = host.parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "http_options.host: '{host}' is not an IP address (use 127.0.0.1 or 0.0.0.0)"
+            ))
+        })?;
+        Ok(SocketAddr::new(ip, self.http_options.port))
+    }
+
+    /// A server builder for this configuration.
+    pub fn server(&self) -> Result<ServerBuilder, ConfigError> {
+        let mut builder = modelmux_serve::Server::builder()
+            .bind(self.bind_address()?)
+            .max_body_bytes(self.http_options.max_body_bytes);
+        if let Some(token) = &self.http_options.admin_token {
+            builder = builder.admin_token(token.clone());
+        }
+        for app in &self.applications {
+            let mut application = Application::new(&app.name).route_prefix(&app.route_prefix);
+            let ingress = app.ingress.as_deref().unwrap_or(&app.deployments[0].name);
+            for d in &app.deployments {
+                let spec = deployment(d);
+                application = if d.name == ingress {
+                    application.ingress(spec)
+                } else {
+                    application.deployment(spec)
+                };
+            }
+            builder = builder.application(application);
+        }
+        Ok(builder)
+    }
+}
+
+fn deployment(d: &DeploymentConfig) -> modelmux_serve::DeploymentSpec {
+    let mut cache = Multiplexer::builder()
+        .max_concurrent_loads(d.max_concurrent_loads.get())
+        .load_timeout(Some(d.model_load_timeout_s.0));
+    cache = match d.max_models_per_replica.0 {
+        Some(n) => cache.max_models(n),
+        None => cache.unbounded_models(),
+    };
+    if let Some(bytes) = d.max_bytes_per_replica {
+        cache = cache.max_bytes(bytes);
+    }
+    let spec = match &d.model {
+        ModelSpec::Synthetic(config) => {
+            model_deployment(&d.name, Synthetic::new(config.clone()), cache)
+        }
+    };
+    spec.num_replicas(d.num_replicas.get())
+        .max_ongoing_requests(d.max_ongoing_requests.get())
+        .max_queued_requests(d.max_queued_requests)
+        .queue_timeout(d.queue_timeout_s.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_demo_parses() {
+        let c = Config::parse(DEMO).unwrap();
+        assert_eq!(c.applications[0].deployments[0].num_replicas.get(), 2);
+        assert!(c.server().is_ok());
+    }
+
+    #[test]
+    fn errors_name_the_field_and_the_line() {
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        num_replicas: 0\n        model: {kind: synthetic}\n";
+        let err = Config::parse(yaml).unwrap_err().to_string();
+        assert!(
+            err.contains("num_replicas") && err.contains("line 5"),
+            "{err}"
+        );
+
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic, size_gb: 1}\n";
+        let err = Config::parse(yaml).unwrap_err().to_string();
+        assert!(err.contains("size_gb") && err.contains("line 5"), "{err}");
+
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: pytorch}\n";
+        let err = Config::parse(yaml).unwrap_err().to_string();
+        assert!(
+            err.contains("pytorch") && err.contains("synthetic"),
+            "{err}"
+        );
+
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        max_models_per_replica: 0\n        model: {kind: synthetic}\n";
+        let err = Config::parse(yaml).unwrap_err().to_string();
+        assert!(
+            err.contains("-1 for no limit") && err.contains("line 5"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cross_field_errors_name_the_path() {
+        let yaml = "applications:\n  - name: a\n    ingress: nope\n    deployments:\n      - name: d\n        model: {kind: synthetic}\n";
+        let err = Config::parse(yaml).unwrap_err().to_string();
+        assert!(err.contains("applications[0].ingress"), "{err}");
+        let yaml = "http_options: {host: localhost}\napplications: []\n";
+        assert!(Config::parse(yaml).is_err());
+    }
+
+    #[test]
+    fn minus_one_means_unbounded() {
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        max_models_per_replica: -1\n        model: {kind: synthetic}\n";
+        let c = Config::parse(yaml).unwrap();
+        assert!(
+            c.applications[0].deployments[0]
+                .max_models_per_replica
+                .0
+                .is_none()
+        );
+    }
+}

@@ -1,0 +1,182 @@
+//! `modelmux`: serve many models from one pool of replicas.
+//!
+//! ```text
+//! modelmux serve [CONFIG]    run a server (no CONFIG: the built-in synthetic demo)
+//! modelmux status            show what a running server holds, per replica
+//! modelmux bench             load-test a running server
+//! modelmux hello-server      a bare hyper server, the baseline for benchmarks
+//! ```
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use modelmux_cli::config::{self, Config, LogFormat};
+use modelmux_cli::{CliError, bench, hello, status};
+
+#[derive(Parser)]
+#[command(
+    name = "modelmux",
+    version,
+    about = "Serve many models of the same shape from one pool of replicas."
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a server from a YAML configuration (without one, the built-in synthetic demo).
+    Serve {
+        /// The configuration file.
+        config: Option<PathBuf>,
+        /// Overrides http_options.host.
+        #[arg(long)]
+        host: Option<String>,
+        /// Overrides http_options.port.
+        #[arg(long)]
+        port: Option<u16>,
+        /// Overrides logging.format.
+        #[arg(long, value_enum)]
+        log_format: Option<LogFormat>,
+        /// Overrides logging.level (a tracing filter, such as `info,modelmux::access=warn`).
+        #[arg(long)]
+        log_level: Option<String>,
+        /// Only check the configuration, then exit.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Show the models each replica of a running server holds.
+    Status {
+        /// The server.
+        #[arg(long, default_value = "http://127.0.0.1:8000")]
+        url: String,
+        /// Admin bearer token, if the server requires one.
+        #[arg(long, env = "MODELMUX_ADMIN_TOKEN")]
+        token: Option<String>,
+    },
+    /// Load-test a running server.
+    Bench(bench::BenchArgs),
+    /// A bare hyper server answering "hello": the limit modelmux's overhead is measured against.
+    HelloServer {
+        /// Port to listen on (127.0.0.1).
+        #[arg(long, default_value_t = 8001)]
+        port: u16,
+    },
+}
+
+fn init_logging(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Serve {
+                config,
+                host,
+                port,
+                log_format,
+                log_level,
+                check,
+            } => serve(config, host, port, log_format, log_level, check).await,
+            Command::Status { url, token } => status::run(&url, token.as_deref()).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::HelloServer { port } => hello::run(port).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(
+    path: Option<PathBuf>,
+    host: Option<String>,
+    port: Option<u16>,
+    log_format: Option<LogFormat>,
+    log_level: Option<String>,
+    check: bool,
+) -> Result<(), CliError> {
+    let (text, source) = match &path {
+        Some(p) => (
+            std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?,
+            p.display().to_string(),
+        ),
+        None => (config::DEMO.to_string(), "the built-in demo".to_string()),
+    };
+    let mut config = Config::parse(&text).map_err(|e| format!("{source}: {e}"))?;
+    if let Some(host) = host {
+        config.http_options.host = host;
+    }
+    if let Some(port) = port {
+        config.http_options.port = port;
+    }
+    let builder = config.server().map_err(|e| format!("{source}: {e}"))?;
+    if check {
+        println!("{source}: configuration is valid");
+        return Ok(());
+    }
+    let level = log_level
+        .or(config.logging.level.clone())
+        .unwrap_or_else(|| "info".into());
+    init_logging(log_format.unwrap_or(config.logging.format), &level);
+    let server = builder.start().await?;
+    let addr = server.local_addr();
+    println!("modelmux serving {source} on http://{addr}");
+    if path.is_none() {
+        println!("try: curl -H 'serve_multiplexed_model_id: 1' http://{addr}/");
+    }
+    shutdown_signal().await;
+    println!("shutting down: finishing requests in flight, then unloading models");
+    server.shutdown().await;
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (what Kubernetes and systemd send).
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,0 +1,199 @@
+//! `modelmux-synthetic`: a model kind for demos, tests and benchmarks.
+//!
+//! A synthetic model takes `load_ms` to load, really allocates and writes `size_mb` of memory
+//! (so resident memory and byte caps are real), takes `infer_ms` per request and `unload_ms`
+//! to unload, and fails to load if its id is in `fail_ids`. Its response echoes the model id
+//! and a checksum of the model's bytes, computed from the memory itself when it was loaded:
+//!
+//! ```json
+//! {"model_id": "7", "checksum": "9c1f...", "size_bytes": 8388608, "input_bytes": 0}
+//! ```
+//!
+//! Bytes are a deterministic function of the model id, so the same id always has the same
+//! checksum, on any replica.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use http::{HeaderValue, header};
+use modelmux_cache::{BoxError, Model, ModelId};
+use modelmux_serve::{Body, ModelKind, Request, Response};
+
+/// How synthetic models behave. Every field has a default, so `{}` is a valid configuration.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyntheticConfig {
+    /// Time a load takes, in milliseconds.
+    #[serde(default)]
+    pub load_ms: u64,
+    /// Memory each model allocates and writes, in MiB (fractions allowed).
+    #[serde(default)]
+    pub size_mb: f64,
+    /// Time each request takes, in milliseconds.
+    #[serde(default)]
+    pub infer_ms: u64,
+    /// Time an unload takes, in milliseconds.
+    #[serde(default)]
+    pub unload_ms: u64,
+    /// Ids whose load fails (a broken model).
+    #[serde(default)]
+    pub fail_ids: HashSet<String>,
+}
+
+impl SyntheticConfig {
+    /// The size of each model in bytes.
+    pub fn size_bytes(&self) -> u64 {
+        (self.size_mb.max(0.0) * (1 << 20) as f64) as u64
+    }
+}
+
+/// A loaded synthetic model.
+pub struct SyntheticModel {
+    weights: Vec<u8>,
+    checksum: u64,
+    unload_ms: u64,
+}
+
+impl SyntheticModel {
+    /// The checksum of its bytes.
+    pub fn checksum(&self) -> u64 {
+        self.checksum
+    }
+}
+
+impl Model for SyntheticModel {
+    fn size_bytes(&self) -> Option<u64> {
+        Some(self.weights.len() as u64)
+    }
+
+    async fn unload(self) -> Result<(), BoxError> {
+        if self.unload_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.unload_ms)).await;
+        }
+        drop(self.weights);
+        Ok(())
+    }
+}
+
+/// The synthetic kind.
+#[derive(Debug, Clone, Default)]
+pub struct Synthetic {
+    config: SyntheticConfig,
+}
+
+impl Synthetic {
+    /// A synthetic kind with this behaviour.
+    pub fn new(config: SyntheticConfig) -> Self {
+        Self { config }
+    }
+}
+
+/// Writes `len` bytes that depend only on `id`, and returns them with their checksum.
+pub fn generate(id: &str, len: usize) -> (Vec<u8>, u64) {
+    // FNV-1a of the id seeds a xorshift stream; the checksum folds every word written.
+    let mut state = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    }) | 1;
+    let mut checksum = 0u64;
+    let mut weights = Vec::with_capacity(len);
+    while weights.len() < len {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        let word = state.to_le_bytes();
+        let take = (len - weights.len()).min(8);
+        weights.extend_from_slice(&word[..take]);
+        checksum = checksum.rotate_left(5) ^ u64::from_le_bytes(word);
+    }
+    (weights, checksum)
+}
+
+impl ModelKind for Synthetic {
+    type Model = SyntheticModel;
+
+    async fn probe(&self, _id: &ModelId) -> Result<Option<u64>, BoxError> {
+        Ok(Some(self.config.size_bytes()))
+    }
+
+    async fn load(&self, id: &ModelId) -> Result<SyntheticModel, BoxError> {
+        if self.config.load_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.config.load_ms)).await;
+        }
+        if self.config.fail_ids.contains(id.as_str()) {
+            return Err(format!("synthetic model '{id}' is configured to fail (fail_ids)").into());
+        }
+        let len = usize::try_from(self.config.size_bytes())?;
+        // Writing megabytes is CPU work: keep it off the async workers that route requests.
+        let owned = id.to_string();
+        let (weights, checksum) =
+            tokio::task::spawn_blocking(move || generate(&owned, len)).await?;
+        Ok(SyntheticModel {
+            weights,
+            checksum,
+            unload_ms: self.config.unload_ms,
+        })
+    }
+
+    async fn infer(
+        &self,
+        model: &SyntheticModel,
+        id: &ModelId,
+        request: Request,
+    ) -> Result<Response, BoxError> {
+        if self.config.infer_ms > 0 {
+            tokio::time::sleep(Duration::from_millis(self.config.infer_ms)).await;
+        }
+        let input_bytes = request.body().as_full().map_or(0, <[u8]>::len);
+        let body = format!(
+            r#"{{"model_id":{},"checksum":"{:016x}","size_bytes":{},"input_bytes":{input_bytes}}}"#,
+            serde_json::Value::from(id.as_str()),
+            model.checksum,
+            model.weights.len(),
+        );
+        let mut response = Response::new(Body::from(body));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Ok(response)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_and_checksums_depend_only_on_the_id() {
+        let (a, ca) = generate("7", 1000);
+        let (b, cb) = generate("7", 1000);
+        let (_, cc) = generate("8", 1000);
+        assert_eq!((a.len(), &a, ca), (1000, &b, cb));
+        assert_ne!(ca, cc);
+    }
+
+    #[tokio::test]
+    async fn loads_really_allocate_and_configured_ids_fail() {
+        let kind = Synthetic::new(SyntheticConfig {
+            size_mb: 0.5,
+            fail_ids: ["bad".to_string()].into(),
+            ..Default::default()
+        });
+        let m = kind.load(&ModelId::new("ok").unwrap()).await.unwrap();
+        assert_eq!(m.size_bytes(), Some(512 * 1024));
+        assert!(m.weights.iter().any(|&b| b != 0), "the memory was written");
+        let err = kind
+            .load(&ModelId::new("bad").unwrap())
+            .await
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("configured to fail"), "{err}");
+    }
+
+    #[test]
+    fn the_config_rejects_unknown_fields() {
+        let err =
+            serde_json::from_str::<SyntheticConfig>(r#"{"load_ms": 5, "size_gb": 1}"#).unwrap_err();
+        assert!(err.to_string().contains("size_gb"), "{err}");
+    }
+}
