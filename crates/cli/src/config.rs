@@ -174,15 +174,41 @@ impl Default for ModelCap {
     }
 }
 
+/// Checks numbers inside the scalar's own deserialization, so errors carry its line.
+struct Checked<F>(&'static str, F);
+
+impl<'de, T, F: FnOnce(f64) -> Option<T>> serde::de::Visitor<'de> for Checked<F> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.0)
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, n: i64) -> Result<T, E> {
+        (self.1)(n as f64)
+            .ok_or_else(|| E::invalid_value(serde::de::Unexpected::Signed(n), &self.0))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, n: u64) -> Result<T, E> {
+        (self.1)(n as f64)
+            .ok_or_else(|| E::invalid_value(serde::de::Unexpected::Unsigned(n), &self.0))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, n: f64) -> Result<T, E> {
+        (self.1)(n).ok_or_else(|| E::invalid_value(serde::de::Unexpected::Float(n), &self.0))
+    }
+}
+
 impl<'de> Deserialize<'de> for ModelCap {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match i64::deserialize(d)? {
-            -1 => Ok(Self(None)),
-            n if n >= 1 => Ok(Self(Some(n as usize))),
-            n => Err(serde::de::Error::custom(format!(
-                "max_models_per_replica must be at least 1, or -1 for no limit; got {n}"
-            ))),
-        }
+        d.deserialize_any(Checked(
+            "a whole number of at least 1, or -1 for no limit",
+            |n: f64| match n {
+                -1.0 => Some(ModelCap(None)),
+                n if n >= 1.0 && n.fract() == 0.0 && n < 1e12 => Some(ModelCap(Some(n as usize))),
+                _ => None,
+            },
+        ))
     }
 }
 
@@ -192,14 +218,9 @@ pub struct Seconds(pub Duration);
 
 impl<'de> Deserialize<'de> for Seconds {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = f64::deserialize(d)?;
-        if s.is_finite() && s > 0.0 && s < 1e9 {
-            Ok(Self(Duration::from_secs_f64(s)))
-        } else {
-            Err(serde::de::Error::custom(format!(
-                "expected a positive number of seconds, got {s}"
-            )))
-        }
+        d.deserialize_any(Checked("a positive number of seconds", |s: f64| {
+            (s.is_finite() && s > 0.0 && s < 1e9).then(|| Seconds(Duration::from_secs_f64(s)))
+        }))
     }
 }
 
@@ -340,7 +361,11 @@ mod tests {
 
         let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic, size_gb: 1}\n";
         let err = Config::parse(yaml).unwrap_err().to_string();
-        assert!(err.contains("size_gb") && err.contains("line 5"), "{err}");
+        // Inside `model` (a tagged enum, buffered by serde) the line is the deployment's.
+        assert!(
+            err.contains("deployments[0]") && err.contains("size_gb") && err.contains("line 4"),
+            "{err}"
+        );
 
         let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: pytorch}\n";
         let err = Config::parse(yaml).unwrap_err().to_string();
