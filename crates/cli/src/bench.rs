@@ -293,7 +293,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         "latency_ms": {"p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "p99_9": ms(0.999), "max": latency.max() as f64 / 1000.0},
         "server": server.as_ref().map(|d| serde_json::json!({
             "loads": d[0], "evictions": d[1], "hits": d[2], "misses": d[3],
-            "hit_ratio": d[2] / (d[2] + d[3]).max(1.0),
+            // Comparable with the global LRU's: requests that needed no load of their own.
+            "hit_ratio": 1.0 - d[0] / (completed as f64).max(1.0),
+            "cache_get_hit_ratio": d[2] / (d[2] + d[3]).max(1.0),
             "loads_per_10k_requests": d[0] * 10_000.0 / (completed as f64).max(1.0),
         })),
         "global_lru": simulated.map(|(slots, loads)| serde_json::json!({

@@ -140,7 +140,7 @@ async fn serve(
     }
     let builder = config.server().map_err(|e| format!("{source}: {e}"))?;
     if check {
-        println!("{source}: configuration is valid");
+        say(format_args!("{source}: configuration is valid"));
         return Ok(());
     }
     let level = log_level
@@ -149,14 +149,26 @@ async fn serve(
     init_logging(log_format.unwrap_or(config.logging.format), &level);
     let server = builder.start().await?;
     let addr = server.local_addr();
-    println!("modelmux serving {source} on http://{addr}");
+    say(format_args!("modelmux serving {source} on http://{addr}"));
     if path.is_none() {
-        println!("try: curl -H 'serve_multiplexed_model_id: 1' http://{addr}/");
+        say(format_args!(
+            "try: curl -H 'serve_multiplexed_model_id: 1' http://{addr}/"
+        ));
     }
     shutdown_signal().await;
-    println!("shutting down: finishing requests in flight, then unloading models");
+    say(format_args!(
+        "shutting down: finishing requests in flight, then unloading models"
+    ));
     server.shutdown().await;
     Ok(())
+}
+
+/// Prints a line for the operator. Unlike `println!`, never panics: a closed stdout (a
+/// supervisor that stopped reading) must not crash a server.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
 }
 
 /// Ctrl-C, or SIGTERM (what Kubernetes and systemd send).

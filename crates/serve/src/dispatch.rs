@@ -63,6 +63,9 @@ impl ReplicaView for Replica {
     fn has_free_slot(&self, now: Instant) -> bool {
         self.slot.has_free_slot(now)
     }
+    fn oldest_use(&self) -> u64 {
+        self.slot.oldest_use()
+    }
 }
 
 fn with_rng<T>(f: impl FnOnce(&mut Rng) -> T) -> T {
@@ -212,8 +215,11 @@ impl DeploymentRouter {
                 Choice::Replica(i, reason) => {
                     let replica = &replicas[i];
                     if replica.slot.try_begin() {
-                        if let (Some(model), Reason::Placed | Reason::NewCopy) = (model, reason) {
-                            replica.slot.mark_pending(model);
+                        if let Some(model) = model {
+                            if matches!(reason, Reason::Placed | Reason::NewCopy) {
+                                replica.slot.mark_pending(model);
+                            }
+                            replica.slot.note_routed(model);
                         }
                         return Some((replica.clone(), reason));
                     }

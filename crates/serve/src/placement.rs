@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -47,6 +47,10 @@ pub trait ReplicaView {
     fn model_count(&self, now: Instant) -> usize;
     /// Whether it can load another model without evicting one.
     fn has_free_slot(&self, now: Instant) -> bool;
+    /// When its least recently used loaded model was last used (any monotonic unit; smaller
+    /// is older; `u64::MAX` when it has none). A full replica with an older model is the
+    /// better place for a new one: that model is the one a global LRU would evict.
+    fn oldest_use(&self) -> u64;
 
     /// At `max_ongoing_requests`.
     fn is_saturated(&self) -> bool {
@@ -63,7 +67,35 @@ pub struct ReplicaSlot {
     available: AtomicBool,
     /// `max_models` of the replica's caches (summed), `None` if unbounded or unknown.
     model_capacity: Option<usize>,
-    models: ArcSwap<HashMap<ModelId, Holding>>,
+    models: ArcSwap<HashMap<ModelId, Entry>>,
+}
+
+/// A model in a replica's set: how it is held, and when a request for it was last routed here.
+#[derive(Debug, Clone)]
+struct Entry {
+    holding: Holding,
+    /// Coarse monotonic ticks of the last routing here (shared across copies of the map).
+    routed: Arc<AtomicU64>,
+}
+
+impl Entry {
+    fn new(holding: Holding) -> Self {
+        Self {
+            holding,
+            routed: Arc::new(AtomicU64::new(coarse_now())),
+        }
+    }
+}
+
+fn coarse_now() -> u64 {
+    coarsetime::Instant::now().as_ticks()
+}
+
+/// Sets how `id` is held, keeping its routing time.
+fn set(m: &mut HashMap<ModelId, Entry>, id: &ModelId, holding: Holding) {
+    m.entry(id.clone())
+        .and_modify(|e| e.holding = holding)
+        .or_insert_with(|| Entry::new(holding));
 }
 
 impl ReplicaSlot {
@@ -98,15 +130,15 @@ impl ReplicaSlot {
     }
 
     /// Replaces the model set with `f` applied to a copy (retried if a concurrent update won).
-    fn update(&self, f: impl Fn(&mut HashMap<ModelId, Holding>)) {
+    fn update(&self, f: impl Fn(&mut HashMap<ModelId, Entry>)) {
         self.models.rcu(|current| {
             let mut next = HashMap::clone(current);
             f(&mut next);
             // Drop placements the replica never confirmed.
             let now = Instant::now();
-            next.retain(
-                |_, h| !matches!(h, Holding::Pending(at) if now.duration_since(*at) > PENDING_TTL),
-            );
+            next.retain(|_, e| {
+                !matches!(e.holding, Holding::Pending(at) if now.duration_since(at) > PENDING_TTL)
+            });
             next
         });
     }
@@ -115,21 +147,34 @@ impl ReplicaSlot {
     pub(crate) fn mark_pending(&self, id: &ModelId) {
         let now = Instant::now();
         self.update(|m| {
-            m.entry(id.clone()).or_insert(Holding::Pending(now));
+            m.entry(id.clone())
+                .or_insert_with(|| Entry::new(Holding::Pending(now)));
         });
+    }
+
+    /// Records that a request for `id` was just routed here: the placement of cold models uses
+    /// it to find the replica holding the least recently used model (a global LRU). Writes
+    /// only when the coarse clock has moved, so hot models cost a read per request.
+    pub(crate) fn note_routed(&self, id: &ModelId) {
+        if let Some(e) = self.models.load().get(id) {
+            let now = coarse_now();
+            if e.routed.load(Ordering::Relaxed) != now {
+                e.routed.store(now, Ordering::Relaxed);
+            }
+        }
     }
 
     /// Starts (or starts again, after lagging) from a multiplexer's snapshot: what it reports
     /// replaces what was known, except the router's own pending placements.
     pub(crate) fn apply_snapshot(&self, snapshot: &[(ModelId, ModelStatus)]) {
         self.update(|m| {
-            m.retain(|_, h| matches!(h, Holding::Pending(_)));
+            m.retain(|_, e| matches!(e.holding, Holding::Pending(_)));
             for (id, status) in snapshot {
                 let holding = match status {
                     ModelStatus::Loading => Holding::Loading,
                     ModelStatus::Loaded => Holding::Loaded,
                 };
-                m.insert(id.clone(), holding);
+                set(m, id, holding);
             }
         });
     }
@@ -137,12 +182,8 @@ impl ReplicaSlot {
     /// Folds in one event from the replica's multiplexer.
     pub(crate) fn apply(&self, event: &ModelEvent) {
         self.update(|m| match event.kind {
-            ModelEventKind::Loading => {
-                m.insert(event.id.clone(), Holding::Loading);
-            }
-            ModelEventKind::Loaded { .. } => {
-                m.insert(event.id.clone(), Holding::Loaded);
-            }
+            ModelEventKind::Loading => set(m, &event.id, Holding::Loading),
+            ModelEventKind::Loaded { .. } => set(m, &event.id, Holding::Loaded),
             // Failed retracts the Loading (and any pending placement); Evicting means new
             // requests can no longer be served from it. Unloaded changes nothing more.
             ModelEventKind::Failed { .. } | ModelEventKind::Evicting { .. } => {
@@ -154,7 +195,11 @@ impl ReplicaSlot {
 
     /// The models held now (for admin views and tests).
     pub fn holdings(&self) -> HashMap<ModelId, Holding> {
-        HashMap::clone(&self.models.load())
+        self.models
+            .load()
+            .iter()
+            .map(|(id, e)| (id.clone(), e.holding))
+            .collect()
     }
 }
 
@@ -183,20 +228,40 @@ impl ReplicaView for ReplicaSlot {
     }
 
     fn holds(&self, id: &ModelId, now: Instant) -> bool {
-        self.models.load().get(id).is_some_and(|h| live(h, now))
+        self.models
+            .load()
+            .get(id)
+            .is_some_and(|e| live(&e.holding, now))
     }
 
     fn holds_loaded(&self, id: &ModelId) -> bool {
-        self.models.load().get(id) == Some(&Holding::Loaded)
+        self.models
+            .load()
+            .get(id)
+            .is_some_and(|e| e.holding == Holding::Loaded)
     }
 
     fn model_count(&self, now: Instant) -> usize {
-        self.models.load().values().filter(|h| live(h, now)).count()
+        self.models
+            .load()
+            .values()
+            .filter(|e| live(&e.holding, now))
+            .count()
     }
 
     fn has_free_slot(&self, now: Instant) -> bool {
         self.model_capacity
             .is_none_or(|cap| self.model_count(now) < cap)
+    }
+
+    fn oldest_use(&self) -> u64 {
+        self.models
+            .load()
+            .values()
+            .filter(|e| e.holding == Holding::Loaded)
+            .map(|e| e.routed.load(Ordering::Relaxed))
+            .min()
+            .unwrap_or(u64::MAX)
     }
 }
 
@@ -224,6 +289,9 @@ impl<T: ReplicaView> ReplicaView for Arc<T> {
     }
     fn has_free_slot(&self, now: Instant) -> bool {
         (**self).has_free_slot(now)
+    }
+    fn oldest_use(&self) -> u64 {
+        (**self).oldest_use()
     }
 }
 

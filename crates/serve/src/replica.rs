@@ -164,7 +164,16 @@ impl Replica {
         request: Request,
         context: RequestContext,
     ) -> Result<Response, ServeError> {
-        let span = tracing::info_span!(parent: &self.span, "request", request_id = context.request_id().map_or("-", |r| r.as_str()));
+        // A span per request costs an allocation and formatting on every request; the access
+        // log line already carries the request id. At debug level each request gets its own
+        // span (so a `Loading model` line names the request that triggered it); otherwise the
+        // replica's span is reused.
+        let request_span = tracing::debug_span!(parent: &self.span, "request", request_id = context.request_id().map_or("-", |r| r.as_str()));
+        let span = if request_span.is_disabled() {
+            self.span.clone()
+        } else {
+            request_span
+        };
         let call = context.scope(self.instance.call_boxed(request));
         match AssertUnwindSafe(call).catch_unwind().instrument(span).await {
             Ok(Ok(response)) => Ok(response),

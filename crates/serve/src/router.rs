@@ -103,7 +103,8 @@ fn power_of_two<R: ReplicaView>(
 }
 
 /// The best replica to load `model` on among those `eligible` says yes to: a free model slot
-/// first, then the fewest models, then the highest rendezvous score.
+/// first, then the fewest models, then (when full) the oldest least-recently-used model, then
+/// the highest rendezvous score.
 fn best_placement<R: ReplicaView>(
     replicas: &[R],
     model: &ModelId,
@@ -114,9 +115,14 @@ fn best_placement<R: ReplicaView>(
         .filter(|&i| eligible(i))
         .max_by_key(|&i| {
             let r = &replicas[i];
+            let free = r.has_free_slot(now);
+            // Among full replicas, the one whose least recently used model is oldest: loading
+            // there evicts what a single global LRU would (ModelMesh's rule).
+            let older_victim = if free { 0 } else { u64::MAX - r.oldest_use() };
             (
-                r.has_free_slot(now),
+                free,
                 std::cmp::Reverse(r.model_count(now)),
+                older_victim,
                 rendezvous_score(model, r.id()),
             )
         })
@@ -190,6 +196,7 @@ mod tests {
         available: bool,
         models: HashMap<ModelId, Holding>,
         capacity: Option<usize>,
+        oldest: u64,
     }
 
     fn fake(id: &str) -> Fake {
@@ -200,6 +207,7 @@ mod tests {
             available: true,
             models: HashMap::new(),
             capacity: Some(3),
+            oldest: u64::MAX,
         }
     }
 
@@ -227,6 +235,9 @@ mod tests {
         }
         fn has_free_slot(&self, now: Instant) -> bool {
             self.capacity.is_none_or(|c| self.model_count(now) < c)
+        }
+        fn oldest_use(&self) -> u64 {
+            self.oldest
         }
     }
 
@@ -394,6 +405,26 @@ mod tests {
             pick(&even, Some("model-7"), &mut Rng::new(1)),
             "deterministic"
         );
+    }
+
+    #[tokio::test]
+    async fn when_every_replica_is_full_the_one_with_the_oldest_model_takes_the_new_one() {
+        let mut rs = vec![fake("a"), fake("b"), fake("c")];
+        for (r, (oldest, prefix)) in rs.iter_mut().zip([(500, "a"), (100, "b"), (900, "c")]) {
+            for k in 0..3 {
+                r.models
+                    .insert(id(&format!("{prefix}{k}")), Holding::Loaded);
+            }
+            r.oldest = oldest;
+        }
+        let mut rng = Rng::new(8);
+        for cold in ["x", "y", "z", "w"] {
+            assert_eq!(
+                pick(&rs, Some(cold), &mut rng),
+                Choice::Replica(1, Reason::Placed),
+                "{cold}"
+            );
+        }
     }
 
     #[tokio::test]
