@@ -157,12 +157,7 @@ async fn models(
     match action {
         Action::Load => load(&router, &id, query_flag(query, "pin")).await,
         Action::Evict => {
-            let evicted: Vec<String> = router
-                .replicas()
-                .iter()
-                .filter(|r| r.caches.iter().fold(false, |any, c| c.evict(&id) | any))
-                .map(|r| r.id.to_string())
-                .collect();
+            let evicted = on_every_cache(&router, |cache| cache.evict(&id));
             if evicted.is_empty() {
                 return Err(ServeError::NotFound {
                     what: format!("model '{id}' is not loaded by any replica of '{deployment}'"),
@@ -174,18 +169,27 @@ async fn models(
             ))
         }
         Action::Unpin => {
-            let unpinned: Vec<String> = router
-                .replicas()
-                .iter()
-                .filter(|r| r.caches.iter().fold(false, |any, c| c.unpin(&id) | any))
-                .map(|r| r.id.to_string())
-                .collect();
+            let unpinned = on_every_cache(&router, |cache| cache.unpin(&id));
             Ok(json_response(
                 StatusCode::OK,
                 &json!({"model_id": id.as_str(), "unpinned_on": unpinned}),
             ))
         }
     }
+}
+
+/// Runs `f` on every cache of every replica; returns the replicas where it returned true.
+fn on_every_cache(
+    router: &DeploymentRouter,
+    f: impl Fn(&dyn crate::replica::ModelCache) -> bool,
+) -> Vec<String> {
+    router
+        .replicas()
+        .iter()
+        // Every cache is visited (no short-circuit): a model may be in more than one.
+        .filter(|r| r.caches.iter().fold(false, |any, c| f(&**c) | any))
+        .map(|r| r.id.to_string())
+        .collect()
 }
 
 enum Action {
