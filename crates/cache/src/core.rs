@@ -28,7 +28,7 @@ use crate::guard::{ModelGuard, Resident, RoomSignal, WaiterCount};
 use crate::load::{Failure, LoadSlot};
 use crate::metrics::{Gauges, Metrics};
 use crate::model::DynLoader;
-use crate::{Config, Error, Model, ModelId, ModelInfo};
+use crate::{Config, Error, EvictionPolicy, Model, ModelId, ModelInfo};
 
 pub(crate) type Index<M> = HashMap<ModelId, Arc<Resident<M>>, foldhash::fast::RandomState>;
 
@@ -39,6 +39,8 @@ pub(crate) struct Core<M: Model> {
     pub(crate) state: Mutex<State<M>>,
     /// Logical LRU clock: bumped when a model other than the most recent one is used.
     clock: AtomicU64,
+    /// GDSF's inflation `L` (f64 bits): the priority of the last model evicted for room.
+    inflation: AtomicU64,
     pub(crate) room: Arc<RoomSignal>,
     pub(crate) load_permits: Semaphore,
     events: broadcast::Sender<ModelEvent>,
@@ -103,6 +105,7 @@ impl<M: Model> Core<M> {
                 shutting_down: false,
             }),
             clock: AtomicU64::new(0),
+            inflation: AtomicU64::new(0f64.to_bits()),
             room: Arc::default(),
             metrics: Metrics::default(),
             runtime,
@@ -127,6 +130,20 @@ impl<M: Model> Core<M> {
             let tick = self.clock.fetch_add(1, Ordering::Relaxed) + 1;
             r.last_used_tick.store(tick, Ordering::Relaxed);
         }
+        if self.config.eviction == EvictionPolicy::Gdsf {
+            // The resident's line is already being written (its pin count); `L` changes only
+            // on evictions, so it is almost always a plain read.
+            r.hits.fetch_add(1, Ordering::Relaxed);
+            let l = self.inflation.load(Ordering::Relaxed);
+            if r.aged_at.load(Ordering::Relaxed) != l {
+                r.aged_at.store(l, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// GDSF's inflation value `L`.
+    pub(crate) fn inflation(&self) -> f64 {
+        f64::from_bits(self.inflation.load(Ordering::Relaxed))
     }
 
     pub(crate) fn next_tick(&self) -> u64 {
@@ -183,8 +200,16 @@ impl<M: Model> Core<M> {
         }
         let index = self.index.load();
         let mut idle: Vec<&Arc<Resident<M>>> = index.values().filter(|r| r.is_idle()).collect();
-        idle.sort_unstable_by_key(|r| r.last_used_tick.load(Ordering::Relaxed));
+        match self.config.eviction {
+            EvictionPolicy::Lru => {
+                idle.sort_unstable_by_key(|r| r.last_used_tick.load(Ordering::Relaxed))
+            }
+            EvictionPolicy::Gdsf => {
+                idle.sort_unstable_by(|a, b| a.gdsf_priority().total_cmp(&b.gdsf_priority()))
+            }
+        }
         let mut victims = Vec::new();
+        let mut victims_priority = Vec::new();
         for r in idle {
             if self.fits(after_slots, after_bytes) {
                 break;
@@ -192,11 +217,20 @@ impl<M: Model> Core<M> {
             after_slots -= 1;
             after_bytes -= r.size_or_zero();
             victims.push(r.id.clone());
+            victims_priority.push(r.gdsf_priority());
         }
         if self.fits(after_slots, after_bytes) {
             self.metrics
                 .evictions
                 .fetch_add(victims.len() as u64, Ordering::Relaxed);
+            if self.config.eviction == EvictionPolicy::Gdsf {
+                // Age everything: later models start where the evicted ones ended.
+                let highest = victims_priority
+                    .iter()
+                    .copied()
+                    .fold(self.inflation(), f64::max);
+                self.inflation.store(highest.to_bits(), Ordering::Relaxed);
+            }
             self.evict_locked(st, &victims, EvictReason::Capacity);
         }
         Room::Wait

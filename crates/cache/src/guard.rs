@@ -75,6 +75,12 @@ pub(crate) struct Resident<M: Model> {
     pub(crate) last_used_tick: AtomicU64,
     /// Pinned by an operator: never evicted for capacity.
     pub(crate) pinned: AtomicBool,
+    /// Gets served while resident (GDSF's frequency), counting the load.
+    pub(crate) hits: AtomicU64,
+    /// GDSF: the inflation value `L` at the last access, as f64 bits.
+    pub(crate) aged_at: AtomicU64,
+    /// GDSF: what reloading it would cost per byte (load seconds per MiB, at least 1 ms / MiB).
+    pub(crate) cost_per_mib: f64,
     pub(crate) id: ModelId,
     pub(crate) size: Option<u64>,
     room: Arc<RoomSignal>,
@@ -86,8 +92,20 @@ pub(crate) struct Resident<M: Model> {
 }
 
 impl<M: Model> Resident<M> {
-    pub(crate) fn new(id: ModelId, model: M, size: Option<u64>, tick: u64, core: &Core<M>) -> Self {
+    pub(crate) fn new(
+        id: ModelId,
+        model: M,
+        size: Option<u64>,
+        load_time: std::time::Duration,
+        tick: u64,
+        core: &Core<M>,
+    ) -> Self {
+        // A model of unknown size weighs one MiB; a load of no measurable time costs 1 ms.
+        let mib = size.map_or(1.0, |s| (s as f64 / (1u64 << 20) as f64).max(1.0 / 1024.0));
         Self {
+            hits: AtomicU64::new(1),
+            aged_at: AtomicU64::new(core.inflation().to_bits()),
+            cost_per_mib: load_time.as_secs_f64().max(0.001) / mib,
             id,
             size,
             model: Some(model),
@@ -109,6 +127,13 @@ impl<M: Model> Resident<M> {
 
     pub(crate) fn size_or_zero(&self) -> u64 {
         self.size.unwrap_or(0)
+    }
+
+    /// GDSF priority: `L` at the last access plus frequency times reload cost per byte. The
+    /// lowest is evicted first.
+    pub(crate) fn gdsf_priority(&self) -> f64 {
+        f64::from_bits(self.aged_at.load(Ordering::Relaxed))
+            + self.hits.load(Ordering::Relaxed) as f64 * self.cost_per_mib
     }
 
     /// How long ago the model was last used: zero while it is in use.

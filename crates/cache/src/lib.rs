@@ -61,4 +61,6 @@ pub use metrics::{
     DURATION_BUCKETS, DurationHistogram, Gauges, HistogramSnapshot, MetricsSnapshot,
 };
 pub use model::{BoxError, Loader, Model};
-pub use multiplexer::{Config, ModelInfo, Multiplexer, MultiplexerBuilder, ShutdownReport};
+pub use multiplexer::{
+    Config, EvictionPolicy, ModelInfo, Multiplexer, MultiplexerBuilder, ShutdownReport,
+};

@@ -254,6 +254,7 @@ impl<M: Model> Core<M> {
             id.clone(),
             model,
             reported_size,
+            took,
             self.next_tick(),
             self,
         ));

@@ -33,6 +33,22 @@ pub struct Config {
     pub max_failure_backoff: Duration,
     /// Events buffered per subscriber before a slow one is told it lagged.
     pub event_capacity: usize,
+    /// Which idle model goes first when room is needed.
+    pub eviction: EvictionPolicy,
+}
+
+/// Which idle model is evicted first when a load needs room. Models in use or pinned are
+/// never evicted, whatever the policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    /// Least recently used first (what Ray Serve does). Predictable; the default.
+    #[default]
+    Lru,
+    /// Greedy-Dual-Size-Frequency: lowest `L + hits × load_time / size` first, where `L`
+    /// rises to the priority of each model evicted, so popularity that stops ages out. It
+    /// keeps models that are used often, were slow to load, or are small; on skewed
+    /// (Zipf-like) traffic it needs markedly fewer loads than LRU for the same room.
+    Gdsf,
 }
 
 impl Default for Config {
@@ -46,6 +62,7 @@ impl Default for Config {
             failure_backoff: Duration::from_secs(1),
             max_failure_backoff: Duration::from_secs(60),
             event_capacity: 1024,
+            eviction: EvictionPolicy::Lru,
         }
     }
 }
@@ -118,6 +135,12 @@ impl MultiplexerBuilder {
     pub fn event_capacity(mut self, n: usize) -> Self {
         assert!(n > 0, "event_capacity must be at least 1");
         self.config.event_capacity = n;
+        self
+    }
+
+    /// Which idle model goes first when room is needed (default [`EvictionPolicy::Lru`]).
+    pub fn eviction_policy(mut self, policy: EvictionPolicy) -> Self {
+        self.config.eviction = policy;
         self
     }
 

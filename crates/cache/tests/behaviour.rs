@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::{Held, Probe, TestLoader, TestModel, UnloadBehaviour, settle};
 use modelmux_cache::{
-    Error, EvictReason, InvalidModelId, ModelEventKind, ModelId, ModelStatus, Multiplexer,
-    MultiplexerBuilder,
+    Error, EvictReason, EvictionPolicy, InvalidModelId, ModelEventKind, ModelId, ModelStatus,
+    Multiplexer, MultiplexerBuilder,
 };
 use tokio::time::Instant;
 
@@ -822,4 +822,69 @@ async fn a_model_evicted_while_in_use_does_not_block_evicting_an_idle_one() {
     drop(busy);
     drained(&mux).await;
     probe.assert_clean();
+}
+
+fn gdsf(probe: &Arc<Probe>, max_models: usize) -> Multiplexer<TestModel> {
+    build(
+        probe,
+        Multiplexer::builder()
+            .max_models(max_models)
+            .eviction_policy(EvictionPolicy::Gdsf),
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn gdsf_keeps_a_frequently_used_model_over_a_more_recent_one() {
+    let probe = Probe::new();
+    let mux = gdsf(&probe, 2);
+    for _ in 0..5 {
+        mux.get("popular").await.unwrap();
+    }
+    mux.get("once").await.unwrap(); // the most recent, but used once
+    mux.get("new").await.unwrap();
+    assert_eq!(
+        ids(mux.loaded_ids()),
+        ["new", "popular"],
+        "LRU would have evicted `popular`"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn gdsf_keeps_a_model_that_is_expensive_to_reload() {
+    let probe = Probe::new();
+    probe
+        .delay
+        .lock()
+        .insert("slow".into(), Duration::from_secs(1));
+    probe.delay.lock().insert("fast".into(), ms(10));
+    let mux = gdsf(&probe, 2);
+    mux.get("slow").await.unwrap();
+    mux.get("fast").await.unwrap(); // more recent, same frequency, cheap to reload
+    mux.get("new").await.unwrap();
+    assert_eq!(ids(mux.loaded_ids()), ["new", "slow"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn gdsf_ages_out_popularity_that_stopped() {
+    let probe = Probe::new();
+    let mux = gdsf(&probe, 2);
+    for _ in 0..4 {
+        mux.get("was-popular").await.unwrap();
+    }
+    // A stream of other models: each eviction raises `L`, so newcomers soon outrank it.
+    let mut evicted_after = None;
+    for k in 0..20 {
+        mux.get(&format!("m{k}")).await.unwrap();
+        // Looking with `try_get` would count as a use; `loaded_ids` does not.
+        if !mux
+            .loaded_ids()
+            .iter()
+            .any(|id| id.as_str() == "was-popular")
+        {
+            evicted_after = Some(k);
+            break;
+        }
+    }
+    let k = evicted_after.expect("old popularity must age out");
+    assert!((2..10).contains(&k), "aged out after {k} newcomers");
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::{Held, Probe, TestLoader, TestModel, settle};
-use modelmux_cache::Multiplexer;
+use modelmux_cache::{EvictionPolicy, Multiplexer};
 use parking_lot::Mutex;
 use proptest::prelude::*;
 
@@ -76,7 +76,7 @@ fn check(
     probe.assert_clean();
 }
 
-async fn run(ops: Vec<Op>, max_models: usize, max_bytes: u64) {
+async fn run(ops: Vec<Op>, max_models: usize, max_bytes: u64, policy: EvictionPolicy) {
     let probe = Probe::new();
     probe.hint_sizes.store(true, Ordering::SeqCst);
     for i in 0..IDS.len() {
@@ -89,6 +89,7 @@ async fn run(ops: Vec<Op>, max_models: usize, max_bytes: u64) {
     let mux = Multiplexer::builder()
         .max_models(max_models)
         .max_bytes(max_bytes)
+        .eviction_policy(policy)
         .capacity_timeout(Duration::from_millis(300))
         .load_timeout(Some(Duration::from_secs(1)))
         .failure_backoff(Duration::from_millis(100), Duration::from_millis(400))
@@ -157,12 +158,14 @@ proptest! {
         ops in proptest::collection::vec(op(), 1..80),
         max_models in 1..4usize,
         max_bytes in 4..10u64,
+        gdsf in any::<bool>(),
     ) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
             .start_paused(true)
             .build()
             .unwrap();
-        rt.block_on(run(ops, max_models, max_bytes));
+        let policy = if gdsf { EvictionPolicy::Gdsf } else { EvictionPolicy::Lru };
+        rt.block_on(run(ops, max_models, max_bytes, policy));
     }
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use modelmux_cache::Multiplexer;
+use modelmux_cache::{EvictionPolicy, Multiplexer};
 use modelmux_serve::{Application, ServerBuilder, model_deployment};
 use modelmux_synthetic::{Synthetic, SyntheticConfig};
 use serde::Deserialize;
@@ -135,6 +135,10 @@ pub struct DeploymentConfig {
     /// Bytes of models per replica.
     #[serde(default)]
     pub max_bytes_per_replica: Option<u64>,
+    /// Which idle model is evicted first: `lru` (default, as Ray) or `gdsf` (frequency, load
+    /// cost and size aware; fewer loads on skewed traffic).
+    #[serde(default)]
+    pub eviction_policy: EvictionPolicyName,
     /// Loads running at once per replica.
     #[serde(default = "four")]
     pub max_concurrent_loads: NonZeroUsize,
@@ -162,6 +166,17 @@ fn default_queue_timeout() -> Seconds {
 }
 fn default_load_timeout() -> Seconds {
     Seconds(Duration::from_secs(120))
+}
+
+/// `eviction_policy`.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvictionPolicyName {
+    /// Least recently used first.
+    #[default]
+    Lru,
+    /// Greedy-Dual-Size-Frequency.
+    Gdsf,
 }
 
 /// `max_models_per_replica`: at least 1, or -1 for no limit.
@@ -320,7 +335,11 @@ impl Config {
 fn deployment(d: &DeploymentConfig) -> modelmux_serve::DeploymentSpec {
     let mut cache = Multiplexer::builder()
         .max_concurrent_loads(d.max_concurrent_loads.get())
-        .load_timeout(Some(d.model_load_timeout_s.0));
+        .load_timeout(Some(d.model_load_timeout_s.0))
+        .eviction_policy(match d.eviction_policy {
+            EvictionPolicyName::Lru => EvictionPolicy::Lru,
+            EvictionPolicyName::Gdsf => EvictionPolicy::Gdsf,
+        });
     cache = match d.max_models_per_replica.0 {
         Some(n) => cache.max_models(n),
         None => cache.unbounded_models(),
@@ -389,6 +408,23 @@ mod tests {
         assert!(err.contains("applications[0].ingress"), "{err}");
         let yaml = "http_options: {host: localhost}\napplications: []\n";
         assert!(Config::parse(yaml).is_err());
+    }
+
+    #[test]
+    fn eviction_policies_are_named() {
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        eviction_policy: gdsf\n        model: {kind: synthetic}\n";
+        let c = Config::parse(yaml).unwrap();
+        assert!(matches!(
+            c.applications[0].deployments[0].eviction_policy,
+            EvictionPolicyName::Gdsf
+        ));
+        let err = Config::parse(&yaml.replace("gdsf", "fifo"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("fifo") && err.contains("lru") && err.contains("line 5"),
+            "{err}"
+        );
     }
 
     #[test]

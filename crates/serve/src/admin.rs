@@ -90,7 +90,9 @@ fn authorize(state: &ServerState, request: &http::Request<Incoming>) -> Result<(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
     // Compare without stopping at the first difference.
     let same = given.is_some_and(|g| {
         g.len() == token.len()
@@ -200,8 +202,15 @@ enum Action {
 
 async fn load(router: &DeploymentRouter, id: &ModelId, pin: bool) -> Result<Response, ServeError> {
     let replicas = router.replicas();
-    let index =
-        crate::router::place(&replicas, id, Instant::now()).ok_or(ServeError::ShuttingDown)?;
+    let index = crate::router::place(&replicas, id, Instant::now()).ok_or_else(|| {
+        ServeError::status(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!(
+                "no replica of '{}' is available to load into",
+                router.name()
+            ),
+        )
+    })?;
     let replica = &replicas[index];
     let cache = replica
         .caches
@@ -220,13 +229,23 @@ async fn load(router: &DeploymentRouter, id: &ModelId, pin: bool) -> Result<Resp
 }
 
 fn find_deployment(state: &ServerState, name: &str) -> Result<Arc<DeploymentRouter>, ServeError> {
-    state
-        .routers()
-        .find(|r| r.name() == name)
-        .cloned()
-        .ok_or_else(|| ServeError::NotFound {
+    let found: Vec<_> = state.routers().filter(|r| r.name() == name).collect();
+    match found.as_slice() {
+        [router] => Ok((*router).clone()),
+        [] => Err(ServeError::NotFound {
             what: format!("no deployment named '{name}'"),
-        })
+        }),
+        several => Err(ServeError::BadRequest {
+            message: format!(
+                "deployment '{name}' exists in applications {}; give deployments distinct names to manage them here",
+                several
+                    .iter()
+                    .map(|r| format!("'{}'", r.app))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }),
+    }
 }
 
 fn list_models(state: &ServerState) -> Value {
@@ -291,6 +310,9 @@ fn percent_decode(s: &str) -> Result<String, ServeError> {
     while i < bytes.len() {
         if bytes[i] == b'%' {
             let hex = bytes.get(i + 1..i + 3).ok_or_else(bad)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return Err(bad());
+            }
             let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
             out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
             i += 3;
@@ -311,6 +333,10 @@ mod tests {
         assert_eq!(percent_decode("a%2Fb%20c").unwrap(), "a/b c");
         assert!(percent_decode("bad%2").is_err());
         assert!(percent_decode("bad%zz").is_err());
+        assert!(
+            percent_decode("bad%+f").is_err(),
+            "from_str_radix alone would take a sign"
+        );
     }
 
     #[test]

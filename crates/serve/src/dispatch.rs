@@ -21,10 +21,13 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::deployment::DeploymentConfig;
-use crate::placement::{ReplicaSlot, ReplicaView};
+use crate::placement::ReplicaView;
 use crate::replica::Replica;
 use crate::router::{Choice, Reason, Rng, choose};
 use crate::{Body, Request, Response, ServeError};
+
+/// How often a queued request looks again even without a wake-up.
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// One deployment's replicas and the queue in front of them.
 pub(crate) struct DeploymentRouter {
@@ -56,6 +59,9 @@ impl ReplicaView for Replica {
     }
     fn holds_loaded(&self, id: &ModelId) -> bool {
         self.slot.holds_loaded(id)
+    }
+    fn holds_loading(&self, id: &ModelId, now: Instant) -> bool {
+        self.slot.holds_loading(id, now)
     }
     fn model_count(&self, now: Instant) -> usize {
         self.slot.model_count(now)
@@ -195,7 +201,11 @@ impl DeploymentRouter {
             if let Some(found) = self.try_acquire(model) {
                 return Ok(found);
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            // Wake-ups come from finishing requests and model events; the periodic look also
+            // catches what no event announces (a placement that expired unconfirmed).
+            let slice = deadline.min(Instant::now() + RECHECK);
+            if tokio::time::timeout_at(slice, notified).await.is_err() && Instant::now() >= deadline
+            {
                 return Err(ServeError::QueueTimeout {
                     deployment: self.config.name.clone(),
                     waited: start.elapsed(),
@@ -209,6 +219,8 @@ impl DeploymentRouter {
             return None;
         }
         let replicas = self.replicas.load();
+        // Without model caches, model ids say nothing about where to go.
+        let model = model.filter(|_| replicas.iter().any(|r| r.slot.tracks_models()));
         // A lost race for the last slot on a replica just means choosing again.
         for _ in 0..4 {
             match with_rng(|rng| choose(&replicas, model, Instant::now(), rng)) {
@@ -289,12 +301,5 @@ impl http_body::Body for HoldSlot {
 
     fn size_hint(&self) -> SizeHint {
         self.body.size_hint()
-    }
-}
-
-impl ReplicaSlot {
-    /// Reserves one request slot if the replica is below `max_ongoing_requests`.
-    pub(crate) fn try_begin(&self) -> bool {
-        self.is_available() && self.try_increment_ongoing()
     }
 }

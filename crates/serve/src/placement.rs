@@ -1,7 +1,7 @@
 //! What the router knows about each replica: its load, and which models it holds.
 //!
-//! Each replica has a [`ReplicaSlot`]. Its model set is replaced (copy on write) whenever the
-//! replica's multiplexer publishes an event, the moment it publishes it, so reading it on the
+//! Each replica has a [`ReplicaSlot`]. Its model set is replaced (copy on write) whenever one
+//! of the replica's caches publishes an event, the moment it publishes it, so reading it on the
 //! request path takes no lock. The router adds *pending* entries when it places a cold model on
 //! a replica, before that replica has even started the load: requests for the same model that
 //! arrive in between follow the first one instead of scattering (Ray's first-request burst).
@@ -17,6 +17,12 @@ use tokio::time::Instant;
 
 /// How long a placement the router made stays valid without word from the replica.
 pub(crate) const PENDING_TTL: Duration = Duration::from_secs(5);
+/// How long a fresh placement counts as "loading" for the wait-for-the-loading-holder rule:
+/// long enough for the replica to report `Loading`, short enough that a placement never
+/// confirmed (the request failed before asking its cache) cannot hold requests back.
+pub(crate) const PENDING_LOADING_GRACE: Duration = Duration::from_secs(1);
+/// The source of the entries the router itself adds (pending placements).
+const ROUTER: usize = usize::MAX;
 
 /// How a replica holds a model, as far as routing is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +49,8 @@ pub trait ReplicaView {
     fn holds(&self, id: &ModelId, now: Instant) -> bool;
     /// Whether it has `id` loaded (servable now, not pending or loading).
     fn holds_loaded(&self, id: &ModelId) -> bool;
+    /// Whether it is loading `id`, or was sent it to load within the last second.
+    fn holds_loading(&self, id: &ModelId, now: Instant) -> bool;
     /// Models it holds, loading ones included.
     fn model_count(&self, now: Instant) -> usize;
     /// Whether it can load another model without evicting one.
@@ -58,30 +66,35 @@ pub trait ReplicaView {
     }
 }
 
-/// One replica's routing state, shared by the router (reads) and the replica's event feed
+/// One replica's routing state, shared by the router (reads) and the replica's event feeds
 /// (writes).
 pub struct ReplicaSlot {
     id: Arc<str>,
     ongoing: AtomicUsize,
     max_ongoing: usize,
     available: AtomicBool,
+    /// Whether the replica has model caches at all: if not, model ids do not steer routing.
+    tracks_models: bool,
     /// `max_models` of the replica's caches (summed), `None` if unbounded or unknown.
     model_capacity: Option<usize>,
     models: ArcSwap<HashMap<ModelId, Entry>>,
 }
 
-/// A model in a replica's set: how it is held, and when a request for it was last routed here.
+/// A model in a replica's set: how it is held, who reported it, when it was last routed here.
 #[derive(Debug, Clone)]
 struct Entry {
     holding: Holding,
+    /// Which of the replica's caches reported it (`ROUTER` for a pending placement).
+    source: usize,
     /// Coarse monotonic ticks of the last routing here (shared across copies of the map).
     routed: Arc<AtomicU64>,
 }
 
 impl Entry {
-    fn new(holding: Holding) -> Self {
+    fn new(holding: Holding, source: usize) -> Self {
         Self {
             holding,
+            source,
             routed: Arc::new(AtomicU64::new(coarse_now())),
         }
     }
@@ -91,20 +104,36 @@ fn coarse_now() -> u64 {
     coarsetime::Instant::now().as_ticks()
 }
 
-/// Sets how `id` is held, keeping its routing time.
-fn set(m: &mut HashMap<ModelId, Entry>, id: &ModelId, holding: Holding) {
+/// Sets how `id` is held and by which cache, keeping its routing time.
+fn set(m: &mut HashMap<ModelId, Entry>, id: &ModelId, holding: Holding, source: usize) {
     m.entry(id.clone())
-        .and_modify(|e| e.holding = holding)
-        .or_insert_with(|| Entry::new(holding));
+        .and_modify(|e| {
+            e.holding = holding;
+            e.source = source;
+        })
+        .or_insert_with(|| Entry::new(holding, source));
+}
+
+fn live(h: &Holding, now: Instant) -> bool {
+    match h {
+        Holding::Pending(at) => now.duration_since(*at) <= PENDING_TTL,
+        Holding::Loading | Holding::Loaded => true,
+    }
 }
 
 impl ReplicaSlot {
-    pub(crate) fn new(id: Arc<str>, max_ongoing: usize, model_capacity: Option<usize>) -> Self {
+    pub(crate) fn new(
+        id: Arc<str>,
+        max_ongoing: usize,
+        caches: usize,
+        model_capacity: Option<usize>,
+    ) -> Self {
         Self {
             id,
             ongoing: AtomicUsize::new(0),
             max_ongoing,
             available: AtomicBool::new(true),
+            tracks_models: caches > 0,
             model_capacity,
             models: ArcSwap::default(),
         }
@@ -114,17 +143,33 @@ impl ReplicaSlot {
         self.available.store(available, Ordering::SeqCst);
     }
 
-    /// Takes one request slot if fewer than `max_ongoing` are taken (one CAS, no lock), so
-    /// concurrent dispatchers can never push a replica past its limit.
-    pub(crate) fn try_increment_ongoing(&self) -> bool {
-        self.ongoing
+    /// Whether model ids steer routing to this replica (it has a model cache).
+    pub(crate) fn tracks_models(&self) -> bool {
+        self.tracks_models
+    }
+
+    /// Takes one request slot if the replica is available and below `max_ongoing` (one CAS,
+    /// no lock), so concurrent dispatchers can never push a replica past its limit. Backs out
+    /// if the replica was taken out of rotation meanwhile (a drain must not see 0 and then a
+    /// request arrive).
+    pub(crate) fn try_begin(&self) -> bool {
+        if !self.is_available() {
+            return false;
+        }
+        let taken = self
+            .ongoing
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < self.max_ongoing).then_some(n + 1)
             })
-            .is_ok()
+            .is_ok();
+        if taken && !self.is_available() {
+            self.end();
+            return false;
+        }
+        taken
     }
 
-    /// Returns the number still in progress.
+    /// Releases a slot; returns the number still in progress.
     pub(crate) fn end(&self) -> usize {
         self.ongoing.fetch_sub(1, Ordering::SeqCst) - 1
     }
@@ -133,12 +178,11 @@ impl ReplicaSlot {
     fn update(&self, f: impl Fn(&mut HashMap<ModelId, Entry>)) {
         self.models.rcu(|current| {
             let mut next = HashMap::clone(current);
-            f(&mut next);
-            // Drop placements the replica never confirmed.
+            // Drop placements the replica never confirmed, before the change, so an expired
+            // entry cannot stand in for a new one.
             let now = Instant::now();
-            next.retain(|_, e| {
-                !matches!(e.holding, Holding::Pending(at) if now.duration_since(at) > PENDING_TTL)
-            });
+            next.retain(|_, e| !matches!(e.holding, Holding::Pending(at) if now.duration_since(at) > PENDING_TTL));
+            f(&mut next);
             next
         });
     }
@@ -148,7 +192,7 @@ impl ReplicaSlot {
         let now = Instant::now();
         self.update(|m| {
             m.entry(id.clone())
-                .or_insert_with(|| Entry::new(Holding::Pending(now)));
+                .or_insert_with(|| Entry::new(Holding::Pending(now), ROUTER));
         });
     }
 
@@ -164,29 +208,34 @@ impl ReplicaSlot {
         }
     }
 
-    /// Starts (or starts again, after lagging) from a multiplexer's snapshot: what it reports
-    /// replaces what was known, except the router's own pending placements.
-    pub(crate) fn apply_snapshot(&self, snapshot: &[(ModelId, ModelStatus)]) {
+    /// Starts (or starts again, after lagging) from the snapshot of cache number `source`:
+    /// what it reports replaces what that cache reported before; other caches' entries and the
+    /// router's pending placements stay.
+    pub(crate) fn apply_snapshot(&self, source: usize, snapshot: &[(ModelId, ModelStatus)]) {
         self.update(|m| {
-            m.retain(|_, e| matches!(e.holding, Holding::Pending(_)));
+            m.retain(|_, e| e.source != source);
             for (id, status) in snapshot {
                 let holding = match status {
                     ModelStatus::Loading => Holding::Loading,
                     ModelStatus::Loaded => Holding::Loaded,
                 };
-                set(m, id, holding);
+                set(m, id, holding, source);
             }
         });
     }
 
-    /// Folds in one event from the replica's multiplexer.
-    pub(crate) fn apply(&self, event: &ModelEvent) {
+    /// Folds in one event from cache number `source` of the replica.
+    pub(crate) fn apply(&self, source: usize, event: &ModelEvent) {
         self.update(|m| match event.kind {
-            ModelEventKind::Loading => set(m, &event.id, Holding::Loading),
-            ModelEventKind::Loaded { .. } => set(m, &event.id, Holding::Loaded),
+            ModelEventKind::Loading => set(m, &event.id, Holding::Loading, source),
+            ModelEventKind::Loaded { .. } => set(m, &event.id, Holding::Loaded, source),
             // Failed retracts the Loading (and any pending placement); Evicting means new
-            // requests can no longer be served from it. Unloaded changes nothing more.
-            ModelEventKind::Failed { .. } | ModelEventKind::Evicting { .. } => {
+            // requests can no longer be served from it. Unloaded changes nothing more. Another
+            // cache's entry for the same id stays.
+            ModelEventKind::Failed { .. } | ModelEventKind::Evicting { .. }
+                if m.get(&event.id)
+                    .is_some_and(|e| e.source == source || e.source == ROUTER) =>
+            {
                 m.remove(&event.id);
             }
             _ => {}
@@ -200,13 +249,6 @@ impl ReplicaSlot {
             .iter()
             .map(|(id, e)| (id.clone(), e.holding))
             .collect()
-    }
-}
-
-fn live(h: &Holding, now: Instant) -> bool {
-    match h {
-        Holding::Pending(at) => now.duration_since(*at) <= PENDING_TTL,
-        Holding::Loading | Holding::Loaded => true,
     }
 }
 
@@ -239,6 +281,14 @@ impl ReplicaView for ReplicaSlot {
             .load()
             .get(id)
             .is_some_and(|e| e.holding == Holding::Loaded)
+    }
+
+    fn holds_loading(&self, id: &ModelId, now: Instant) -> bool {
+        self.models.load().get(id).is_some_and(|e| match e.holding {
+            Holding::Loading => true,
+            Holding::Pending(at) => now.duration_since(at) <= PENDING_LOADING_GRACE,
+            Holding::Loaded => false,
+        })
     }
 
     fn model_count(&self, now: Instant) -> usize {
@@ -284,6 +334,9 @@ impl<T: ReplicaView> ReplicaView for Arc<T> {
     fn holds_loaded(&self, id: &ModelId) -> bool {
         (**self).holds_loaded(id)
     }
+    fn holds_loading(&self, id: &ModelId, now: Instant) -> bool {
+        (**self).holds_loading(id, now)
+    }
     fn model_count(&self, now: Instant) -> usize {
         (**self).model_count(now)
     }
@@ -309,39 +362,116 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn events_drive_the_model_set() {
-        let slot = ReplicaSlot::new("r".into(), 5, Some(2));
+        let slot = ReplicaSlot::new("r".into(), 5, 1, Some(2));
         let m = ModelId::new("m").unwrap();
         let now = Instant::now();
         assert!(!slot.holds(&m, now));
-        slot.apply(&event("m", ModelEventKind::Loading));
+        slot.apply(0, &event("m", ModelEventKind::Loading));
         assert!(slot.holds(&m, now));
         assert!(slot.has_free_slot(now));
-        slot.apply(&event("n", ModelEventKind::Loading));
+        slot.apply(0, &event("n", ModelEventKind::Loading));
         assert!(!slot.has_free_slot(now));
-        slot.apply(&event(
-            "n",
-            ModelEventKind::Failed {
-                error: modelmux_cache::Error::ShuttingDown,
-            },
-        ));
+        slot.apply(
+            0,
+            &event(
+                "n",
+                ModelEventKind::Failed {
+                    error: modelmux_cache::Error::ShuttingDown,
+                },
+            ),
+        );
         assert_eq!(slot.model_count(now), 1, "a failed load is retracted");
-        slot.apply(&event(
-            "m",
-            ModelEventKind::Evicting {
-                reason: modelmux_cache::EvictReason::Capacity,
-            },
-        ));
+        slot.apply(
+            0,
+            &event(
+                "m",
+                ModelEventKind::Evicting {
+                    reason: modelmux_cache::EvictReason::Capacity,
+                },
+            ),
+        );
         assert!(!slot.holds(&m, now));
     }
 
     #[tokio::test(start_paused = true)]
     async fn pending_placements_expire() {
-        let slot = ReplicaSlot::new("r".into(), 5, None);
+        let slot = ReplicaSlot::new("r".into(), 5, 1, None);
         let m = ModelId::new("m").unwrap();
         slot.mark_pending(&m);
         assert!(slot.holds(&m, Instant::now()));
         tokio::time::advance(PENDING_TTL + Duration::from_millis(1)).await;
         assert!(!slot.holds(&m, Instant::now()));
         assert_eq!(slot.model_count(Instant::now()), 0);
+    }
+}
+
+#[cfg(test)]
+mod review_tests {
+    use super::*;
+
+    fn ev(id: &str, kind: ModelEventKind) -> ModelEvent {
+        ModelEvent {
+            seq: 0,
+            id: ModelId::new(id).unwrap(),
+            kind,
+        }
+    }
+
+    fn evicting() -> ModelEventKind {
+        ModelEventKind::Evicting {
+            reason: modelmux_cache::EvictReason::Capacity,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn two_caches_on_one_replica_keep_their_own_entries() {
+        let slot = ReplicaSlot::new("r".into(), 5, 2, None);
+        let (x, y) = (ModelId::new("x").unwrap(), ModelId::new("y").unwrap());
+        slot.apply_snapshot(0, &[(x.clone(), ModelStatus::Loaded)]);
+        slot.apply_snapshot(1, &[(y.clone(), ModelStatus::Loaded)]);
+        let now = Instant::now();
+        assert!(
+            slot.holds(&x, now) && slot.holds(&y, now),
+            "the second snapshot kept the first's"
+        );
+        slot.apply(1, &ev("x", evicting()));
+        assert!(
+            slot.holds(&x, now),
+            "cache 1 evicting does not remove cache 0's model"
+        );
+        slot.apply(0, &ev("x", evicting()));
+        assert!(!slot.holds(&x, now));
+        slot.apply_snapshot(1, &[]);
+        assert!(
+            !slot.holds(&y, now),
+            "a resync replaces that cache's entries"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_placement_replaces_an_expired_one() {
+        let slot = ReplicaSlot::new("r".into(), 5, 1, None);
+        let m = ModelId::new("m").unwrap();
+        slot.mark_pending(&m);
+        tokio::time::advance(PENDING_TTL + Duration::from_secs(1)).await;
+        slot.mark_pending(&m);
+        assert!(slot.holds(&m, Instant::now()));
+        assert!(slot.holds_loading(&m, Instant::now()));
+        tokio::time::advance(PENDING_LOADING_GRACE + Duration::from_millis(1)).await;
+        assert!(
+            !slot.holds_loading(&m, Instant::now()),
+            "an unconfirmed placement stops holding requests back"
+        );
+    }
+
+    #[test]
+    fn a_drained_replica_takes_no_new_request() {
+        let slot = ReplicaSlot::new("r".into(), 1, 0, None);
+        assert!(slot.try_begin());
+        assert!(!slot.try_begin(), "max_ongoing is 1");
+        slot.end();
+        slot.set_available(false);
+        assert!(!slot.try_begin());
+        assert_eq!(slot.ongoing(), 0, "a refused try leaves nothing taken");
     }
 }

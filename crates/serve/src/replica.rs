@@ -138,11 +138,13 @@ impl Replica {
         let slot = Arc::new(ReplicaSlot::new(
             id.clone(),
             spec.config.max_ongoing_requests,
+            caches.len(),
             capacity,
         ));
         let feeds = caches
             .iter()
-            .map(|cache| spawn_feed(cache.clone(), slot.clone(), wake.clone()))
+            .enumerate()
+            .map(|(source, cache)| spawn_feed(source, cache.clone(), slot.clone(), wake.clone()))
             .collect();
         tracing::info!(parent: &span, "replica started");
         Ok(Replica {
@@ -174,7 +176,10 @@ impl Replica {
         } else {
             request_span
         };
-        let call = context.scope(self.instance.call_boxed(request));
+        // Building the future is user code too (a hand-written `fn call` may panic before it
+        // returns one), so it happens inside the guarded future.
+        let instance = self.instance.clone();
+        let call = context.scope(async move { instance.call_boxed(request).await });
         match AssertUnwindSafe(call).catch_unwind().instrument(span).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(error)) => Err(ServeError::from_deployment(&self.deployment, error)),
@@ -195,7 +200,9 @@ impl Replica {
 
     /// Runs the deployment's health check with a timeout.
     pub(crate) async fn check_health(&self, timeout: Duration) -> Result<(), String> {
-        let check = AssertUnwindSafe(self.instance.check_health_boxed()).catch_unwind();
+        let instance = self.instance.clone();
+        let check =
+            AssertUnwindSafe(async move { instance.check_health_boxed().await }).catch_unwind();
         match tokio::time::timeout(timeout, check)
             .instrument(self.span.clone())
             .await
@@ -233,22 +240,24 @@ impl Drop for Replica {
 /// Folds a cache's events into the slot as they happen (and wakes requests queued in the
 /// router, whose choice may change); resynchronises after lagging.
 fn spawn_feed(
+    source: usize,
     cache: Arc<dyn ModelCache>,
     slot: Arc<ReplicaSlot>,
     wake: Arc<Notify>,
 ) -> JoinHandle<()> {
     let mut sub = cache.subscribe();
-    slot.apply_snapshot(&sub.snapshot);
+    slot.apply_snapshot(source, &sub.snapshot);
     tokio::spawn(async move {
         loop {
             match sub.events.recv().await {
                 Ok(event) => {
-                    slot.apply(&event);
+                    slot.apply(source, &event);
                     wake.notify_waiters();
                 }
                 Err(RecvError::Lagged(_)) => {
                     sub = cache.subscribe();
-                    slot.apply_snapshot(&sub.snapshot);
+                    slot.apply_snapshot(source, &sub.snapshot);
+                    wake.notify_waiters();
                 }
                 Err(RecvError::Closed) => return,
             }

@@ -167,7 +167,10 @@ pub fn choose<R: ReplicaView>(
     if let Some(i) = power_of_two(replicas, &open_holders, rng) {
         return Choice::Replica(i, Reason::Holder);
     }
-    if holders.iter().any(|&i| !replicas[i].holds_loaded(model)) {
+    if holders
+        .iter()
+        .any(|&i| replicas[i].holds_loading(model, now))
+    {
         return Choice::Wait;
     }
     let best = best_placement(replicas, model, now, |i| {
@@ -229,6 +232,12 @@ mod tests {
         }
         fn holds_loaded(&self, id: &ModelId) -> bool {
             self.models.get(id) == Some(&Holding::Loaded)
+        }
+        fn holds_loading(&self, id: &ModelId, _now: Instant) -> bool {
+            matches!(
+                self.models.get(id),
+                Some(Holding::Loading | Holding::Pending(_))
+            )
         }
         fn model_count(&self, _now: Instant) -> usize {
             self.models.len()

@@ -10,8 +10,10 @@ use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use modelmux_cache::BoxError;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -165,6 +167,21 @@ pub(crate) struct AppState {
 pub(crate) struct ServerState {
     pub(crate) config: ServerConfig,
     pub(crate) apps: Vec<AppState>,
+    /// Open connections, and a wake-up when one closes (shutdown waits for them).
+    connections: AtomicUsize,
+    connection_closed: Notify,
+    /// Replicas replaced after failing a health check, still draining (shutdown awaits them).
+    retiring: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// Counts a connection as open for as long as it lives.
+struct OpenConnection(Arc<ServerState>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+        self.0.connection_closed.notify_waiters();
+    }
 }
 
 impl ServerState {
@@ -208,6 +225,12 @@ fn validate(apps: &[Application]) -> Result<(), StartError> {
                 format!("route_prefix '{p}' must start with '/' and not end with one"),
             ));
         }
+        if p.starts_with("/-") || p == "/metrics" || p.starts_with("/metrics/") {
+            return Err(invalid(
+                app,
+                format!("route_prefix '{p}' is reserved for the admin API (/-/...) and /metrics"),
+            ));
+        }
         if !prefixes.insert(p) {
             return Err(invalid(
                 app,
@@ -230,7 +253,9 @@ fn validate(apps: &[Application]) -> Result<(), StartError> {
     Ok(())
 }
 
-/// A running server. Dropping it does not stop it; call [`shutdown`](Self::shutdown).
+/// A running server. Call [`shutdown`](Self::shutdown) to stop it gracefully; dropping it
+/// stops accepting connections and closes idle ones, but neither drains replicas nor unloads
+/// models.
 pub struct Server {
     local_addr: SocketAddr,
     state: Arc<ServerState>,
@@ -301,6 +326,9 @@ impl Server {
         let state = Arc::new(ServerState {
             config,
             apps: states,
+            connections: AtomicUsize::new(0),
+            connection_closed: Notify::new(),
+            retiring: parking_lot::Mutex::default(),
         });
         let (stop, stopped) = watch::channel(false);
         let accept = tokio::spawn(accept_loop(listener, state.clone(), stopped.clone()));
@@ -314,6 +342,7 @@ impl Server {
             })
             .map(|(app, router, spec)| {
                 tokio::spawn(health_loop(
+                    state.clone(),
                     app.name.clone(),
                     router.clone(),
                     spec.clone(),
@@ -339,23 +368,52 @@ impl Server {
 
     /// Stops taking connections and requests, lets in-flight requests finish (up to each
     /// deployment's `graceful_shutdown_timeout`), then unloads every model.
+    ///
+    /// In order: the ingress deployments stop taking requests and their requests in flight
+    /// finish (they may still call other deployments through handles); then the deployments
+    /// they call stop and drain; then every model is unloaded; then the server waits for its
+    /// connections to finish writing their last responses.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
         self.accept.abort();
         for task in &self.health {
             task.abort();
         }
-        for router in self.state.routers() {
-            router.stop_accepting();
+        let ingress: Vec<Arc<DeploymentRouter>> =
+            self.state.apps.iter().map(|a| a.ingress.clone()).collect();
+        let is_ingress = |r: &Arc<DeploymentRouter>| ingress.iter().any(|i| Arc::ptr_eq(i, r));
+        let mut latest = Instant::now();
+        for phase in [true, false] {
+            for router in self.state.routers().filter(|r| is_ingress(r) == phase) {
+                router.stop_accepting();
+            }
+            for router in self.state.routers().filter(|r| is_ingress(r) == phase) {
+                let deadline = Instant::now() + router.config.graceful_shutdown_timeout;
+                latest = latest.max(deadline);
+                for replica in router.replicas().iter() {
+                    drain(replica, deadline).await;
+                }
+            }
+        }
+        let retiring: Vec<_> = self.state.retiring.lock().drain(..).collect();
+        for task in retiring {
+            let _ = tokio::time::timeout_at(latest, task).await;
         }
         for router in self.state.routers() {
-            let deadline = Instant::now() + router.config.graceful_shutdown_timeout;
             for replica in router.replicas().iter() {
-                drain(replica, deadline).await;
                 replica
-                    .shutdown(deadline.saturating_duration_since(Instant::now()))
+                    .shutdown(latest.saturating_duration_since(Instant::now()))
                     .await;
             }
+        }
+        loop {
+            let closed = self.state.connection_closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.state.connections.load(Ordering::SeqCst) == 0 || Instant::now() >= latest {
+                break;
+            }
+            let _ = tokio::time::timeout_at(latest, closed).await;
         }
         tracing::info!("modelmux stopped");
     }
@@ -390,7 +448,10 @@ async fn accept_loop(
         let _ = stream.set_nodelay(true);
         let state = state.clone();
         let mut stopped = stopped.clone();
+        state.connections.fetch_add(1, Ordering::SeqCst);
+        let open = OpenConnection(state.clone());
         tokio::spawn(async move {
+            let _open = open;
             let service = service_fn(move |request| crate::ingress::handle(state.clone(), request));
             let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
@@ -411,6 +472,7 @@ async fn accept_loop(
 
 /// Checks each replica's health every period; replaces one that fails.
 async fn health_loop(
+    state: Arc<ServerState>,
     app: Arc<str>,
     router: Arc<DeploymentRouter>,
     spec: DeploymentSpec,
@@ -427,7 +489,8 @@ async fn health_loop(
                 continue;
             };
             tracing::warn!(replica = %replica.id, %reason, "replica failed its health check; replacing it");
-            replica.slot.set_available(false);
+            // The old replica keeps serving while its replacement starts: a deployment of one
+            // replica is never left with none.
             match Replica::start(&spec, &app, handles.clone(), router.wake.clone()).await {
                 Ok(fresh) => {
                     let fresh = Arc::new(fresh);
@@ -447,15 +510,18 @@ async fn health_loop(
                         replica.clone(),
                         Instant::now() + spec.config.graceful_shutdown_timeout,
                     );
-                    tokio::spawn(async move {
+                    let retire = tokio::spawn(async move {
                         drain(&old, deadline).await;
                         old.shutdown(deadline.saturating_duration_since(Instant::now()))
                             .await;
                     });
+                    let mut retiring = state.retiring.lock();
+                    retiring.retain(|t| !t.is_finished());
+                    retiring.push(retire);
                 }
                 Err(e) => {
-                    // Keep the old one out of rotation and try again next period.
-                    tracing::error!(deployment = %spec.config.name, error = %e, "could not start a replacement replica");
+                    // Keep the old one serving and try again next period.
+                    tracing::error!(deployment = %spec.config.name, error = %e, "could not start a replacement replica; keeping the old one");
                 }
             }
         }

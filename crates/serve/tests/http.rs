@@ -323,7 +323,7 @@ async fn saturated_holders_get_a_second_copy() {
         counters.clone(),
         Multiplexer::builder().max_models(2),
         ms(20),
-        ms(300),
+        ms(800),
     )
     .num_replicas(2)
     .max_ongoing_requests(1);
@@ -333,7 +333,7 @@ async fn saturated_holders_get_a_second_copy() {
     // second gets a copy on the other replica instead of waiting.
     let warm = get_model(addr, "hot").await;
     let (a, b) = tokio::join!(get_model(addr, "hot"), async {
-        tokio::time::sleep(ms(50)).await;
+        tokio::time::sleep(ms(200)).await;
         get_model(addr, "hot").await
     });
     assert_eq!((a.status, b.status), (StatusCode::OK, StatusCode::OK));
@@ -597,4 +597,142 @@ async fn a_replica_failing_its_health_check_is_replaced() {
     assert_eq!(after.status, StatusCode::OK);
     assert_ne!(after.replica(), before, "a fresh replica took over");
     server.shutdown().await;
+}
+
+/// Waits, then calls Downstream: in flight when shutdown starts, it must still get through.
+struct LateCaller {
+    downstream: DeploymentHandle,
+}
+
+impl Deployment for LateCaller {
+    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
+        tokio::time::sleep(ms(300)).await;
+        let response = self.downstream.call(Request::new(Body::empty())).await?;
+        Ok(Response::new(Body::from(format!(
+            "downstream said {}",
+            response.status()
+        ))))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_requests_in_flight_call_other_deployments() {
+    let upstream = DeploymentSpec::new("Upstream", |ctx| async move {
+        Ok(LateCaller {
+            downstream: ctx.handle("Downstream")?,
+        })
+    });
+    let server = start(
+        Application::new("a")
+            .deployment(echo("Downstream"))
+            .ingress(upstream),
+    )
+    .await;
+    let addr = server.local_addr();
+    let in_flight = tokio::spawn(async move { get(addr, "/", &[]).await });
+    tokio::time::sleep(ms(100)).await;
+    server.shutdown().await;
+    let r = in_flight.await.unwrap();
+    assert_eq!(
+        (r.status, r.text().as_str()),
+        (StatusCode::OK, "downstream said 200 OK")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_replacement_fails_keeps_serving() {
+    let built = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let sick = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let spec = {
+        let (built, sick) = (built.clone(), sick.clone());
+        DeploymentSpec::new("Sickly", move |_| {
+            let (built, sick) = (built.clone(), sick.clone());
+            async move {
+                if built.fetch_add(1, Ordering::SeqCst) > 0 {
+                    return Err::<Sickly, BoxError>("no GPU left for a second instance".into());
+                }
+                Ok(Sickly { sick })
+            }
+        })
+        .health_check(ms(50), ms(500))
+    };
+    let server = start(Application::new("a").ingress(spec)).await;
+    let addr = server.local_addr();
+    sick.store(true, Ordering::SeqCst);
+    tokio::time::sleep(ms(300)).await;
+    assert!(
+        built.load(Ordering::SeqCst) >= 2,
+        "a replacement was attempted"
+    );
+    let r = get(addr, "/", &[]).await;
+    assert_eq!(
+        r.status,
+        StatusCode::OK,
+        "the old replica is still in rotation: {}",
+        r.text()
+    );
+    assert_eq!(get(addr, "/-/healthz", &[]).await.status, StatusCode::OK);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_does_not_leak_its_replica_slot() {
+    let counters = Arc::new(Counters::default());
+    let spec = counted("Model", counters, Multiplexer::builder(), ms(0), ms(300))
+        .max_ongoing_requests(1)
+        .max_queued_requests(0);
+    let server = start(Application::new("a").ingress(spec)).await;
+    let addr = server.local_addr();
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+        raw.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nserve_multiplexed_model_id: m\r\n\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(ms(50)).await;
+    } // the client goes away mid-request: hyper drops the request's future
+    tokio::time::sleep(ms(100)).await;
+    let listing = get(addr, "/-/models", &[]).await.json();
+    let replica = &listing["applications"][0]["deployments"][0]["replicas"][0];
+    assert_eq!(
+        replica["ongoing_requests"], 0,
+        "the slot came back: {listing}"
+    );
+    // With one slot and no queue, a leaked slot would make this a 503.
+    assert_eq!(get_model(addr, "m").await.status, StatusCode::OK);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_too_long_in_the_queue_gets_503() {
+    let counters = Arc::new(Counters::default());
+    let spec = counted("Model", counters, Multiplexer::builder(), ms(0), ms(600))
+        .max_ongoing_requests(1)
+        .queue_timeout(ms(100));
+    let server = start(Application::new("a").ingress(spec)).await;
+    let addr = server.local_addr();
+    let first = tokio::spawn(async move { get_model(addr, "m").await });
+    tokio::time::sleep(ms(100)).await;
+    let second = get_model(addr, "m").await;
+    assert_eq!(second.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(second.json()["error"]["type"], "queue_timeout");
+    assert!(second.headers.contains_key("retry-after"));
+    assert_eq!(first.await.unwrap().status, StatusCode::OK);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_prefixes_under_the_admin_api_are_refused() {
+    let err = Server::builder()
+        .bind(localhost())
+        .application(
+            Application::new("a")
+                .route_prefix("/-/mine")
+                .ingress(echo("Echo")),
+        )
+        .start()
+        .await
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("reserved"), "{err}");
 }
