@@ -183,17 +183,18 @@ impl<M: Model> Core<M> {
             }));
         }
         let estimate = size.unwrap_or_else(|| self.mean_loaded_size());
-        let deadline = Instant::now() + self.config.capacity_timeout;
-        if let Err(e) = self.reserve(id, 1, estimate, deadline).await {
-            return Err(ticket.fail(e));
-        }
-        ticket.reserved = Some(estimate);
-
+        // The permit first, then the room: a load waiting its turn needs no memory yet, so it
+        // must not hold a slot (or evict a model) while other loads run.
         let permit = self
             .load_permits
             .acquire()
             .await
             .expect("the load semaphore is never closed");
+        let deadline = Instant::now() + self.config.capacity_timeout;
+        if let Err(e) = self.reserve(id, 1, estimate, deadline).await {
+            return Err(ticket.fail(e));
+        }
+        ticket.reserved = Some(estimate);
         Metrics::add(&self.metrics.loads);
         tracing::info!(model_id = %id, "Loading model '{id}'.");
         let start = Instant::now();

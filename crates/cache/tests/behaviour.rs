@@ -888,3 +888,34 @@ async fn gdsf_ages_out_popularity_that_stopped() {
     let k = evicted_after.expect("old popularity must age out");
     assert!((2..10).contains(&k), "aged out after {k} newcomers");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_load_waiting_for_its_turn_holds_no_slot_and_evicts_nothing() {
+    let probe = Probe::new();
+    probe.delay.lock().insert("slow".into(), ms(100));
+    let mux = build(
+        &probe,
+        Multiplexer::builder().max_models(2).max_concurrent_loads(1),
+    );
+    mux.get("idle").await.unwrap();
+    let slow = tokio::spawn({
+        let mux = mux.clone();
+        async move { mux.get("slow").await.map(drop) }
+    });
+    settle().await;
+    let queued = tokio::spawn({
+        let mux = mux.clone();
+        async move { mux.get("queued").await.map(drop) }
+    });
+    tokio::time::sleep(ms(50)).await;
+    // `queued` cannot start before `slow` is done: it must not have taken `idle`'s slot yet.
+    assert_eq!(ids(mux.loaded_ids()), ["idle"]);
+    assert_eq!(
+        mux.gauges().used_slots,
+        2,
+        "idle + slow; the queued load reserved nothing"
+    );
+    slow.await.unwrap().unwrap();
+    queued.await.unwrap().unwrap();
+    assert_eq!(probe.loads_of("queued"), 1);
+}
