@@ -39,11 +39,16 @@ impl Drop for Running {
 
 /// Starts `modelmux serve` on a free port and waits for its "serving ... on" line.
 fn serve(config: &str) -> Running {
+    serve_with(config, &[])
+}
+
+fn serve_with(config: &str, extra: &[&str]) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, config).unwrap();
     let mut child = Command::new(BIN)
         .args(["serve", path.to_str().unwrap(), "--log-level", "info"])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -211,4 +216,53 @@ fn a_bad_configuration_is_refused_with_the_field_and_line() {
         .output()
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /no/such/file.yaml"));
+}
+
+#[test]
+fn logs_are_json_lines_with_a_flag() {
+    let mut server = serve_with(CONFIG, &["--log-format", "json"]);
+    assert_eq!(curl(&server.url, "7").0, 200);
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &server.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let _ = server.child.wait();
+    let mut logs = String::new();
+    server
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let access = lines
+        .iter()
+        .find(|l| l["target"] == "modelmux::access")
+        .unwrap_or_else(|| panic!("no access line in {logs}"));
+    assert_eq!(access["fields"]["model_id"], "7");
+    assert_eq!(access["fields"]["status"], 200);
+    assert!(
+        access["fields"]["request_id"]
+            .as_str()
+            .is_some_and(|r| r.len() == 16)
+    );
+    assert!(
+        access["fields"]["replica"]
+            .as_str()
+            .unwrap()
+            .starts_with("Model#")
+    );
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "Loading model '7'."),
+        "{logs}"
+    );
 }
