@@ -30,6 +30,38 @@ struct Running {
     url: String,
 }
 
+impl Running {
+    /// Sends SIGTERM, waits (bounded) for the process to exit, and returns its exit status and
+    /// everything it logged.
+    fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+        let pid = self.child.id().to_string();
+        assert!(
+            Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+        let mut waited = Duration::ZERO;
+        let exit = loop {
+            if let Some(exit) = self.child.try_wait().unwrap() {
+                break exit;
+            }
+            assert!(waited < Duration::from_secs(20), "did not stop");
+            std::thread::sleep(Duration::from_millis(50));
+            waited += Duration::from_millis(50);
+        };
+        let mut logs = String::new();
+        self.child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut logs)
+            .unwrap();
+        (exit, logs)
+    }
+}
+
 impl Drop for Running {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -155,32 +187,8 @@ fn serve_answer_report_benchmark_and_stop_on_sigterm() {
     );
 
     // SIGTERM: a graceful stop that unloads the models.
-    let pid = server.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let mut waited = Duration::ZERO;
-    let exit = loop {
-        if let Some(exit) = server.child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(waited < Duration::from_secs(20), "did not stop");
-        std::thread::sleep(Duration::from_millis(50));
-        waited += Duration::from_millis(50);
-    };
+    let (exit, logs) = server.terminate();
     assert!(exit.success());
-    let mut logs = String::new();
-    server
-        .child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .unwrap();
     assert!(logs.contains("Loading model '1'."), "{logs}");
     assert!(logs.contains("Loaded model '1' in"), "{logs}");
     assert!(logs.contains("Unloading model '1'."), "{logs}");
@@ -222,22 +230,7 @@ fn a_bad_configuration_is_refused_with_the_field_and_line() {
 fn logs_are_json_lines_with_a_flag() {
     let mut server = serve_with(CONFIG, &["--log-format", "json"]);
     assert_eq!(curl(&server.url, "7").0, 200);
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &server.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
-    let _ = server.child.wait();
-    let mut logs = String::new();
-    server
-        .child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut logs)
-        .unwrap();
+    let (_, logs) = server.terminate();
     let lines: Vec<serde_json::Value> = logs
         .lines()
         .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
