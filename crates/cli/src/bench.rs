@@ -22,6 +22,13 @@ use tokio::time::Instant;
 
 use crate::CliError;
 
+/// Prints a line without panicking on a closed stdout.
+macro_rules! out {
+    ($($t:tt)*) => {
+        crate::say(format_args!("{}\n", format_args!($($t)*)))
+    };
+}
+
 /// Arguments of `modelmux bench`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BenchArgs {
@@ -55,6 +62,9 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Seconds one request may take before it counts as a timeout.
+    #[arg(long, default_value_t = 30.0)]
+    timeout: f64,
 }
 
 /// Chooses model `k` for request `i`.
@@ -151,11 +161,16 @@ fn metric_sums(page: &str, names: &[&str]) -> Vec<f64> {
         .map(|name| {
             page.lines()
                 .filter(|l| !l.starts_with('#'))
-                .filter(|l| {
-                    l.strip_prefix(name)
-                        .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+                .filter_map(|l| {
+                    let rest = l.strip_prefix(name)?;
+                    // The value is the first field after the labels (a timestamp may follow).
+                    let after_labels = match rest.strip_prefix('{') {
+                        Some(labels) => &labels[labels.rfind('}')? + 1..],
+                        None if rest.starts_with(' ') => rest,
+                        None => return None,
+                    };
+                    after_labels.split_whitespace().next()?.parse::<f64>().ok()
                 })
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
                 .sum()
         })
         .collect()
@@ -175,7 +190,39 @@ async fn scrape(url: &str) -> Option<Vec<f64>> {
 
 struct Totals {
     latency: Histogram<u64>,
-    errors: u64,
+    /// Responses that were not 2xx (or whose body failed).
+    failed: u64,
+    /// Connections refused or broken, and requests that timed out.
+    transport_errors: u64,
+}
+
+/// How long to wait for a connection.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn connect(addr: SocketAddr) -> Option<http1::SendRequest<Empty<Bytes>>> {
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+        .await
+        .ok()?
+        .ok()?;
+    let _ = stream.set_nodelay(true);
+    let (sender, conn) = http1::handshake(TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(conn);
+    Some(sender)
+}
+
+fn request_for(
+    args: &BenchArgs,
+    host: &str,
+    model: Option<usize>,
+) -> Result<hyper::Request<Empty<Bytes>>, CliError> {
+    let mut request = hyper::Request::get(args.path.as_str()).header("host", host);
+    if let Some(k) = model {
+        request = request.header(
+            "serve_multiplexed_model_id",
+            format!("{}{k}", args.model_prefix),
+        );
+    }
+    Ok(request.body(Empty::<Bytes>::new())?)
 }
 
 async fn worker(
@@ -187,49 +234,49 @@ async fn worker(
 ) -> Totals {
     let mut totals = Totals {
         latency: Histogram::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
-        errors: 0,
+        failed: 0,
+        transport_errors: 0,
     };
     let host = addr.to_string();
-    'connect: while !stop.load(Ordering::Relaxed) {
-        let Ok(stream) = TcpStream::connect(addr).await else {
-            totals.errors += 1;
-            tokio::time::sleep(Duration::from_millis(10)).await;
+    let timeout = Duration::from_secs_f64(args.timeout);
+    while !stop.load(Ordering::Relaxed) {
+        let Some(mut sender) = connect(addr).await else {
+            totals.transport_errors += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let _ = stream.set_nodelay(true);
-        let Ok((mut sender, conn)) = http1::handshake(TokioIo::new(stream)).await else {
-            totals.errors += 1;
-            continue;
-        };
-        tokio::spawn(conn);
-        while !stop.load(Ordering::Relaxed) {
+        // One request at a time on this connection, for as long as it stays usable.
+        while !stop.load(Ordering::Relaxed) && sender.ready().await.is_ok() {
+            // The index is taken only when the request can go out, so the offline replay
+            // sees exactly the requests sent.
             let i = next.fetch_add(1, Ordering::Relaxed);
-            let mut request = hyper::Request::get(args.path.as_str()).header("host", host.as_str());
-            if args.models > 0 {
-                let id = format!("{}{}", args.model_prefix, popularity.model_for(i));
-                request = request.header("serve_multiplexed_model_id", id);
-            }
-            let Ok(request) = request.body(Empty::<Bytes>::new()) else {
-                totals.errors += 1;
-                continue;
+            let model = (args.models > 0).then(|| popularity.model_for(i));
+            let Ok(request) = request_for(&args, &host, model) else {
+                unreachable!("checked before the workers started")
             };
             let start = Instant::now();
-            let ok = match sender.send_request(request).await {
-                Ok(response) => {
-                    let success = response.status().is_success();
-                    success && response.into_body().collect().await.is_ok()
-                }
-                Err(_) => {
-                    totals.errors += 1;
-                    continue 'connect;
-                }
+            let exchange = async {
+                let response = sender.send_request(request).await?;
+                let success = response.status().is_success();
+                // The body is always read, so the connection can carry the next request.
+                response.into_body().collect().await?;
+                Ok::<_, hyper::Error>(success)
             };
-            let micros = u64::try_from(start.elapsed().as_micros())
-                .unwrap_or(u64::MAX)
-                .max(1);
-            let _ = totals.latency.record(micros.min(60_000_000));
-            if !ok {
-                totals.errors += 1;
+            match tokio::time::timeout(timeout, exchange).await {
+                Ok(Ok(success)) => {
+                    let micros = u64::try_from(start.elapsed().as_micros())
+                        .unwrap_or(u64::MAX)
+                        .max(1);
+                    let _ = totals.latency.record(micros.min(60_000_000));
+                    if !success {
+                        totals.failed += 1;
+                    }
+                }
+                // Broken connection or timeout: count it, open a new connection.
+                Ok(Err(_)) | Err(_) => {
+                    totals.transport_errors += 1;
+                    break;
+                }
             }
         }
     }
@@ -239,9 +286,22 @@ async fn worker(
 /// Runs the benchmark and prints its report.
 pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     let addr = parse_url(&args.url)?;
-    if args.concurrency == 0 || args.duration <= 0.0 {
+    if args.concurrency == 0 || !(args.duration.is_finite() && args.duration > 0.0) {
         return Err("--concurrency and --duration must be positive".into());
     }
+    if !(args.timeout.is_finite() && args.timeout > 0.0) {
+        return Err("--timeout must be a positive number of seconds".into());
+    }
+    if !(args.zipf.is_finite() && args.zipf >= 0.0) {
+        return Err("--zipf must be a number of at least 0 (0 is uniform)".into());
+    }
+    if args.lru_slots == Some(0) {
+        return Err("--lru-slots must be at least 1".into());
+    }
+    // A request that cannot be built (a path with a space, a prefix with a control character)
+    // is refused here, not in a loop in every worker.
+    request_for(&args, "check", (args.models > 0).then_some(0))
+        .map_err(|e| format!("cannot build a request from --path and --model-prefix: {e}"))?;
     let popularity = Arc::new(Popularity::new(args.models.max(1), args.zipf, args.seed));
     let before = scrape(&args.url).await;
     let next = Arc::new(AtomicU64::new(0));
@@ -261,22 +321,37 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         .collect();
     tokio::time::sleep(Duration::from_secs_f64(args.duration)).await;
     stop.store(true, Ordering::Relaxed);
+    // Requests in flight get their timeout to finish; a worker still stuck after that is
+    // abandoned (and its in-flight request counted as a transport error).
+    let deadline = Instant::now() + Duration::from_secs_f64(args.timeout) + CONNECT_TIMEOUT;
     let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-    let mut errors = 0;
+    let (mut failed, mut transport_errors) = (0, 0);
     for w in workers {
-        let t = w.await?;
-        latency
-            .add(&t.latency)
-            .map_err(|e| format!("merging histograms: {e}"))?;
-        errors += t.errors;
+        let abort = w.abort_handle();
+        match tokio::time::timeout_at(deadline, w).await {
+            Ok(t) => {
+                let t = t?;
+                latency
+                    .add(&t.latency)
+                    .map_err(|e| format!("merging histograms: {e}"))?;
+                failed += t.failed;
+                transport_errors += t.transport_errors;
+            }
+            Err(_) => {
+                abort.abort();
+                transport_errors += 1;
+            }
+        }
     }
     let elapsed = start.elapsed().as_secs_f64();
     let after = scrape(&args.url).await;
     let sent = next.load(Ordering::Relaxed);
     let completed = latency.len();
     let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+    // A counter that went down means the server (or a replica) restarted: no trustworthy delta.
     let server = before
         .zip(after)
+        .filter(|(b, a)| a.iter().zip(b).all(|(a, b)| a >= b))
         .map(|(b, a)| a.iter().zip(&b).map(|(a, b)| a - b).collect::<Vec<_>>());
     let simulated = args.lru_slots.filter(|_| args.models > 0).map(|slots| {
         (
@@ -287,7 +362,9 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
 
     let report = serde_json::json!({
         "requests": completed,
-        "errors": errors,
+        "failed": failed,
+        "transport_errors": transport_errors,
+        "errors": failed + transport_errors,
         "seconds": elapsed,
         "requests_per_second": completed as f64 / elapsed,
         "latency_ms": {"p50": ms(0.5), "p90": ms(0.9), "p99": ms(0.99), "p99_9": ms(0.999), "max": latency.max() as f64 / 1000.0},
@@ -304,15 +381,22 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             "loads_per_10k_requests": loads as f64 * 10_000.0 / (sent as f64).max(1.0),
         })),
     });
+    if completed == 0 {
+        return Err(format!(
+            "no request completed in {elapsed:.1} s ({transport_errors} connection errors or timeouts): is the server at {} up?",
+            args.url
+        )
+        .into());
+    }
     if args.json {
-        println!("{report}");
+        crate::say(format_args!("{report}\n"));
         return Ok(());
     }
-    println!(
-        "requests    {completed} ok+failed, {errors} errors, {elapsed:.1} s, {:.0} req/s",
+    out!(
+        "requests    {completed} answered ({failed} not 2xx), {transport_errors} connection errors or timeouts, {elapsed:.1} s, {:.0} req/s",
         completed as f64 / elapsed
     );
-    println!(
+    out!(
         "latency ms  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
         ms(0.5),
         ms(0.9),
@@ -321,7 +405,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         latency.max() as f64 / 1000.0
     );
     if let Some(s) = &report["server"].as_object() {
-        println!(
+        out!(
             "server      loads {}  evictions {}  hits {}  misses {}  hit ratio {:.2}%  loads/10k requests {:.1}",
             s["loads"],
             s["evictions"],
@@ -332,7 +416,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         );
     }
     if let Some(g) = &report["global_lru"].as_object() {
-        println!(
+        out!(
             "global LRU  {} slots, same {} requests offline: loads {}  hit ratio {:.2}%  loads/10k requests {:.1}",
             g["slots"],
             g["requests"],
@@ -376,7 +460,7 @@ mod tests {
 
     #[test]
     fn metric_sums_add_every_series_of_a_name_only() {
-        let page = "# HELP a x\na_total{r=\"1\"} 2\na_total{r=\"2\"} 3\na_total_other 100\nb 1\n";
+        let page = "# HELP a x\na_total{r=\"1\"} 2\na_total{r=\"2 } x\"} 3 1700000000\na_total_other 100\nb 1\n";
         assert_eq!(metric_sums(page, &["a_total", "b"]), vec![5.0, 1.0]);
     }
 }

@@ -234,7 +234,8 @@ pub struct Seconds(pub Duration);
 impl<'de> Deserialize<'de> for Seconds {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         d.deserialize_any(Checked("a positive number of seconds", |s: f64| {
-            (s.is_finite() && s > 0.0 && s < 1e9).then(|| Seconds(Duration::from_secs_f64(s)))
+            (s.is_finite() && (0.001..1e9).contains(&s))
+                .then(|| Seconds(Duration::from_secs_f64(s)))
         }))
     }
 }
@@ -290,7 +291,44 @@ impl Config {
                         d.name
                     )));
                 }
+                if app.deployments[..j]
+                    .iter()
+                    .any(|other| other.name == d.name)
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "applications[{i}].deployments[{j}].name: '{}' is used twice in application '{}'",
+                        d.name, app.name
+                    )));
+                }
             }
+            let p = &app.route_prefix;
+            if !p.starts_with('/') || (p.len() > 1 && p.ends_with('/')) {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].route_prefix: '{p}' must start with '/' and not end with one"
+                )));
+            }
+            if p.starts_with("/-") || p == "/metrics" || p.starts_with("/metrics/") {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].route_prefix: '{p}' is reserved for the admin API (/-/...) and /metrics"
+                )));
+            }
+            let earlier = &config.applications[..i];
+            if earlier.iter().any(|a| a.name == app.name) {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].name: '{}' is used twice",
+                    app.name
+                )));
+            }
+            if earlier.iter().any(|a| &a.route_prefix == p) {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].route_prefix: '{p}' is used by another application"
+                )));
+            }
+        }
+        if let Some(level) = &config.logging.level {
+            tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
+                ConfigError::Invalid(format!("logging.level: '{level}' is not a log filter such as 'info' or 'info,modelmux::access=warn': {e}"))
+            })?;
         }
         config.bind_address()?;
         Ok(config)
@@ -424,6 +462,48 @@ mod tests {
         assert!(
             err.contains("fifo") && err.contains("lru") && err.contains("line 5"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn what_the_server_would_refuse_is_refused_when_parsing() {
+        let app = |prefix: &str| {
+            format!(
+                "  - name: a{}\n    route_prefix: '{prefix}'\n    deployments:\n      - name: d\n        model: {{kind: synthetic}}\n",
+                prefix.len()
+            )
+        };
+        for (prefix, expect) in [
+            ("api", "must start with '/'"),
+            ("/api/", "must start with '/'"),
+            ("/-/x", "reserved"),
+            ("/metrics", "reserved"),
+        ] {
+            let err = Config::parse(&format!("applications:\n{}", app(prefix)))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("route_prefix") && err.contains(expect),
+                "{prefix}: {err}"
+            );
+        }
+        let twice = format!(
+            "applications:\n{}{}",
+            app("/a"),
+            app("/a").replace("name: a2", "name: b2")
+        );
+        assert!(
+            Config::parse(&twice)
+                .unwrap_err()
+                .to_string()
+                .contains("used by another application")
+        );
+        let yaml = "logging: {level: 'info,[['}\napplications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic}\n";
+        assert!(
+            Config::parse(yaml)
+                .unwrap_err()
+                .to_string()
+                .contains("logging.level")
         );
     }
 

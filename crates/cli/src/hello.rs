@@ -17,9 +17,16 @@ use crate::CliError;
 /// Serves "hello" on `127.0.0.1:port` until the process ends.
 pub async fn run(port: u16) -> Result<(), CliError> {
     let listener = TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], port))).await?;
-    println!("hello server on http://{}", listener.local_addr()?);
+    crate::say(format_args!(
+        "hello server on http://{}\n",
+        listener.local_addr()?
+    ));
     loop {
-        let (stream, _) = listener.accept().await?;
+        let Ok((stream, _)) = listener.accept().await else {
+            // Out of file descriptors and the like: back off, keep serving (as `serve` does).
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
             let service = service_fn(|_request| async {

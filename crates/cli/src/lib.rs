@@ -7,5 +7,13 @@ pub mod config;
 pub mod hello;
 pub mod status;
 
+/// Writes `text` to stdout. Unlike `print!`, never panics: a closed stdout (`| head -1`, a
+/// supervisor that stopped reading) must not crash the command.
+pub fn say(text: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_fmt(text).and_then(|()| out.flush());
+}
+
 /// The error type of the command's operations.
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;

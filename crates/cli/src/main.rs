@@ -66,9 +66,14 @@ enum Command {
     },
 }
 
-fn init_logging(format: LogFormat, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level));
+/// Sets up logging. An explicit level (flag or config) wins over `RUST_LOG`, which is used
+/// only when neither says anything.
+fn init_logging(format: LogFormat, level: Option<&str>) {
+    let filter = match level {
+        Some(level) => tracing_subscriber::EnvFilter::new(level),
+        None => tracing_subscriber::EnvFilter::try_from_default_env()
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+    };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -143,10 +148,13 @@ async fn serve(
         say(format_args!("{source}: configuration is valid"));
         return Ok(());
     }
-    let level = log_level
-        .or(config.logging.level.clone())
-        .unwrap_or_else(|| "info".into());
-    init_logging(log_format.unwrap_or(config.logging.format), &level);
+    init_logging(
+        log_format.unwrap_or(config.logging.format),
+        log_level.as_deref().or(config.logging.level.as_deref()),
+    );
+    // Listen for signals before announcing readiness: a SIGTERM sent right after the "serving"
+    // line must stop the server gracefully, not kill it.
+    let stop = shutdown_signal();
     let server = builder.start().await?;
     let addr = server.local_addr();
     say(format_args!("modelmux serving {source} on http://{addr}"));
@@ -155,7 +163,7 @@ async fn serve(
             "try: curl -H 'serve_multiplexed_model_id: 1' http://{addr}/"
         ));
     }
-    shutdown_signal().await;
+    stop.await;
     say(format_args!(
         "shutting down: finishing requests in flight, then unloading models"
     ));
@@ -163,32 +171,37 @@ async fn serve(
     Ok(())
 }
 
-/// Prints a line for the operator. Unlike `println!`, never panics: a closed stdout (a
-/// supervisor that stopped reading) must not crash a server.
+/// Prints a line for the operator, never panicking on a closed stdout.
 fn say(line: std::fmt::Arguments<'_>) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+    modelmux_cli::say(format_args!("{line}\n"));
 }
 
-/// Ctrl-C, or SIGTERM (what Kubernetes and systemd send).
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+/// Registers for SIGTERM (what Kubernetes and systemd send) and SIGINT (Ctrl-C) now, so no
+/// signal is missed; the returned future completes at the first of them.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
+        use tokio::signal::unix::{SignalKind, signal};
+        let streams = (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        );
+        async move {
+            match streams {
+                (Ok(mut term), Ok(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+                _ => {
+                    let _ = tokio::signal::ctrl_c().await;
+                }
+            }
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }

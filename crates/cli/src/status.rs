@@ -16,7 +16,7 @@ pub async fn run(url: &str, token: Option<&str>) -> Result<(), CliError> {
         .into());
     }
     let models: Value = serde_json::from_slice(&body)?;
-    print!("{}", render(&models));
+    crate::say(format_args!("{}", render(&models)));
     Ok(())
 }
 

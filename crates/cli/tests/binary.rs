@@ -1,7 +1,7 @@
 //! The `modelmux` binary as a user runs it: a YAML file, the guide's request, the log lines,
 //! `status`, `bench`, a bad configuration, and SIGTERM.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -28,6 +28,10 @@ applications:
 struct Running {
     child: Child,
     url: String,
+    /// Everything the server logged so far, drained continuously by a thread: a pipe nobody
+    /// reads fills up and blocks the server's logging.
+    logs: std::sync::Arc<parking_lot::Mutex<String>>,
+    drain: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Running {
@@ -51,13 +55,10 @@ impl Running {
             std::thread::sleep(Duration::from_millis(50));
             waited += Duration::from_millis(50);
         };
-        let mut logs = String::new();
-        self.child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut logs)
-            .unwrap();
+        if let Some(drain) = self.drain.take() {
+            drain.join().unwrap();
+        }
+        let logs = self.logs.lock().clone();
         (exit, logs)
     }
 }
@@ -95,7 +96,22 @@ fn serve_with(config: &str, extra: &[&str]) -> Running {
         .trim_end_matches('/')
         .to_string();
     std::mem::forget(dir); // the server read its config already; keep the file for its lifetime
-    Running { child, url }
+    let logs = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let sink = logs.clone();
+    let drain = std::thread::spawn(move || {
+        let mut line = String::new();
+        while stderr.read_line(&mut line).is_ok_and(|n| n > 0) {
+            sink.lock().push_str(&line);
+            line.clear();
+        }
+    });
+    Running {
+        child,
+        url,
+        logs,
+        drain: Some(drain),
+    }
 }
 
 /// `curl -H 'serve_multiplexed_model_id: <model>' <url>/`.
@@ -223,6 +239,7 @@ fn a_bad_configuration_is_refused_with_the_field_and_line() {
         .args(["serve", "/no/such/file.yaml"])
         .output()
         .unwrap();
+    assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /no/such/file.yaml"));
 }
 

@@ -26,8 +26,8 @@ pub struct SyntheticConfig {
     /// Time a load takes, in milliseconds.
     #[serde(default)]
     pub load_ms: u64,
-    /// Memory each model allocates and writes, in MiB (fractions allowed).
-    #[serde(default)]
+    /// Memory each model allocates and writes, in MiB (fractions allowed; 0 to 1,048,576).
+    #[serde(default, deserialize_with = "size_mb")]
     pub size_mb: f64,
     /// Time each request takes, in milliseconds.
     #[serde(default)]
@@ -38,6 +38,18 @@ pub struct SyntheticConfig {
     /// Ids whose load fails (a broken model).
     #[serde(default)]
     pub fail_ids: HashSet<String>,
+}
+
+fn size_mb<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let mb = <f64 as serde::Deserialize>::deserialize(d)?;
+    if mb.is_finite() && (0.0..=1_048_576.0).contains(&mb) {
+        Ok(mb)
+    } else {
+        Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Float(mb),
+            &"a size in MiB from 0 to 1048576",
+        ))
+    }
 }
 
 impl SyntheticConfig {
@@ -88,14 +100,16 @@ impl Synthetic {
     }
 }
 
-/// Writes `len` bytes that depend only on `id`, and returns them with their checksum.
-pub fn generate(id: &str, len: usize) -> (Vec<u8>, u64) {
+/// Writes `len` bytes that depend only on `id`, and returns them with their checksum. Fails
+/// (rather than aborting the process) when the memory cannot be had.
+pub fn generate(id: &str, len: usize) -> Result<(Vec<u8>, u64), std::collections::TryReserveError> {
     // FNV-1a of the id seeds a xorshift stream; the checksum folds every word written.
     let mut state = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
         (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
     }) | 1;
     let mut checksum = 0u64;
-    let mut weights = Vec::with_capacity(len);
+    let mut weights = Vec::new();
+    weights.try_reserve_exact(len)?;
     while weights.len() < len {
         state ^= state << 13;
         state ^= state >> 7;
@@ -105,7 +119,7 @@ pub fn generate(id: &str, len: usize) -> (Vec<u8>, u64) {
         weights.extend_from_slice(&word[..take]);
         checksum = checksum.rotate_left(5) ^ u64::from_le_bytes(word);
     }
-    (weights, checksum)
+    Ok((weights, checksum))
 }
 
 impl ModelKind for Synthetic {
@@ -125,8 +139,9 @@ impl ModelKind for Synthetic {
         let len = usize::try_from(self.config.size_bytes())?;
         // Writing megabytes is CPU work: keep it off the async workers that route requests.
         let owned = id.to_string();
-        let (weights, checksum) =
-            tokio::task::spawn_blocking(move || generate(&owned, len)).await?;
+        let (weights, checksum) = tokio::task::spawn_blocking(move || generate(&owned, len))
+            .await?
+            .map_err(|e| format!("synthetic model '{id}' cannot allocate {len} bytes: {e}"))?;
         Ok(SyntheticModel {
             weights,
             checksum,
@@ -165,9 +180,13 @@ mod tests {
 
     #[test]
     fn bytes_and_checksums_depend_only_on_the_id() {
-        let (a, ca) = generate("7", 1000);
-        let (b, cb) = generate("7", 1000);
-        let (_, cc) = generate("8", 1000);
+        let (a, ca) = generate("7", 1000).unwrap();
+        let (b, cb) = generate("7", 1000).unwrap();
+        let (_, cc) = generate("8", 1000).unwrap();
+        assert!(
+            generate("huge", usize::MAX / 2).is_err(),
+            "an impossible size fails, not aborts"
+        );
         assert_eq!((a.len(), &a, ca), (1000, &b, cb));
         assert_ne!(ca, cc);
     }
@@ -188,6 +207,16 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("configured to fail"), "{err}");
+    }
+
+    #[test]
+    fn sizes_must_be_sane() {
+        for bad in ["-1", "1e300", "2000000"] {
+            let err = serde_json::from_str::<SyntheticConfig>(&format!(r#"{{"size_mb": {bad}}}"#))
+                .unwrap_err();
+            assert!(err.to_string().contains("MiB"), "{bad}: {err}");
+        }
+        assert!(serde_json::from_str::<SyntheticConfig>(r#"{"size_mb": 0.5}"#).is_ok());
     }
 
     #[test]
