@@ -352,6 +352,38 @@ mod tests {
         );
     }
 
+    /// Places `cold`, then an unrelated model finishes loading on the same replica before
+    /// `cold`'s own `Loading` arrives: where does `cold`'s next request go?
+    fn second_request_after_unrelated_load(record_pending: bool) -> (usize, usize) {
+        let mut rs = vec![fake("a"), fake("b")];
+        let mut rng = Rng::new(21);
+        let Choice::Replica(first, Reason::Placed) = pick(&rs, Some("cold"), &mut rng) else {
+            panic!("placed")
+        };
+        if record_pending {
+            rs[first]
+                .models
+                .insert(id("cold"), Holding::Pending(Instant::now()));
+        }
+        rs[first].models.insert(id("unrelated"), Holding::Loaded);
+        let Choice::Replica(second, _) = pick(&rs, Some("cold"), &mut rng) else {
+            panic!("there is room")
+        };
+        (first, second)
+    }
+
+    #[tokio::test]
+    async fn a_placement_is_followed_even_when_the_view_changes_before_the_replica_reports() {
+        let (first, second) = second_request_after_unrelated_load(true);
+        assert_eq!(
+            first, second,
+            "the pending entry keeps the model's requests together"
+        );
+        // Without it, "fewest models" now points elsewhere: a second load of the same model.
+        let (first, second) = second_request_after_unrelated_load(false);
+        assert_ne!(first, second);
+    }
+
     #[tokio::test]
     async fn the_burst_waits_for_a_loading_holder_instead_of_copying() {
         let mut rs = vec![fake("a"), fake("b")];
