@@ -148,8 +148,13 @@ impl Error {
     }
 }
 
-/// Turns a caught panic's payload into text.
-pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+/// Turns a caught panic's payload (from `catch_unwind`) into text.
+///
+/// ```
+/// let payload = std::panic::catch_unwind(|| panic!("boom {}", 1)).unwrap_err();
+/// assert_eq!(modelmux_cache::panic_message(&*payload), "boom 1");
+/// ```
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_string()
     } else if let Some(s) = payload.downcast_ref::<String>() {

@@ -53,7 +53,7 @@ mod metrics;
 mod model;
 mod multiplexer;
 
-pub use error::{Error, SharedError};
+pub use error::{Error, SharedError, panic_message};
 pub use events::{EvictReason, ModelEvent, ModelEventKind, ModelStatus, Subscription};
 pub use guard::ModelGuard;
 pub use id::{InvalidModelId, MAX_MODEL_ID_LEN, ModelId};

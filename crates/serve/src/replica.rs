@@ -184,11 +184,7 @@ impl Replica {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(error)) => Err(ServeError::from_deployment(&self.deployment, error)),
             Err(panic) => {
-                let message = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "non-string panic payload".into());
+                let message = modelmux_cache::panic_message(&*panic);
                 tracing::error!(parent: &self.span, "deployment panicked: {message}");
                 Err(ServeError::Panicked {
                     deployment: self.deployment.to_string(),
