@@ -3,16 +3,19 @@
 //! parsing, so an error names the field and the line.
 
 use std::net::SocketAddr;
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::time::Duration;
 
 use modelmux_cache::{EvictionPolicy, Multiplexer};
+use modelmux_onnx::Onnx;
 use modelmux_serve::{Application, ServerBuilder, model_deployment};
+use modelmux_store::{DiskCache, ModelRepository, RepositoryOptions, RetryPolicy};
 use modelmux_synthetic::{Synthetic, SyntheticConfig};
 use serde::Deserialize;
 
-/// The configuration `modelmux serve` runs with no argument: two replicas of a synthetic
-/// model deployment, so a newcomer sees loading, caching and eviction without writing anything.
+/// The configuration `modelmux serve` runs with no argument: the demo ONNX repository (eight
+/// per-customer classifiers, compiled into the binary) on two replicas of three models each, so
+/// a newcomer sees routing, loading, caching and eviction without writing anything.
 pub const DEMO: &str = include_str!("demo.yaml");
 
 /// A whole configuration file.
@@ -25,8 +28,38 @@ pub struct Config {
     /// Log settings.
     #[serde(default)]
     pub logging: Logging,
+    /// The local disk cache for models from remote repositories (S3), shared by every
+    /// deployment of the server.
+    #[serde(default)]
+    pub disk_cache: DiskCacheConfig,
     /// The applications to serve.
     pub applications: Vec<AppConfig>,
+}
+
+/// `disk_cache`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskCacheConfig {
+    /// Its directory: empty, or a cache directory of an earlier run; emptied at start. Default:
+    /// a new directory under the system's temporary directory, removed at exit.
+    #[serde(default)]
+    pub path: Option<std::path::PathBuf>,
+    /// Bytes of files it may hold (default 10 GiB).
+    #[serde(default = "default_disk_cache_bytes")]
+    pub max_bytes: u64,
+}
+
+impl Default for DiskCacheConfig {
+    fn default() -> Self {
+        Self {
+            path: None,
+            max_bytes: default_disk_cache_bytes(),
+        }
+    }
+}
+
+fn default_disk_cache_bytes() -> u64 {
+    10 << 30
 }
 
 /// `http_options`.
@@ -246,6 +279,106 @@ impl<'de> Deserialize<'de> for Seconds {
 pub enum ModelSpec {
     /// Synthetic models (see `modelmux-synthetic`).
     Synthetic(SyntheticConfig),
+    /// ONNX models from a model repository (see `modelmux-onnx`).
+    Onnx(OnnxConfig),
+}
+
+/// The repository that means "the demo models compiled into this binary".
+pub const BUILTIN_DEMO_REPOSITORY: &str = "builtin://demo";
+
+/// `model: {kind: onnx, ...}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OnnxConfig {
+    /// Where the models are: a directory (`examples/models`), `file:///abs/dir`,
+    /// `s3://bucket/prefix`, or `builtin://demo` (the demo models compiled into the binary).
+    /// Each model is `<repository>/<model_id>/model.onnx`.
+    pub repository: String,
+    /// Store options, as `object_store` names them (for S3: `endpoint`, `region`,
+    /// `access_key_id`, `secret_access_key`, `allow_http`, ...). Unset ones come from the
+    /// `AWS_*` environment variables.
+    #[serde(default)]
+    pub options: std::collections::BTreeMap<String, String>,
+    /// Retries and timeouts of downloads from a remote repository.
+    #[serde(default)]
+    pub download: DownloadConfig,
+}
+
+/// `download`: how remote model files are fetched.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DownloadConfig {
+    /// Attempts in all (default 4).
+    #[serde(default = "default_attempts")]
+    pub attempts: Attempts,
+    /// Longest one attempt may take, the whole transfer included (default 600).
+    #[serde(default = "default_attempt_timeout")]
+    pub attempt_timeout_s: Seconds,
+    /// Backoff before the first retry, doubled each time, with full jitter (default 0.2).
+    #[serde(default = "default_backoff_base")]
+    pub backoff_base_s: Seconds,
+    /// Longest backoff (default 10).
+    #[serde(default = "default_backoff_max")]
+    pub backoff_max_s: Seconds,
+}
+
+impl Default for DownloadConfig {
+    fn default() -> Self {
+        Self {
+            attempts: default_attempts(),
+            attempt_timeout_s: default_attempt_timeout(),
+            backoff_base_s: default_backoff_base(),
+            backoff_max_s: default_backoff_max(),
+        }
+    }
+}
+
+impl DownloadConfig {
+    /// As the store's retry policy.
+    pub fn policy(&self) -> RetryPolicy {
+        RetryPolicy {
+            attempts: self.attempts.0.get(),
+            attempt_timeout: self.attempt_timeout_s.0,
+            backoff_base: self.backoff_base_s.0,
+            backoff_max: self.backoff_max_s.0,
+        }
+    }
+}
+
+fn default_attempts() -> Attempts {
+    Attempts(NonZeroU32::new(4).expect("4 is not 0"))
+}
+
+/// `download.attempts`: at least 1.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempts(pub NonZeroU32);
+
+impl<'de> Deserialize<'de> for Attempts {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(Checked(
+            "a whole number of download attempts, at least 1",
+            |n: f64| {
+                (n.fract() == 0.0 && (1.0..=1000.0).contains(&n))
+                    .then(|| Attempts(NonZeroU32::new(n as u32).expect("n >= 1")))
+            },
+        ))
+    }
+}
+fn default_attempt_timeout() -> Seconds {
+    Seconds(Duration::from_secs(600))
+}
+fn default_backoff_base() -> Seconds {
+    Seconds(Duration::from_millis(200))
+}
+fn default_backoff_max() -> Seconds {
+    Seconds(Duration::from_secs(10))
+}
+
+/// Whether a repository location is remote (needs the disk cache).
+fn is_remote(repository: &str) -> bool {
+    repository
+        .split_once("://")
+        .is_some_and(|(scheme, _)| !matches!(scheme, "file" | "builtin"))
 }
 
 /// Why a configuration is unusable.
@@ -345,19 +478,37 @@ impl Config {
         Ok(SocketAddr::new(ip, self.http_options.port))
     }
 
-    /// A server builder for this configuration.
-    pub fn server(&self) -> Result<ServerBuilder, ConfigError> {
+    /// A server builder for this configuration. Opens the model repositories (so a missing
+    /// directory or a malformed S3 option is an error now, not at the first request) and, if
+    /// any is remote, the disk cache.
+    pub async fn server(&self) -> Result<ServerBuilder, ConfigError> {
+        let remote = self
+            .applications
+            .iter()
+            .flat_map(|a| &a.deployments)
+            .any(|d| matches!(&d.model, ModelSpec::Onnx(onnx) if is_remote(&onnx.repository)));
+        let disk_cache = if remote {
+            let opened = match &self.disk_cache.path {
+                Some(path) => DiskCache::open(path, self.disk_cache.max_bytes),
+                None => DiskCache::temporary(self.disk_cache.max_bytes),
+            };
+            Some(opened.map_err(|e| ConfigError::Invalid(format!("disk_cache: {e}")))?)
+        } else {
+            None
+        };
         let mut builder = modelmux_serve::Server::builder()
             .bind(self.bind_address()?)
             .max_body_bytes(self.http_options.max_body_bytes);
         if let Some(token) = &self.http_options.admin_token {
             builder = builder.admin_token(token.clone());
         }
-        for app in &self.applications {
+        for (i, app) in self.applications.iter().enumerate() {
             let mut application = Application::new(&app.name).route_prefix(&app.route_prefix);
             let ingress = app.ingress.as_deref().unwrap_or(&app.deployments[0].name);
-            for d in &app.deployments {
-                let spec = deployment(d);
+            for (j, d) in app.deployments.iter().enumerate() {
+                let spec = deployment(d, disk_cache.as_ref()).await.map_err(|e| {
+                    ConfigError::Invalid(format!("applications[{i}].deployments[{j}].model: {e}"))
+                })?;
                 application = if d.name == ingress {
                     application.ingress(spec)
                 } else {
@@ -370,7 +521,10 @@ impl Config {
     }
 }
 
-fn deployment(d: &DeploymentConfig) -> modelmux_serve::DeploymentSpec {
+async fn deployment(
+    d: &DeploymentConfig,
+    disk_cache: Option<&DiskCache>,
+) -> Result<modelmux_serve::DeploymentSpec, modelmux_store::StoreError> {
     let mut cache = Multiplexer::builder()
         .max_concurrent_loads(d.max_concurrent_loads.get())
         .load_timeout(Some(d.model_load_timeout_s.0))
@@ -389,22 +543,83 @@ fn deployment(d: &DeploymentConfig) -> modelmux_serve::DeploymentSpec {
         ModelSpec::Synthetic(config) => {
             model_deployment(&d.name, Synthetic::new(config.clone()), cache)
         }
+        ModelSpec::Onnx(onnx) => {
+            let repository = if onnx.repository == BUILTIN_DEMO_REPOSITORY {
+                crate::demo_models::repository().await?
+            } else {
+                ModelRepository::open(
+                    &onnx.repository,
+                    RepositoryOptions {
+                        options: onnx.options.clone().into_iter().collect(),
+                        disk_cache: disk_cache.cloned(),
+                        retry: onnx.download.policy(),
+                    },
+                )?
+            };
+            model_deployment(&d.name, Onnx::new(repository), cache)
+        }
     };
-    spec.num_replicas(d.num_replicas.get())
+    Ok(spec
+        .num_replicas(d.num_replicas.get())
         .max_ongoing_requests(d.max_ongoing_requests.get())
         .max_queued_requests(d.max_queued_requests)
-        .queue_timeout(d.queue_timeout_s.0)
+        .queue_timeout(d.queue_timeout_s.0))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_demo_parses() {
+    #[tokio::test]
+    async fn the_demo_and_the_examples_parse() {
         let c = Config::parse(DEMO).unwrap();
         assert_eq!(c.applications[0].deployments[0].num_replicas.get(), 2);
-        assert!(c.server().is_ok());
+        assert!(c.server().await.is_ok());
+        let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../");
+        for example in ["synthetic.yaml", "onnx-local.yaml", "onnx-s3.yaml"] {
+            let text = std::fs::read_to_string(format!("{root}examples/{example}")).unwrap();
+            Config::parse(&text).unwrap_or_else(|e| panic!("{example}: {e}"));
+        }
+    }
+
+    #[tokio::test]
+    async fn repositories_are_opened_when_the_server_is_built() {
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: /no/such/dir}\n";
+        let err = Config::parse(yaml)
+            .unwrap()
+            .server()
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("deployments[0].model") && err.contains("/no/such/dir"),
+            "{err}"
+        );
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: 's3://b/p', options: {colour: red}}\n";
+        let err = Config::parse(yaml)
+            .unwrap()
+            .server()
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("unknown S3 option 'colour'"), "{err}");
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: 'ftp://x/y'}\n";
+        let err = Config::parse(yaml)
+            .unwrap()
+            .server()
+            .await
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("unsupported repository scheme 'ftp://'"),
+            "{err}"
+        );
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: x, download: {attempts: 0}}\n";
+        let err = Config::parse(yaml).unwrap_err().to_string();
+        assert!(err.contains("attempts"), "{err}");
     }
 
     #[test]

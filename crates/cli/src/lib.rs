@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod config;
+pub mod demo_models;
 pub mod hello;
 pub mod status;
 

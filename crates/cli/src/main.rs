@@ -143,7 +143,10 @@ async fn serve(
     if let Some(port) = port {
         config.http_options.port = port;
     }
-    let builder = config.server().map_err(|e| format!("{source}: {e}"))?;
+    let builder = config
+        .server()
+        .await
+        .map_err(|e| format!("{source}: {e}"))?;
     if check {
         say(format_args!("{source}: configuration is valid"));
         return Ok(());
@@ -160,7 +163,7 @@ async fn serve(
     say(format_args!("modelmux serving {source} on http://{addr}"));
     if path.is_none() {
         say(format_args!(
-            "try: curl -H 'serve_multiplexed_model_id: 1' http://{addr}/"
+            "try: curl -H 'serve_multiplexed_model_id: customer-1' -d '{{\"inputs\": [[0.5, -1.2, 3.3, 0.1]]}}' http://{addr}/"
         ));
     }
     stop.await;

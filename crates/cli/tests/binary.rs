@@ -79,9 +79,16 @@ fn serve_with(config: &str, extra: &[&str]) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, config).unwrap();
+    let running = start(&[&["serve", path.to_str().unwrap()], extra].concat());
+    std::mem::forget(dir); // the server read its config already; keep the file for its lifetime
+    running
+}
+
+/// Starts `modelmux <args>` (a server) and waits for its "serving" line.
+fn start(args: &[&str]) -> Running {
     let mut child = Command::new(BIN)
-        .args(["serve", path.to_str().unwrap(), "--log-level", "info"])
-        .args(extra)
+        .args(args)
+        .args(["--log-level", "info"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -95,7 +102,6 @@ fn serve_with(config: &str, extra: &[&str]) -> Running {
         .unwrap_or_else(|| panic!("no address in {line:?}"))
         .trim_end_matches('/')
         .to_string();
-    std::mem::forget(dir); // the server read its config already; keep the file for its lifetime
     let logs = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
     let mut stderr = BufReader::new(child.stderr.take().unwrap());
     let sink = logs.clone();
@@ -116,6 +122,12 @@ fn serve_with(config: &str, extra: &[&str]) -> Running {
 
 /// `curl -H 'serve_multiplexed_model_id: <model>' <url>/`.
 fn curl(url: &str, model: &str) -> (u16, String) {
+    post(url, model, "")
+}
+
+/// `curl -H 'serve_multiplexed_model_id: <model>' -d <body> <url>/` (a GET when `body` is
+/// empty).
+fn post(url: &str, model: &str, body: &str) -> (u16, String) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -128,10 +140,15 @@ fn curl(url: &str, model: &str) -> (u16, String) {
                 .await
                 .unwrap();
         tokio::spawn(conn);
-        let request = hyper::Request::get("/")
+        let method = if body.is_empty() { "GET" } else { "POST" };
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri("/")
             .header("host", "x")
             .header("serve_multiplexed_model_id", model)
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_string(),
+            )))
             .unwrap();
         let response = sender.send_request(request).await.unwrap();
         let status = response.status().as_u16();
@@ -275,4 +292,151 @@ fn logs_are_json_lines_with_a_flag() {
             .any(|l| l["fields"]["message"] == "Loading model '7'."),
         "{logs}"
     );
+}
+
+const DEMO_MODELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/models");
+
+/// Checks `server` answers every demo model as numpy computed when the models were made.
+fn check_demo_answers(server: &Running) {
+    let mut ids: Vec<String> = std::fs::read_dir(DEMO_MODELS)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.starts_with("customer-"))
+        .collect();
+    ids.sort();
+    assert_eq!(ids.len(), 8);
+    for id in &ids {
+        let reference: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(format!("{DEMO_MODELS}/{id}/reference.json")).unwrap(),
+        )
+        .unwrap();
+        let request = serde_json::json!({"inputs": reference["inputs"]}).to_string();
+        let (status, body) = post(&server.url, id, &request);
+        assert_eq!(status, 200, "{id}: {body}");
+        let answer: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["model_id"], id.as_str());
+        let want = reference["outputs"]["probabilities"].as_array().unwrap();
+        let got = answer["outputs"]["probabilities"].as_array().unwrap();
+        assert_eq!(want.len(), got.len());
+        for (w, g) in want.iter().zip(got) {
+            for (w, g) in w.as_array().unwrap().iter().zip(g.as_array().unwrap()) {
+                let (w, g) = (w.as_f64().unwrap(), g.as_f64().unwrap());
+                assert!(
+                    (w - g).abs() <= 1e-5 + 1e-4 * w.abs(),
+                    "{id}: numpy {w}, served {g}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn serve_with_no_configuration_serves_the_demo_onnx_models() {
+    let mut server = start(&["serve", "--port", "0"]);
+    check_demo_answers(&server);
+    let (status, body) = post(&server.url, "customer-1", r#"{"inputs": [[1, 2, 3]]}"#);
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("expects shape [N, 4]"), "{body}");
+    let (status, body) = post(&server.url, "customer-99", r#"{"inputs": [[1, 2, 3, 4]]}"#);
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body.contains("model 'customer-99' not found in builtin://demo"),
+        "{body}"
+    );
+    let (status, logs) = server.terminate();
+    assert!(status.success(), "{logs}");
+    // Two replicas of at most three models each: serving eight models evicted some.
+    assert!(logs.contains("Unloading model"), "{logs}");
+}
+
+/// `PUT <endpoint><path>` with `body` (the test S3 server checks no signatures).
+fn s3_put(endpoint: &str, path: &str, body: Vec<u8>) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let addr: std::net::SocketAddr = endpoint.trim_start_matches("http://").parse().unwrap();
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let request = hyper::Request::put(path)
+            .header("host", addr.to_string())
+            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert!(
+            response.status().is_success(),
+            "PUT {path}: {}",
+            response.status()
+        );
+    });
+}
+
+#[test]
+fn serves_the_demo_models_from_s3_through_the_disk_cache() {
+    let endpoint = std::env::var("MODELMUX_TEST_S3_ENDPOINT").unwrap_or_else(|_| {
+        panic!(
+            "MODELMUX_TEST_S3_ENDPOINT is not set: this test needs an S3-compatible server; \
+             ./scripts/test starts one (moto) and sets it"
+        )
+    });
+    let bucket = format!("binary-{}", std::process::id());
+    s3_put(&endpoint, &format!("/{bucket}"), Vec::new());
+    for entry in std::fs::read_dir(DEMO_MODELS).unwrap() {
+        let entry = entry.unwrap();
+        if entry.path().join("model.onnx").exists() {
+            let id = entry.file_name().into_string().unwrap();
+            let bytes = std::fs::read(entry.path().join("model.onnx")).unwrap();
+            s3_put(
+                &endpoint,
+                &format!("/{bucket}/models/{id}/model.onnx"),
+                bytes,
+            );
+        }
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let config = format!(
+        "\
+http_options: {{port: 0}}
+disk_cache:
+  path: {cache}
+  max_bytes: 100000
+applications:
+  - name: default
+    deployments:
+      - name: Classifier
+        num_replicas: 2
+        max_models_per_replica: 3
+        model:
+          kind: onnx
+          repository: s3://{bucket}/models
+          options:
+            endpoint: {endpoint}
+            allow_http: 'true'
+            region: us-east-1
+            access_key_id: test
+            secret_access_key: test
+",
+        cache = cache.path().join("c").display()
+    );
+    let mut server = serve(&config);
+    check_demo_answers(&server);
+    let (status, body) = post(&server.url, "customer-42", r#"{"inputs": [[1, 2, 3, 4]]}"#);
+    assert_eq!(status, 404, "{body}");
+    assert!(
+        body.contains(&format!(
+            "model 'customer-42' not found in s3://{bucket}/models"
+        )),
+        "{body}"
+    );
+    // Each model was downloaded once (the disk cache holds all eight), however often the
+    // replicas load it.
+    check_demo_answers(&server);
+    let (status, logs) = server.terminate();
+    assert!(status.success(), "{logs}");
+    assert_eq!(logs.matches("Downloaded model file").count(), 8, "{logs}");
 }

@@ -102,6 +102,20 @@ pub enum ServeError {
     },
 }
 
+/// The status a model loader chose for its failure, by failing with a [`ServeError`] (a model
+/// that does not exist in the repository is a 404, say), also while that failure is backing off.
+fn chosen_status(error: &modelmux_cache::Error) -> Option<StatusCode> {
+    use modelmux_cache::Error as M;
+    match error {
+        M::LoadFailed { source, .. } => match source.downcast_ref::<ServeError>()? {
+            ServeError::Model(_) => None,
+            other => Some(other.http_status()),
+        },
+        M::BackingOff { cause, .. } => chosen_status(cause),
+        _ => None,
+    }
+}
+
 impl ServeError {
     /// An error with a status of the deployment's choosing (`404 model not found`, say).
     pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
@@ -141,7 +155,7 @@ impl ServeError {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
             Self::Status { status, .. } => *status,
-            Self::Model(e) => match e {
+            Self::Model(e) => chosen_status(e).unwrap_or(match e {
                 M::InvalidModelId(_) => StatusCode::BAD_REQUEST,
                 M::BackingOff { .. }
                 | M::CapacityExhausted { .. }
@@ -149,7 +163,7 @@ impl ServeError {
                 | M::LoadCancelled { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 M::LoadTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
                 _ => StatusCode::INTERNAL_SERVER_ERROR,
-            },
+            }),
         }
     }
 
@@ -165,11 +179,20 @@ impl ServeError {
             Self::UnknownDeployment { .. } => "unknown_deployment",
             Self::Unauthorized => "unauthorized",
             Self::NotFound { .. } => "not_found",
-            Self::Model(e) => e.error_type(),
+            Self::Model(e) => match chosen_status(e) {
+                Some(StatusCode::NOT_FOUND) => "model_not_found",
+                Some(status) if status.is_client_error() => "bad_model_request",
+                _ => e.error_type(),
+            },
             Self::Deployment { .. } => "deployment_error",
             Self::Panicked { .. } => "deployment_panicked",
             Self::ShuttingDown => "shutting_down",
-            Self::Status { .. } => "deployment_status",
+            Self::Status { status, .. } => match *status {
+                StatusCode::BAD_REQUEST => "bad_request",
+                StatusCode::NOT_FOUND => "not_found",
+                StatusCode::FORBIDDEN => "forbidden",
+                _ => "deployment_status",
+            },
         }
     }
 

@@ -1,0 +1,175 @@
+//! `modelmux-onnx`: ONNX models served by modelmux, on [tract](https://github.com/sonos/tract)
+//! (pure Rust, CPU).
+//!
+//! Each model is `<repository>/<model_id>/model.onnx` in a [`ModelRepository`] (a local
+//! directory, or S3 through the disk cache). A load reads the file, parses it, optimizes it once
+//! for the machine it runs on, and reports the file's size to the cache (so `max_bytes` caps
+//! are honest and known before a load starts). Requests are JSON:
+//!
+//! ```json
+//! {"inputs": {"features": [[5.1, 3.5, 1.4, 0.2]]}}
+//! ```
+//!
+//! or, for a model with one input, `{"inputs": [[5.1, 3.5, 1.4, 0.2]]}`. The answer names the
+//! model and every output:
+//!
+//! ```json
+//! {"model_id": "customer-1", "outputs": {"probabilities": [[0.1, 0.7, 0.2]]}}
+//! ```
+//!
+//! Inputs are checked against the model's signature before anything runs: a missing or
+//! unknown input, a wrong shape (symbolic dimensions such as a batch `N` take any size, the
+//! same everywhere they appear) or a value of the wrong type is a 400 that names the input and
+//! what it expects. Inference runs on Tokio's blocking pool, never on the async workers that
+//! route requests.
+
+mod json;
+
+use std::sync::Arc;
+
+use http::{HeaderValue, StatusCode, header};
+use modelmux_cache::{BoxError, Model, ModelId};
+use modelmux_serve::{Body, ModelKind, Request, Response, ServeError};
+use modelmux_store::{ModelRepository, StoreError};
+use tract_onnx::prelude::*;
+
+pub use json::{InputSpec, Signature};
+
+/// The file each model directory holds.
+pub const MODEL_FILE: &str = "model.onnx";
+
+/// The ONNX model kind: models from one repository.
+#[derive(Clone)]
+pub struct Onnx {
+    repository: ModelRepository,
+}
+
+impl Onnx {
+    /// Serves the ONNX models of `repository`.
+    pub fn new(repository: ModelRepository) -> Self {
+        Self { repository }
+    }
+
+    /// The repository.
+    pub fn repository(&self) -> &ModelRepository {
+        &self.repository
+    }
+}
+
+/// A loaded, optimized ONNX model.
+pub struct OnnxModel {
+    plan: Arc<TypedRunnableModel>,
+    signature: Signature,
+    size: u64,
+}
+
+impl OnnxModel {
+    /// Parses and optimizes an ONNX model. CPU-bound: call it on a blocking thread.
+    pub fn from_bytes(bytes: &[u8]) -> TractResult<Self> {
+        let model = tract_onnx::onnx()
+            .model_for_read(&mut std::io::Cursor::new(bytes))?
+            .into_optimized()?;
+        let signature = Signature::of(&model)?;
+        let plan = model.into_runnable()?;
+        Ok(Self {
+            plan,
+            signature,
+            size: bytes.len() as u64,
+        })
+    }
+
+    /// Its inputs and outputs.
+    pub fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    /// Runs it on `inputs` (in the signature's order). CPU-bound: call it on a blocking thread.
+    pub fn run(&self, inputs: TVec<TValue>) -> TractResult<TVec<TValue>> {
+        self.plan.run(inputs)
+    }
+}
+
+impl Model for OnnxModel {
+    fn size_bytes(&self) -> Option<u64> {
+        Some(self.size)
+    }
+}
+
+fn client_error(status: StatusCode, message: impl Into<String>) -> BoxError {
+    Box::new(ServeError::status(status, message))
+}
+
+/// Store errors the client caused (an unknown model) keep their status; others are the
+/// server's.
+fn store_error(error: StoreError) -> BoxError {
+    if error.is_not_found() {
+        client_error(StatusCode::NOT_FOUND, error.to_string())
+    } else if error.is_client_error() {
+        let status = match error {
+            StoreError::InvalidId { .. } => StatusCode::BAD_REQUEST,
+            _ => StatusCode::FORBIDDEN,
+        };
+        client_error(status, error.to_string())
+    } else {
+        Box::new(error)
+    }
+}
+
+impl ModelKind for Onnx {
+    type Model = OnnxModel;
+
+    async fn probe(&self, id: &ModelId) -> Result<Option<u64>, BoxError> {
+        let size = self
+            .repository
+            .size(id, MODEL_FILE)
+            .await
+            .map_err(store_error)?;
+        Ok(Some(size))
+    }
+
+    async fn load(&self, id: &ModelId) -> Result<OnnxModel, BoxError> {
+        let file = self
+            .repository
+            .fetch(id, MODEL_FILE)
+            .await
+            .map_err(store_error)?;
+        let bytes = file.bytes().await.map_err(store_error)?;
+        // The file is parsed; a cached copy may be evicted from disk from now on.
+        drop(file);
+        let parsed = tokio::task::spawn_blocking(move || OnnxModel::from_bytes(&bytes)).await?;
+        parsed.map_err(|e| {
+            // Downloaded fine, but not a model we can run: do not keep the bad copy, so a
+            // fixed upload is picked up by the next load.
+            self.repository.discard(id, MODEL_FILE);
+            format!(
+                "model '{id}': {MODEL_FILE} in {} is not a valid ONNX model tract can run: {e:#}",
+                self.repository.url()
+            )
+            .into()
+        })
+    }
+
+    async fn infer(
+        &self,
+        model: &OnnxModel,
+        id: &ModelId,
+        request: Request,
+    ) -> Result<Response, BoxError> {
+        let body = request.into_body().to_bytes(usize::MAX).await?;
+        let inputs = model
+            .signature
+            .parse_request(&body)
+            .map_err(|message| client_error(StatusCode::BAD_REQUEST, message))?;
+        let plan = model.plan.clone();
+        let outputs = tokio::task::spawn_blocking(move || plan.run(inputs))
+            .await?
+            .map_err(|e| format!("model '{id}' failed to run: {e:#}"))?;
+        let body = model.signature.render_response(id.as_str(), &outputs)?;
+        let mut response = Response::new(Body::from(body));
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        Ok(response)
+    }
+}

@@ -1,0 +1,117 @@
+//! What can go wrong reading a model repository.
+
+use std::path::PathBuf;
+
+/// An error from a [`ModelRepository`](crate::ModelRepository) or a
+/// [`DiskCache`](crate::DiskCache). Every message names the model and the repository, so it can
+/// be shown to the client as it is.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The repository has no such object. Not retried.
+    #[error("model '{id}' not found in {repository} (no object '{file}' at {key})")]
+    NotFound {
+        /// The model id asked for.
+        id: String,
+        /// The file of the model that is missing.
+        file: String,
+        /// The repository, as configured (`s3://bucket/prefix`, a directory, ...).
+        repository: String,
+        /// The object key or path that was looked up.
+        key: String,
+    },
+
+    /// The store refused access (403, or no valid credentials). Not retried.
+    #[error("access to model '{id}' in {repository} was denied: {message}")]
+    PermissionDenied {
+        /// The model id asked for.
+        id: String,
+        /// The repository.
+        repository: String,
+        /// What the store said.
+        message: String,
+    },
+
+    /// The model id cannot name an object inside the repository (`..`, an absolute path, ...).
+    #[error("model id '{id}' cannot be used inside a model repository: {reason}")]
+    InvalidId {
+        /// The rejected id.
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+
+    /// Every attempt to download the model failed (timeouts, 5xx, resets, truncated or corrupt
+    /// transfers); nothing was left in the disk cache.
+    #[error(
+        "downloading model '{id}' from {repository} failed after {attempts} attempt(s); last error: {last}"
+    )]
+    Transfer {
+        /// The model id.
+        id: String,
+        /// The repository.
+        repository: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The last attempt's error.
+        last: String,
+    },
+
+    /// The model is larger than the whole disk cache, or the disk cache had no room for it
+    /// within its capacity timeout because every file in it was being read.
+    #[error("the disk cache cannot hold model '{id}': {message}")]
+    CacheFull {
+        /// The model id.
+        id: String,
+        /// Why.
+        message: String,
+    },
+
+    /// The repository or disk cache configuration is wrong (a malformed URL, an unknown
+    /// option, a scheme this build does not include).
+    #[error("{0}")]
+    Config(String),
+
+    /// A local file or directory could not be read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+
+    /// Any other error from the object store.
+    #[error("reading model '{id}' from {repository} failed: {message}")]
+    Store {
+        /// The model id.
+        id: String,
+        /// The repository.
+        repository: String,
+        /// What the store said.
+        message: String,
+    },
+}
+
+impl StoreError {
+    /// Whether the model does not exist in the repository (an HTTP 404 for the client).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, Self::NotFound { .. })
+    }
+
+    /// Whether the request itself is at fault: an unknown model, an id that is not a path, or
+    /// denied access. Such errors are the client's (4xx); the others are the server's (5xx).
+    pub fn is_client_error(&self) -> bool {
+        matches!(
+            self,
+            Self::NotFound { .. } | Self::InvalidId { .. } | Self::PermissionDenied { .. }
+        )
+    }
+
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            path: path.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,417 @@
+//! A model repository: `<repository>/<model_id>/<file>`, on local disk, in S3, or in any
+//! `object_store` backend.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use modelmux_cache::{ModelGuard, ModelId};
+use object_store::path::Path as ObjectPath;
+use object_store::{GetOptions, ObjectStore};
+
+use crate::disk::{CachedFile, DiskCache, Object};
+use crate::{RetryPolicy, StoreError};
+
+/// Where models are read from, and how.
+///
+/// - A **local directory** (a plain path or `file:///abs/path`): files are read in place, no
+///   copy is made.
+/// - A **remote store** (`s3://bucket/prefix`, with the `s3` feature): files are downloaded
+///   into a [`DiskCache`] and read from there; downloads are retried and bounded in time as
+///   [`RetryPolicy`] says.
+/// - Any other [`ObjectStore`] given with [`ModelRepository::from_store`] (an in-memory one
+///   for embedded models, say), read through the disk cache if one is given, directly if not.
+///
+/// Model ids may contain `/` but are checked so that `<repository>/<id>/<file>` can never
+/// address anything outside the repository.
+#[derive(Clone)]
+pub struct ModelRepository {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    url: String,
+    backend: Backend,
+    retry: RetryPolicy,
+}
+
+enum Backend {
+    Local(PathBuf),
+    Store {
+        store: Arc<dyn ObjectStore>,
+        prefix: ObjectPath,
+        cache: Option<DiskCache>,
+        etag_is_md5: bool,
+    },
+}
+
+/// One file of a model, ready to be read. While it lives, a cached copy is not deleted.
+pub struct ModelFile {
+    source: Source,
+    size: u64,
+}
+
+enum Source {
+    Local(PathBuf),
+    Cached(ModelGuard<CachedFile>),
+    Memory(Bytes),
+}
+
+impl ModelFile {
+    /// Its size in bytes.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Where it is on local disk, unless the store handed it over in memory.
+    pub fn path(&self) -> Option<&Path> {
+        match &self.source {
+            Source::Local(path) => Some(path),
+            Source::Cached(file) => Some(file.path()),
+            Source::Memory(_) => None,
+        }
+    }
+
+    /// Reads it whole.
+    pub async fn bytes(&self) -> Result<Bytes, StoreError> {
+        match &self.source {
+            Source::Memory(bytes) => Ok(bytes.clone()),
+            Source::Local(path) => read(path).await,
+            Source::Cached(file) => read(file.path()).await,
+        }
+    }
+}
+
+async fn read(path: &Path) -> Result<Bytes, StoreError> {
+    tokio::fs::read(path)
+        .await
+        .map(Bytes::from)
+        .map_err(|e| StoreError::io(path, e))
+}
+
+/// Options for [`ModelRepository::open`].
+#[derive(Clone, Default)]
+pub struct RepositoryOptions {
+    /// Backend options as `object_store` names them, for S3: `endpoint`, `region`,
+    /// `access_key_id`, `secret_access_key`, `session_token`, `allow_http`,
+    /// `virtual_hosted_style_request`, ... They override the `AWS_*` environment variables.
+    pub options: Vec<(String, String)>,
+    /// Where remote models are cached; required for remote repositories.
+    pub disk_cache: Option<DiskCache>,
+    /// Retries and timeouts of downloads.
+    pub retry: RetryPolicy,
+}
+
+impl ModelRepository {
+    /// Opens the repository at `location`: a directory (`models/`, `/srv/models`,
+    /// `file:///srv/models`) or a URL (`s3://bucket/prefix`).
+    pub fn open(location: &str, options: RepositoryOptions) -> Result<Self, StoreError> {
+        let RepositoryOptions {
+            options,
+            disk_cache,
+            retry,
+        } = options;
+        let Some((scheme, rest)) = location.split_once("://") else {
+            return Self::local(location, &options, retry);
+        };
+        match scheme {
+            "file" => Self::local(rest, &options, retry),
+            "s3" | "s3a" => {
+                let cache = disk_cache.ok_or_else(|| {
+                    StoreError::Config(format!(
+                        "{location} is remote: a disk cache is needed to download its models into"
+                    ))
+                })?;
+                let (store, prefix) = s3(location, rest, &options, retry)?;
+                Ok(Self {
+                    inner: Arc::new(Inner {
+                        url: location.trim_end_matches('/').to_string(),
+                        backend: Backend::Store {
+                            store,
+                            prefix,
+                            cache: Some(cache),
+                            etag_is_md5: true,
+                        },
+                        retry,
+                    }),
+                })
+            }
+            other => Err(StoreError::Config(format!(
+                "unsupported repository scheme '{other}://' in '{location}': use a local path, \
+                 file:// or s3:// (s3 needs the crate's `s3` feature)"
+            ))),
+        }
+    }
+
+    /// A repository on an object store built by the caller (`object_store::memory::InMemory`
+    /// for embedded models, a store configured in ways `open` does not offer, ...). `url`
+    /// names it in errors and logs. With a disk cache, files are downloaded into it; without
+    /// one, they are read into memory directly.
+    pub fn from_store(
+        url: impl Into<String>,
+        store: Arc<dyn ObjectStore>,
+        prefix: &str,
+        disk_cache: Option<DiskCache>,
+        retry: RetryPolicy,
+    ) -> Result<Self, StoreError> {
+        let url = url.into();
+        let prefix = ObjectPath::parse(prefix)
+            .map_err(|e| StoreError::Config(format!("invalid prefix '{prefix}' for {url}: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                url,
+                backend: Backend::Store {
+                    store,
+                    prefix,
+                    cache: disk_cache,
+                    etag_is_md5: false,
+                },
+                retry,
+            }),
+        })
+    }
+
+    fn local(
+        path: &str,
+        options: &[(String, String)],
+        retry: RetryPolicy,
+    ) -> Result<Self, StoreError> {
+        if let Some((key, _)) = options.first() {
+            return Err(StoreError::Config(format!(
+                "option '{key}' does not apply to a local repository ({path})"
+            )));
+        }
+        let root = PathBuf::from(path);
+        let meta = std::fs::metadata(&root).map_err(|e| StoreError::io(&root, e))?;
+        if !meta.is_dir() {
+            return Err(StoreError::Config(format!(
+                "model repository {} is not a directory",
+                root.display()
+            )));
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                url: root.display().to_string(),
+                backend: Backend::Local(root),
+                retry,
+            }),
+        })
+    }
+
+    /// The repository as configured, for messages.
+    pub fn url(&self) -> &str {
+        &self.inner.url
+    }
+
+    /// The size of `file` of model `id`, asking the store without downloading it (`HEAD`).
+    /// A missing model is [`StoreError::NotFound`].
+    pub async fn size(&self, id: &ModelId, file: &str) -> Result<u64, StoreError> {
+        match &self.inner.backend {
+            Backend::Local(root) => {
+                let path = self.local_path(root, id, file)?;
+                match tokio::fs::metadata(&path).await {
+                    Ok(meta) if meta.is_file() => Ok(meta.len()),
+                    Ok(_) => Err(self.not_found(id, file, &path.display().to_string())),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        Err(self.not_found(id, file, &path.display().to_string()))
+                    }
+                    Err(e) => Err(StoreError::io(path, e)),
+                }
+            }
+            Backend::Store { .. } => {
+                let object = self.object(id, file)?;
+                let meta = object
+                    .store
+                    .get_opts(&object.location, GetOptions::new().with_head(true))
+                    .await;
+                match meta {
+                    Ok(result) => Ok(result.meta.size),
+                    Err(object_store::Error::NotFound { .. }) => {
+                        Err(self.not_found(id, file, object.location.as_ref()))
+                    }
+                    Err(e) => Err(StoreError::Store {
+                        id: id.to_string(),
+                        repository: self.url().to_string(),
+                        message: e.to_string(),
+                    }),
+                }
+            }
+        }
+    }
+
+    /// Opens `file` of model `id`: in place for a local repository, through the disk cache
+    /// (downloading it once, however many ask at the same time) for a remote one.
+    pub async fn fetch(&self, id: &ModelId, file: &str) -> Result<ModelFile, StoreError> {
+        match &self.inner.backend {
+            Backend::Local(root) => {
+                let path = self.local_path(root, id, file)?;
+                let size = self.size(id, file).await?;
+                Ok(ModelFile {
+                    source: Source::Local(path),
+                    size,
+                })
+            }
+            Backend::Store {
+                cache: Some(cache), ..
+            } => {
+                let file = cache.fetch(self.object(id, file)?).await?;
+                let size = file.size();
+                Ok(ModelFile {
+                    source: Source::Cached(file),
+                    size,
+                })
+            }
+            Backend::Store {
+                store, cache: None, ..
+            } => {
+                let object = self.object(id, file)?;
+                match store
+                    .get_opts(&object.location, GetOptions::default())
+                    .await
+                {
+                    Ok(result) => {
+                        let bytes = result.bytes().await.map_err(|e| self.store_error(id, e))?;
+                        Ok(ModelFile {
+                            size: bytes.len() as u64,
+                            source: Source::Memory(bytes),
+                        })
+                    }
+                    Err(object_store::Error::NotFound { .. }) => {
+                        Err(self.not_found(id, file, object.location.as_ref()))
+                    }
+                    Err(e) => Err(self.store_error(id, e)),
+                }
+            }
+        }
+    }
+
+    /// Forgets the cached copy of `file` of model `id` (one that downloaded fine but turned out
+    /// not to be a valid model), so the next fetch downloads it again. A no-op for local
+    /// repositories.
+    pub fn discard(&self, id: &ModelId, file: &str) {
+        if let Backend::Store {
+            cache: Some(cache), ..
+        } = &self.inner.backend
+            && let Ok(object) = self.object(id, file)
+        {
+            cache.discard(&object);
+        }
+    }
+
+    fn store_error(&self, id: &ModelId, e: object_store::Error) -> StoreError {
+        StoreError::Store {
+            id: id.to_string(),
+            repository: self.url().to_string(),
+            message: e.to_string(),
+        }
+    }
+
+    fn not_found(&self, id: &ModelId, file: &str, key: &str) -> StoreError {
+        StoreError::NotFound {
+            id: id.to_string(),
+            file: file.to_string(),
+            repository: self.url().to_string(),
+            key: key.to_string(),
+        }
+    }
+
+    fn local_path(&self, root: &Path, id: &ModelId, file: &str) -> Result<PathBuf, StoreError> {
+        let relative = id.as_relative_path().map_err(|e| StoreError::InvalidId {
+            id: id.to_string(),
+            reason: e.to_string(),
+        })?;
+        Ok(root.join(relative).join(file))
+    }
+
+    fn object(&self, id: &ModelId, file: &str) -> Result<Object, StoreError> {
+        let Backend::Store {
+            store,
+            prefix,
+            etag_is_md5,
+            ..
+        } = &self.inner.backend
+        else {
+            unreachable!("object() is only called for object stores")
+        };
+        let invalid = |reason: String| StoreError::InvalidId {
+            id: id.to_string(),
+            reason,
+        };
+        id.as_relative_path().map_err(|e| invalid(e.to_string()))?;
+        let relative = ObjectPath::parse(format!("{id}/{file}"))
+            .map_err(|e| invalid(format!("not a valid object key: {e}")))?;
+        let location = prefix.parts().chain(relative.parts()).collect();
+        Ok(Object {
+            store: store.clone(),
+            location,
+            repository: self.url().to_string(),
+            id: id.to_string(),
+            file: file.to_string(),
+            etag_is_md5: *etag_is_md5,
+            retry: self.inner.retry,
+        })
+    }
+}
+
+#[cfg(feature = "s3")]
+fn s3(
+    location: &str,
+    rest: &str,
+    options: &[(String, String)],
+    retry: RetryPolicy,
+) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StoreError> {
+    use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+    use object_store::{ClientOptions, RetryConfig};
+
+    // TLS through rustls on ring (no C toolchain needed); installing it twice is harmless.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(StoreError::Config(format!("no bucket in '{location}'")));
+    }
+    let prefix = ObjectPath::parse(prefix)
+        .map_err(|e| StoreError::Config(format!("invalid prefix in '{location}': {e}")))?;
+    let mut builder = AmazonS3Builder::from_env()
+        .with_bucket_name(bucket)
+        // One retry policy, ours, which also covers failures in the middle of a body.
+        .with_retry(RetryConfig {
+            max_retries: 0,
+            ..RetryConfig::default()
+        })
+        .with_client_options(
+            ClientOptions::new()
+                // Our attempt deadline fires first and says so; this is the backstop.
+                .with_timeout(retry.attempt_timeout + std::time::Duration::from_secs(5))
+                .with_connect_timeout(
+                    retry
+                        .attempt_timeout
+                        .min(std::time::Duration::from_secs(10)),
+                ),
+        );
+    for (key, value) in options {
+        let parsed: AmazonS3ConfigKey = key.parse().map_err(|_| {
+            StoreError::Config(format!(
+                "unknown S3 option '{key}' for {location} (known: endpoint, region, \
+                 access_key_id, secret_access_key, session_token, allow_http, \
+                 virtual_hosted_style_request, and the other object_store S3 keys)"
+            ))
+        })?;
+        builder = builder.with_config(parsed, value);
+    }
+    let store = builder
+        .build()
+        .map_err(|e| StoreError::Config(format!("cannot use {location}: {e}")))?;
+    Ok((Arc::new(store), prefix))
+}
+
+#[cfg(not(feature = "s3"))]
+fn s3(
+    location: &str,
+    _: &str,
+    _: &[(String, String)],
+    _: RetryPolicy,
+) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StoreError> {
+    Err(StoreError::Config(format!(
+        "{location}: this build has no S3 support (the `s3` feature of modelmux-store)"
+    )))
+}
