@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -62,6 +62,9 @@ pub struct BenchArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Send this body with each request (a POST); without it, requests are GETs.
+    #[arg(long)]
+    body: Option<String>,
     /// Seconds one request may take before it counts as a timeout.
     #[arg(long, default_value_t = 30.0)]
     timeout: f64,
@@ -199,7 +202,7 @@ struct Totals {
 /// How long to wait for a connection.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-async fn connect(addr: SocketAddr) -> Option<http1::SendRequest<Empty<Bytes>>> {
+async fn connect(addr: SocketAddr) -> Option<http1::SendRequest<Full<Bytes>>> {
     let stream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
         .await
         .ok()?
@@ -214,15 +217,20 @@ fn request_for(
     args: &BenchArgs,
     host: &str,
     model: Option<usize>,
-) -> Result<hyper::Request<Empty<Bytes>>, CliError> {
-    let mut request = hyper::Request::get(args.path.as_str()).header("host", host);
+) -> Result<hyper::Request<Full<Bytes>>, CliError> {
+    let method = if args.body.is_some() { "POST" } else { "GET" };
+    let mut request = hyper::Request::builder()
+        .method(method)
+        .uri(args.path.as_str())
+        .header("host", host);
     if let Some(k) = model {
         request = request.header(
             "serve_multiplexed_model_id",
             format!("{}{k}", args.model_prefix),
         );
     }
-    Ok(request.body(Empty::<Bytes>::new())?)
+    let body = args.body.clone().map(Bytes::from).unwrap_or_default();
+    Ok(request.body(Full::new(body))?)
 }
 
 async fn worker(

@@ -320,6 +320,14 @@ pub struct DownloadConfig {
     /// Longest backoff (default 10).
     #[serde(default = "default_backoff_max")]
     pub backoff_max_s: Seconds,
+    /// Check each S3 download's MD5 against its ETag (default true; turn off for buckets
+    /// encrypted with SSE-KMS or SSE-C, whose ETags are not MD5s).
+    #[serde(default = "yes")]
+    pub verify_md5: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for DownloadConfig {
@@ -329,6 +337,7 @@ impl Default for DownloadConfig {
             attempt_timeout_s: default_attempt_timeout(),
             backoff_base_s: default_backoff_base(),
             backoff_max_s: default_backoff_max(),
+            verify_md5: true,
         }
     }
 }
@@ -458,6 +467,11 @@ impl Config {
                 )));
             }
         }
+        if config.disk_cache.max_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "disk_cache.max_bytes: must be at least 1".into(),
+            ));
+        }
         if let Some(level) = &config.logging.level {
             tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
                 ConfigError::Invalid(format!("logging.level: '{level}' is not a log filter such as 'info' or 'info,modelmux::access=warn': {e}"))
@@ -482,6 +496,16 @@ impl Config {
     /// directory or a malformed S3 option is an error now, not at the first request) and, if
     /// any is remote, the disk cache.
     pub async fn server(&self) -> Result<ServerBuilder, ConfigError> {
+        self.build(false).await
+    }
+
+    /// Checks everything [`server`](Self::server) checks, without taking the disk cache's
+    /// directory (a running server may hold it).
+    pub async fn check(&self) -> Result<(), ConfigError> {
+        self.build(true).await.map(drop)
+    }
+
+    async fn build(&self, check_only: bool) -> Result<ServerBuilder, ConfigError> {
         let remote = self
             .applications
             .iter()
@@ -489,8 +513,8 @@ impl Config {
             .any(|d| matches!(&d.model, ModelSpec::Onnx(onnx) if is_remote(&onnx.repository)));
         let disk_cache = if remote {
             let opened = match &self.disk_cache.path {
-                Some(path) => DiskCache::open(path, self.disk_cache.max_bytes),
-                None => DiskCache::temporary(self.disk_cache.max_bytes),
+                Some(path) if !check_only => DiskCache::open(path, self.disk_cache.max_bytes),
+                _ => DiskCache::temporary(self.disk_cache.max_bytes),
             };
             Some(opened.map_err(|e| ConfigError::Invalid(format!("disk_cache: {e}")))?)
         } else {
@@ -545,6 +569,11 @@ async fn deployment(
         }
         ModelSpec::Onnx(onnx) => {
             let repository = if onnx.repository == BUILTIN_DEMO_REPOSITORY {
+                if !onnx.options.is_empty() {
+                    return Err(modelmux_store::StoreError::Config(format!(
+                        "{BUILTIN_DEMO_REPOSITORY} takes no options"
+                    )));
+                }
                 crate::demo_models::repository().await?
             } else {
                 ModelRepository::open(
@@ -553,6 +582,7 @@ async fn deployment(
                         options: onnx.options.clone().into_iter().collect(),
                         disk_cache: disk_cache.cloned(),
                         retry: onnx.download.policy(),
+                        verify_md5: onnx.download.verify_md5,
                     },
                 )?
             };

@@ -143,14 +143,15 @@ async fn serve(
     if let Some(port) = port {
         config.http_options.port = port;
     }
+    if check {
+        config.check().await.map_err(|e| format!("{source}: {e}"))?;
+        say(format_args!("{source}: configuration is valid"));
+        return Ok(());
+    }
     let builder = config
         .server()
         .await
         .map_err(|e| format!("{source}: {e}"))?;
-    if check {
-        say(format_args!("{source}: configuration is valid"));
-        return Ok(());
-    }
     init_logging(
         log_format.unwrap_or(config.logging.format),
         log_level.as_deref().or(config.logging.level.as_deref()),

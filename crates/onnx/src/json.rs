@@ -208,7 +208,9 @@ impl Signature {
 }
 
 /// The shape of a nested JSON array and its leaves in row-major order; ragged arrays refused.
-fn flatten<'a>(name: &str, value: &'a Value) -> Result<(Vec<usize>, Vec<&'a Value>), String> {
+/// The shape a nested JSON array claims, read from the first element at each depth (checked
+/// against the whole array by [`flatten`]).
+fn claimed_shape(value: &Value) -> Vec<usize> {
     let mut shape = Vec::new();
     let mut probe = value;
     while let Value::Array(items) = probe {
@@ -218,7 +220,14 @@ fn flatten<'a>(name: &str, value: &'a Value) -> Result<(Vec<usize>, Vec<&'a Valu
             None => break,
         }
     }
-    let mut leaves = Vec::with_capacity(shape.iter().product());
+    shape
+}
+
+/// The leaves of a nested JSON array of `shape`, in row-major order; ragged arrays refused.
+fn flatten<'a>(name: &str, value: &'a Value, shape: &[usize]) -> Result<Vec<&'a Value>, String> {
+    // No capacity from the shape: it comes from the first element at each depth, so a ragged
+    // request could claim a size it does not have. Leaves are collected as they are found.
+    let mut leaves = Vec::new();
     fn walk<'a>(
         name: &str,
         value: &'a Value,
@@ -244,8 +253,8 @@ fn flatten<'a>(name: &str, value: &'a Value) -> Result<(Vec<usize>, Vec<&'a Valu
             }
         }
     }
-    walk(name, value, &shape, 0, &mut leaves)?;
-    Ok((shape, leaves))
+    walk(name, value, shape, 0, &mut leaves)?;
+    Ok(leaves)
 }
 
 fn to_tensor(
@@ -253,7 +262,7 @@ fn to_tensor(
     value: &Value,
     symbols: &mut HashMap<String, usize>,
 ) -> Result<Tensor, String> {
-    let (shape, leaves) = flatten(&spec.name, value)?;
+    let shape = claimed_shape(value);
     let mismatch = || {
         format!(
             "input '{}' expects shape {} ({}), got {:?}",
@@ -284,6 +293,8 @@ fn to_tensor(
             }
         }
     }
+    // Only now, with the shape known to be the model's, are the values walked.
+    let leaves = flatten(&spec.name, value, &shape)?;
     let bad = |index: usize, v: &Value| {
         let mut at = Vec::with_capacity(shape.len());
         let mut rest = index;
@@ -318,7 +329,10 @@ fn to_tensor(
         }
     }
     match spec.datum_type {
-        DatumType::F32 => collect!(f32, |v: &Value| v.as_f64().map(|x| x as f32)),
+        DatumType::F32 => collect!(f32, |v: &Value| {
+            // Out of float32's range would silently become infinity: refuse it instead.
+            v.as_f64().map(|x| x as f32).filter(|x| x.is_finite())
+        }),
         DatumType::F64 => collect!(f64, Value::as_f64),
         DatumType::I8 => collect!(i8, int::<i8>),
         DatumType::I16 => collect!(i16, int::<i16>),

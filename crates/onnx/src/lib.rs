@@ -34,6 +34,8 @@ use modelmux_store::{ModelRepository, StoreError};
 use tract_onnx::prelude::*;
 
 pub use json::{InputSpec, Signature};
+/// The tract crate this kind runs on, for callers that need its types.
+pub use tract_onnx;
 
 /// The file each model directory holds.
 pub const MODEL_FILE: &str = "model.onnx";
@@ -59,7 +61,7 @@ impl Onnx {
 /// A loaded, optimized ONNX model.
 pub struct OnnxModel {
     plan: Arc<TypedRunnableModel>,
-    signature: Signature,
+    signature: Arc<Signature>,
     size: u64,
 }
 
@@ -69,7 +71,7 @@ impl OnnxModel {
         let model = tract_onnx::onnx()
             .model_for_read(&mut std::io::Cursor::new(bytes))?
             .into_optimized()?;
-        let signature = Signature::of(&model)?;
+        let signature = Arc::new(Signature::of(&model)?);
         let plan = model.into_runnable()?;
         Ok(Self {
             plan,
@@ -95,24 +97,25 @@ impl Model for OnnxModel {
     }
 }
 
-fn client_error(status: StatusCode, message: impl Into<String>) -> BoxError {
+fn with_status(status: StatusCode, message: impl Into<String>) -> BoxError {
     Box::new(ServeError::status(status, message))
 }
 
-/// Store errors the client caused (an unknown model) keep their status; others are the
-/// server's.
+/// The status each store error is answered with: an unknown model is the client's 404, an id
+/// that cannot be a path its 400; storage that failed or refused the server is a 502 (the
+/// server's upstream failed), a disk cache without room a 503 (try again later); anything
+/// else is a 500.
 fn store_error(error: StoreError) -> BoxError {
-    if error.is_not_found() {
-        client_error(StatusCode::NOT_FOUND, error.to_string())
-    } else if error.is_client_error() {
-        let status = match error {
-            StoreError::InvalidId { .. } => StatusCode::BAD_REQUEST,
-            _ => StatusCode::FORBIDDEN,
-        };
-        client_error(status, error.to_string())
-    } else {
-        Box::new(error)
-    }
+    let status = match &error {
+        StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
+        StoreError::InvalidId { .. } => StatusCode::BAD_REQUEST,
+        StoreError::PermissionDenied { .. } | StoreError::Transfer { .. } => {
+            StatusCode::BAD_GATEWAY
+        }
+        StoreError::CacheFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
+        _ => return Box::new(error),
+    };
+    with_status(status, error.to_string())
 }
 
 impl ModelKind for Onnx {
@@ -155,16 +158,25 @@ impl ModelKind for Onnx {
         id: &ModelId,
         request: Request,
     ) -> Result<Response, BoxError> {
+        // The ingress bounds bodies (`max_body_bytes`); this is the whole body it accepted.
         let body = request.into_body().to_bytes(usize::MAX).await?;
-        let inputs = model
-            .signature
-            .parse_request(&body)
-            .map_err(|message| client_error(StatusCode::BAD_REQUEST, message))?;
         let plan = model.plan.clone();
-        let outputs = tokio::task::spawn_blocking(move || plan.run(inputs))
-            .await?
-            .map_err(|e| format!("model '{id}' failed to run: {e:#}"))?;
-        let body = model.signature.render_response(id.as_str(), &outputs)?;
+        let signature = model.signature.clone();
+        let owned_id = id.clone();
+        // Parsing the JSON, running the model and writing the answer are all CPU work: none of
+        // it runs on the async workers that route requests.
+        let body = tokio::task::spawn_blocking(move || {
+            let inputs = signature
+                .parse_request(&body)
+                .map_err(|message| with_status(StatusCode::BAD_REQUEST, message))?;
+            let outputs = plan
+                .run(inputs)
+                .map_err(|e| format!("model '{owned_id}' failed to run: {e:#}"))?;
+            signature
+                .render_response(owned_id.as_str(), &outputs)
+                .map_err(BoxError::from)
+        })
+        .await??;
         let mut response = Response::new(Body::from(body));
         response.headers_mut().insert(
             header::CONTENT_TYPE,

@@ -181,3 +181,29 @@ async fn a_file_that_is_not_onnx_is_a_clear_load_error() {
         .to_string();
     assert!(escape.contains("cannot be used"), "{escape}");
 }
+
+#[tokio::test]
+async fn hostile_requests_are_400s_not_crashes() {
+    let model = kind()
+        .load(&ModelId::new("customer-1").unwrap())
+        .await
+        .unwrap();
+    // Claims a 16^11 shape through its first elements, in ~400 bytes: must not allocate it.
+    let mut nested = "0".to_string();
+    for _ in 0..11 {
+        nested = format!("[{nested}{}]", ",0".repeat(15));
+    }
+    let err = run(&model, "customer-1", &format!(r#"{{"inputs": {nested}}}"#)).unwrap_err();
+    assert!(err.contains("expects shape [N, 4]"), "{err}");
+    let deep = format!("{}{}", "[".repeat(100), "]".repeat(100));
+    assert!(run(&model, "customer-1", &format!(r#"{{"inputs": {deep}}}"#)).is_err());
+    let err = run(&model, "customer-1", r#"{"inputs": [[1e39, 0, 0, 0]]}"#).unwrap_err();
+    assert!(err.contains("1e39") || err.contains("1e+39"), "{err}");
+    // A big valid batch is fine.
+    let rows = vec!["[0.5,1,2,3]"; 5000].join(",");
+    let ok = run(&model, "customer-1", &format!("[{rows}]")).unwrap();
+    assert_eq!(
+        ok["outputs"]["probabilities"].as_array().unwrap().len(),
+        5000
+    );
+}

@@ -107,10 +107,9 @@ pub enum ServeError {
 fn chosen_status(error: &modelmux_cache::Error) -> Option<StatusCode> {
     use modelmux_cache::Error as M;
     match error {
-        M::LoadFailed { source, .. } => match source.downcast_ref::<ServeError>()? {
-            ServeError::Model(_) => None,
-            other => Some(other.http_status()),
-        },
+        M::LoadFailed { source, .. } => source
+            .downcast_ref::<ServeError>()
+            .map(ServeError::http_status),
         M::BackingOff { cause, .. } => chosen_status(cause),
         _ => None,
     }

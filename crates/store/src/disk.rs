@@ -74,6 +74,8 @@ pub(crate) struct Object {
     pub(crate) file: String,
     pub(crate) etag_is_md5: bool,
     pub(crate) retry: RetryPolicy,
+    /// The repository's instance (see `cache_key`).
+    pub(crate) instance: u64,
 }
 
 /// Counters of a [`DiskCache`].
@@ -220,6 +222,15 @@ impl DiskCache {
             .map_err(|e| store_error(&object, &e))
     }
 
+    /// The size of `object`: from the cache when it is there, else from the store (a `HEAD`,
+    /// under the retry policy).
+    pub(crate) async fn size(&self, object: Object) -> Result<u64, StoreError> {
+        if let Some(file) = self.files.try_get(&cache_key(&object)) {
+            return Ok(file.size());
+        }
+        head_size(&object).await
+    }
+
     /// Drops the cached copy of `object` (a file that downloaded fine but is not a valid
     /// model, say), so the next fetch downloads it again. Readers still holding it keep it
     /// until they are done.
@@ -255,7 +266,10 @@ impl Drop for Fetching<'_> {
             return;
         };
         entry.1 -= 1;
-        if entry.1 == 0 && !self.files.models().iter().any(|m| &m.id == self.key) {
+        if entry.1 == 0
+            && self.files.try_get(self.key).is_none()
+            && !self.files.loading_ids().contains(self.key)
+        {
             objects.remove(self.key);
         }
     }
@@ -263,6 +277,7 @@ impl Drop for Fetching<'_> {
 
 fn cache_key(object: &Object) -> ModelId {
     let digest = Md5::new()
+        .chain_update(object.instance.to_le_bytes())
         .chain_update(object.repository.as_bytes())
         .chain_update([0])
         .chain_update(object.location.as_ref().as_bytes())
@@ -288,48 +303,13 @@ fn store_error(object: &Object, error: &CacheError) -> StoreError {
     if let CacheError::LoadFailed { source, .. } = cause
         && let Some(inner) = source.downcast_ref::<StoreError>()
     {
-        return match inner {
-            StoreError::NotFound {
-                id,
-                file,
-                repository,
-                key,
-            } => StoreError::NotFound {
-                id: id.clone(),
-                file: file.clone(),
-                repository: repository.clone(),
-                key: key.clone(),
-            },
-            StoreError::PermissionDenied {
-                id,
-                repository,
-                message,
-            } => StoreError::PermissionDenied {
-                id: id.clone(),
-                repository: repository.clone(),
-                message: message.clone(),
-            },
-            StoreError::Transfer {
-                id,
-                repository,
-                attempts,
-                last,
-            } => StoreError::Transfer {
-                id: id.clone(),
-                repository: repository.clone(),
-                attempts: *attempts,
-                last: if std::ptr::eq(cause, error) {
-                    last.clone()
-                } else {
-                    format!("{last} (failed recently; not retried until its backoff expires)")
-                },
-            },
-            other => StoreError::Store {
-                id: object.id.clone(),
-                repository: object.repository.clone(),
-                message: other.to_string(),
-            },
-        };
+        let mut copy = inner.duplicate();
+        if !std::ptr::eq(cause, error)
+            && let StoreError::Transfer { last, .. } = &mut copy
+        {
+            last.push_str(" (failed recently; not retried until its backoff expires)");
+        }
+        return copy;
     }
     match error {
         CacheError::ModelTooLarge { .. } | CacheError::CapacityExhausted { .. } => {
@@ -401,22 +381,18 @@ impl FileLoader {
 impl Loader<CachedFile> for FileLoader {
     async fn probe(&self, key: &ModelId) -> Result<Option<u64>, BoxError> {
         let object = self.object(key)?;
-        let meta = with_retries(&object, |_| async {
-            object
-                .store
-                .get_opts(&object.location, head())
-                .await
-                .map(|r| r.meta)
-                .map_err(Attempt::Store)
-        })
-        .await?;
-        Ok(Some(meta.size))
+        Ok(Some(head_size(&object).await?))
     }
 
     async fn load(&self, key: &ModelId) -> Result<CachedFile, BoxError> {
         let object = self.object(key)?;
         let started = tokio::time::Instant::now();
-        let final_path = self.0.files_dir.join(key.as_str());
+        // A name of its own for each download: a reader may still hold an evicted copy of this
+        // key, whose deletion must never hit its replacement.
+        let final_path = self.0.files_dir.join(format!(
+            "{key}.{}",
+            self.0.next_tmp.fetch_add(1, Ordering::Relaxed)
+        ));
         let size = with_retries(&object, |attempt| {
             let mut tmp = TempFile {
                 path: self.0.tmp_dir.join(format!(
@@ -430,8 +406,9 @@ impl Loader<CachedFile> for FileLoader {
             let final_path = final_path.clone();
             async move {
                 let size = download(&object, &mut tmp).await?;
-                tokio::fs::rename(&tmp.path, &final_path)
-                    .await
+                // Synchronous (a rename is one metadata operation), so no cancellation can come
+                // between the file taking its final name and being kept.
+                std::fs::rename(&tmp.path, &final_path)
                     .map_err(|e| Attempt::Local(StoreError::io(&final_path, e)))?;
                 tmp.keep();
                 Ok(size)
@@ -455,18 +432,25 @@ impl Loader<CachedFile> for FileLoader {
     }
 }
 
-fn head() -> object_store::GetOptions {
-    object_store::GetOptions::new().with_head(true)
+/// The object's size, from a `HEAD` under its retry policy.
+pub(crate) async fn head_size(object: &Object) -> Result<u64, StoreError> {
+    let meta = with_retries(object, |_| async {
+        let head = object_store::GetOptions::new().with_head(true);
+        let get = object.store.get_opts(&object.location, head);
+        match tokio::time::timeout(object.retry.attempt_timeout, get).await {
+            Ok(result) => result.map(|r| r.meta).map_err(Attempt::Store),
+            Err(_) => Err(Attempt::Timeout),
+        }
+    })
+    .await?;
+    Ok(meta.size)
 }
-
-/// Bytes written by a download's writer thread, and their MD5.
-type Written = (u64, [u8; 16]);
 
 /// A download's temporary file: removed unless it was renamed into place, also when the
 /// download is cancelled half-way (then after its writer thread has let go of it).
 struct TempFile {
     path: PathBuf,
-    writer: Option<tokio::task::JoinHandle<std::io::Result<Written>>>,
+    writer: Option<tokio::task::JoinHandle<std::io::Result<u64>>>,
     kept: bool,
 }
 
@@ -543,6 +527,13 @@ where
                     });
                 }
                 Failure::Transient => last = e.to_string(),
+                Failure::Permanent => {
+                    return Err(StoreError::Store {
+                        id: object.id.clone(),
+                        repository: object.repository.clone(),
+                        message: e.to_string(),
+                    });
+                }
             },
             Ok(Err(Attempt::Verify(message))) => last = message,
             Ok(Err(Attempt::Local(e))) => return Err(e),
@@ -571,8 +562,9 @@ where
     })
 }
 
-/// One download attempt into `tmp`: the body streams to a writer thread that hashes and writes
-/// while the next chunks arrive; then size and checksum are checked against the store's word.
+/// One download attempt into `tmp`. The body streams to two threads at once: one writes the
+/// file, one hashes (when there is a checksum to check), so hashing, writing and receiving
+/// overlap. Then size and checksum are checked against the store's word.
 async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64, Attempt> {
     let deadline = tokio::time::Instant::now() + object.retry.attempt_timeout;
     let get = object
@@ -583,72 +575,101 @@ async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64, Attempt> {
         .map_err(|_| Attempt::Timeout)?
         .map_err(Attempt::Store)?;
     let expected = result.meta.size;
-    let etag = result.meta.e_tag.clone();
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+    let expected_md5 = if object.etag_is_md5 {
+        result.meta.e_tag.as_deref().and_then(plain_md5_etag)
+    } else {
+        None
+    };
+    let (to_writer, mut chunks) = tokio::sync::mpsc::channel::<Bytes>(64);
     let path = tmp.path.clone();
-    let writer = tokio::task::spawn_blocking(move || -> std::io::Result<Written> {
-        let file = std::fs::File::create(&path)?;
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-        let mut hash = Md5::new();
-        let mut written = 0u64;
-        while let Some(chunk) = rx.blocking_recv() {
-            hash.update(&chunk);
-            out.write_all(&chunk)?;
-            written += chunk.len() as u64;
+    tmp.writer = Some(tokio::task::spawn_blocking(
+        move || -> std::io::Result<u64> {
+            let file = std::fs::File::create(&path)?;
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+            let mut written = 0u64;
+            while let Some(chunk) = chunks.blocking_recv() {
+                out.write_all(&chunk)?;
+                written += chunk.len() as u64;
+            }
+            out.flush()?;
+            Ok(written)
+        },
+    ));
+    let (to_hasher, hasher) = match expected_md5 {
+        Some(_) => {
+            let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+            let hasher = tokio::task::spawn_blocking(move || {
+                let mut hash = Md5::new();
+                while let Some(chunk) = rx.blocking_recv() {
+                    hash.update(&chunk);
+                }
+                <[u8; 16]>::from(hash.finalize())
+            });
+            (Some(tx), Some(hasher))
         }
-        out.flush()?;
-        Ok((written, hash.finalize().into()))
-    });
-    tmp.writer = Some(writer);
+        None => (None, None),
+    };
     let mut stream = result.into_stream();
     let mut failed = None;
     loop {
-        match tokio::time::timeout_at(deadline, stream.next()).await {
+        let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
             Err(_) => {
                 failed = Some(Attempt::Timeout);
                 break;
             }
             Ok(None) => break,
-            Ok(Some(Ok(chunk))) => {
-                // Sending waits while the writer is behind, so the deadline covers it too.
-                match tokio::time::timeout_at(deadline, tx.send(chunk)).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(_)) => break, // the writer failed; its error is below
-                    Err(_) => {
-                        failed = Some(Attempt::Timeout);
-                        break;
-                    }
-                }
-            }
             Ok(Some(Err(e))) => {
                 failed = Some(Attempt::Store(e));
                 break;
             }
+            Ok(Some(Ok(chunk))) => chunk,
+        };
+        // Sending waits while a thread is behind, so the deadline covers that too. A closed
+        // channel means the writer failed; its error is read below.
+        let sent = async {
+            if let Some(hasher) = &to_hasher
+                && hasher.send(chunk.clone()).await.is_err()
+            {
+                return false;
+            }
+            to_writer.send(chunk).await.is_ok()
+        };
+        match tokio::time::timeout_at(deadline, sent).await {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(_) => {
+                failed = Some(Attempt::Timeout);
+                break;
+            }
         }
     }
-    drop(tx);
-    let writer = tmp.writer.take().expect("set above");
-    let written = writer
-        .await
-        .map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?;
+    drop((to_writer, to_hasher));
+    // Joined in place: if this attempt is cancelled here, the TempFile still owns the writer
+    // and removes the file only once the writer has let go of it.
+    let joined = tmp.writer.as_mut().expect("set above").await;
+    tmp.writer = None;
+    let written =
+        joined.map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?;
     if let Some(failure) = failed {
         return Err(failure);
     }
-    let written = written.map_err(|e| Attempt::Local(StoreError::io(&tmp.path, e)))?;
-    let (size, md5) = written;
+    let size = written.map_err(|e| Attempt::Local(StoreError::io(&tmp.path, e)))?;
     if size != expected {
         return Err(Attempt::Verify(format!(
             "the transfer was truncated: {size} of {expected} bytes arrived"
         )));
     }
-    if object.etag_is_md5
-        && let Some(expected_md5) = etag.as_deref().and_then(plain_md5_etag)
-        && expected_md5 != hex(&md5)
-    {
-        return Err(Attempt::Verify(format!(
-            "the transfer was corrupted: MD5 {} does not match the object's ETag {expected_md5}",
-            hex(&md5)
-        )));
+    if let (Some(expected_md5), Some(hasher)) = (expected_md5, hasher) {
+        let md5 = hex(&hasher
+            .await
+            .map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?);
+        if md5 != expected_md5 {
+            return Err(Attempt::Verify(format!(
+                "the transfer was corrupted: its MD5 {md5} does not match the object's ETag \
+                 {expected_md5} (objects encrypted with SSE-KMS or SSE-C have ETags that are \
+                 not MD5s: set verify_md5 to false for such buckets)"
+            )));
+        }
     }
     Ok(size)
 }

@@ -108,6 +108,65 @@ impl StoreError {
         )
     }
 
+    /// A copy, for errors shared by every waiter of a load (`std::io::Error` is not `Clone`).
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            Self::NotFound {
+                id,
+                file,
+                repository,
+                key,
+            } => Self::NotFound {
+                id: id.clone(),
+                file: file.clone(),
+                repository: repository.clone(),
+                key: key.clone(),
+            },
+            Self::PermissionDenied {
+                id,
+                repository,
+                message,
+            } => Self::PermissionDenied {
+                id: id.clone(),
+                repository: repository.clone(),
+                message: message.clone(),
+            },
+            Self::InvalidId { id, reason } => Self::InvalidId {
+                id: id.clone(),
+                reason: reason.clone(),
+            },
+            Self::Transfer {
+                id,
+                repository,
+                attempts,
+                last,
+            } => Self::Transfer {
+                id: id.clone(),
+                repository: repository.clone(),
+                attempts: *attempts,
+                last: last.clone(),
+            },
+            Self::CacheFull { id, message } => Self::CacheFull {
+                id: id.clone(),
+                message: message.clone(),
+            },
+            Self::Config(message) => Self::Config(message.clone()),
+            Self::Io { path, source } => Self::Io {
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            Self::Store {
+                id,
+                repository,
+                message,
+            } => Self::Store {
+                id: id.clone(),
+                repository: repository.clone(),
+                message: message.clone(),
+            },
+        }
+    }
+
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Self::Io {
             path: path.into(),

@@ -30,6 +30,9 @@ pub struct ModelRepository {
 }
 
 struct Inner {
+    /// Tells this repository's files apart from any other's in a shared disk cache, even one
+    /// at the same URL with other credentials or contents.
+    instance: u64,
     url: String,
     backend: Backend,
     retry: RetryPolicy,
@@ -90,7 +93,7 @@ async fn read(path: &Path) -> Result<Bytes, StoreError> {
 }
 
 /// Options for [`ModelRepository::open`].
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct RepositoryOptions {
     /// Backend options as `object_store` names them, for S3: `endpoint`, `region`,
     /// `access_key_id`, `secret_access_key`, `session_token`, `allow_http`,
@@ -100,6 +103,41 @@ pub struct RepositoryOptions {
     pub disk_cache: Option<DiskCache>,
     /// Retries and timeouts of downloads.
     pub retry: RetryPolicy,
+    /// Check each S3 download's MD5 against the object's ETag, when the ETag is one (objects
+    /// uploaded in one part, without SSE-KMS or SSE-C encryption). Default on; turn it off for
+    /// buckets whose ETags are 32 hex digits but not MD5s (SSE-KMS, SSE-C).
+    pub verify_md5: bool,
+}
+
+impl Default for RepositoryOptions {
+    fn default() -> Self {
+        Self {
+            options: Vec::new(),
+            disk_cache: None,
+            retry: RetryPolicy::default(),
+            verify_md5: true,
+        }
+    }
+}
+
+fn next_instance() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Checks a file name of a model: one plain path segment.
+fn check_file(file: &str) -> Result<(), StoreError> {
+    let bad = file.is_empty()
+        || file == "."
+        || file == ".."
+        || file.contains(['/', '\\'])
+        || file.chars().any(char::is_control);
+    if bad {
+        return Err(StoreError::Config(format!(
+            "'{file}' is not a file name inside a model's directory"
+        )));
+    }
+    Ok(())
 }
 
 impl ModelRepository {
@@ -110,6 +148,7 @@ impl ModelRepository {
             options,
             disk_cache,
             retry,
+            verify_md5,
         } = options;
         let Some((scheme, rest)) = location.split_once("://") else {
             return Self::local(location, &options, retry);
@@ -125,12 +164,13 @@ impl ModelRepository {
                 let (store, prefix) = s3(location, rest, &options, retry)?;
                 Ok(Self {
                     inner: Arc::new(Inner {
+                        instance: next_instance(),
                         url: location.trim_end_matches('/').to_string(),
                         backend: Backend::Store {
                             store,
                             prefix,
                             cache: Some(cache),
-                            etag_is_md5: true,
+                            etag_is_md5: verify_md5,
                         },
                         retry,
                     }),
@@ -159,6 +199,7 @@ impl ModelRepository {
             .map_err(|e| StoreError::Config(format!("invalid prefix '{prefix}' for {url}: {e}")))?;
         Ok(Self {
             inner: Arc::new(Inner {
+                instance: next_instance(),
                 url,
                 backend: Backend::Store {
                     store,
@@ -191,6 +232,7 @@ impl ModelRepository {
         }
         Ok(Self {
             inner: Arc::new(Inner {
+                instance: next_instance(),
                 url: root.display().to_string(),
                 backend: Backend::Local(root),
                 retry,
@@ -218,23 +260,13 @@ impl ModelRepository {
                     Err(e) => Err(StoreError::io(path, e)),
                 }
             }
-            Backend::Store { .. } => {
-                let object = self.object(id, file)?;
-                let meta = object
-                    .store
-                    .get_opts(&object.location, GetOptions::new().with_head(true))
-                    .await;
-                match meta {
-                    Ok(result) => Ok(result.meta.size),
-                    Err(object_store::Error::NotFound { .. }) => {
-                        Err(self.not_found(id, file, object.location.as_ref()))
-                    }
-                    Err(e) => Err(StoreError::Store {
-                        id: id.to_string(),
-                        repository: self.url().to_string(),
-                        message: e.to_string(),
-                    }),
-                }
+            // A file in the disk cache is not asked about again: loads keep working from
+            // disk while the store is down.
+            Backend::Store {
+                cache: Some(cache), ..
+            } => cache.size(self.object(id, file)?).await,
+            Backend::Store { cache: None, .. } => {
+                crate::disk::head_size(&self.object(id, file)?).await
             }
         }
     }
@@ -316,6 +348,7 @@ impl ModelRepository {
     }
 
     fn local_path(&self, root: &Path, id: &ModelId, file: &str) -> Result<PathBuf, StoreError> {
+        check_file(file)?;
         let relative = id.as_relative_path().map_err(|e| StoreError::InvalidId {
             id: id.to_string(),
             reason: e.to_string(),
@@ -338,6 +371,7 @@ impl ModelRepository {
             reason,
         };
         id.as_relative_path().map_err(|e| invalid(e.to_string()))?;
+        check_file(file)?;
         let relative = ObjectPath::parse(format!("{id}/{file}"))
             .map_err(|e| invalid(format!("not a valid object key: {e}")))?;
         let location = prefix.parts().chain(relative.parts()).collect();
@@ -349,6 +383,7 @@ impl ModelRepository {
             file: file.to_string(),
             etag_is_md5: *etag_is_md5,
             retry: self.inner.retry,
+            instance: self.inner.instance,
         })
     }
 }

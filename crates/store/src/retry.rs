@@ -66,7 +66,11 @@ fn random() -> u64 {
 pub(crate) enum Failure {
     NotFound,
     Denied,
+    /// 5xx, 429, timeouts, resets: worth another attempt.
     Transient,
+    /// Anything else (an invalid path, an unsupported operation, ...): another attempt would
+    /// fail the same way.
+    Permanent,
 }
 
 pub(crate) fn classify(error: &object_store::Error) -> Failure {
@@ -74,7 +78,10 @@ pub(crate) fn classify(error: &object_store::Error) -> Failure {
     match error {
         E::NotFound { .. } => Failure::NotFound,
         E::PermissionDenied { .. } | E::Unauthenticated { .. } => Failure::Denied,
-        _ => Failure::Transient,
+        // Generic is how object_store reports HTTP and network failures once its own (here
+        // disabled) retries are done: server errors, throttling, timeouts, resets.
+        E::Generic { .. } | E::JoinError { .. } => Failure::Transient,
+        _ => Failure::Permanent,
     }
 }
 
@@ -121,5 +128,9 @@ mod tests {
             source: "503 Slow Down".into(),
         };
         assert_eq!(classify(&generic), Failure::Transient);
+        let unsupported = object_store::Error::NotSupported {
+            source: "no".into(),
+        };
+        assert_eq!(classify(&unsupported), Failure::Permanent);
     }
 }

@@ -63,6 +63,7 @@ async fn setup(name: &str, max_bytes: u64, retry: RetryPolicy) -> Setup {
             ],
             disk_cache: Some(cache.clone()),
             retry,
+            verify_md5: true,
         },
     )
     .unwrap();
@@ -353,6 +354,29 @@ async fn access_denied_is_not_retried() {
         .unwrap();
     assert!(matches!(err, StoreError::PermissionDenied { .. }), "{err}");
     assert_eq!(s.proxy.gets("/m/model.onnx"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_heads_are_retried_too() {
+    let s = setup("head", 16 << 20, fast_retries()).await;
+    s.put("m", blob(1, 1000)).await;
+    s.proxy.inject_head(&[503, 500]);
+    assert_eq!(
+        s.repository.size(&id("m"), "model.onnx").await.unwrap(),
+        1000
+    );
+    assert_eq!(s.proxy.heads(), 3);
+    s.proxy.inject_head(&[503]);
+    let file = s.repository.fetch(&id("m"), "model.onnx").await.unwrap();
+    assert_eq!(file.size(), 1000);
+    // Once cached, its size comes from the disk: the store is not asked.
+    let heads = s.proxy.heads();
+    s.proxy.inject_head(&[503, 503, 503, 503, 503]);
+    assert_eq!(
+        s.repository.size(&id("m"), "model.onnx").await.unwrap(),
+        1000
+    );
+    assert_eq!(s.proxy.heads(), heads);
 }
 
 #[tokio::test]

@@ -111,6 +111,8 @@ pub struct Proxy {
 struct ProxyState {
     /// Faults for the next GETs, in order; `forever` applies after those run out.
     faults: Mutex<(Vec<Fault>, Option<Fault>)>,
+    /// Statuses for the next HEADs, in order.
+    head_faults: Mutex<Vec<u16>>,
     gets: Mutex<HashMap<String, u32>>,
     heads: AtomicU32,
 }
@@ -150,6 +152,11 @@ impl Proxy {
         *self.state.faults.lock() = (faults.iter().rev().copied().collect(), forever);
     }
 
+    /// Answers the next HEADs with these statuses, one each.
+    pub fn inject_head(&self, statuses: &[u16]) {
+        *self.state.head_faults.lock() = statuses.iter().rev().copied().collect();
+    }
+
     /// GETs of object bodies seen for keys ending in `suffix`.
     pub fn gets(&self, suffix: &str) -> u32 {
         self.state
@@ -183,8 +190,10 @@ async fn forward(
     } else {
         if request.method() == http::Method::HEAD {
             state.heads.fetch_add(1, Ordering::Relaxed);
+            state.head_faults.lock().pop().map(Fault::Status)
+        } else {
+            None
         }
-        None
     };
     if let Some(Fault::Status(code)) = fault {
         return http::Response::builder()
