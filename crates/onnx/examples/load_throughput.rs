@@ -13,7 +13,9 @@
 //! (tract parses and optimizes it), and `load` (what a replica does: all of them).
 //! `scripts/bench-load` compares these with raw reads of the same bytes.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use modelmux_cache::ModelId;
 use modelmux_onnx::{MODEL_FILE, OnnxModel};
