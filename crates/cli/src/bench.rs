@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Prefix of the model ids.
     #[arg(long, default_value = "")]
     model_prefix: String,
+    /// Number of the first model id (`--first-model 1 --model-prefix customer-` asks for
+    /// customer-1, customer-2, ...).
+    #[arg(long, default_value_t = 0)]
+    first_model: usize,
     /// Zipf exponent of model popularity; 0 is uniform.
     #[arg(long, default_value_t = 0.0)]
     zipf: f64,
@@ -226,7 +230,7 @@ fn request_for(
     if let Some(k) = model {
         request = request.header(
             "serve_multiplexed_model_id",
-            format!("{}{k}", args.model_prefix),
+            format!("{}{}", args.model_prefix, args.first_model + k),
         );
     }
     let body = args.body.clone().map(Bytes::from).unwrap_or_default();
