@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p modelmux-onnx --example load_throughput -- \
-//!     <repository> <model_id> [runs] [key=value store options...]
+//!     <repository> <model_id> [runs] [key=value store options...] [verify_md5=false]
 //! ```
 //!
 //! Prints one JSON object: the model's size and, per stage, the best time over the runs and
@@ -38,6 +38,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok::<_, &str>((k.to_string(), v.to_string()))
         })
         .collect::<Result<_, _>>()?;
+    // `verify_md5=false` is ours, not the store's.
+    let verify_md5 = !options
+        .iter()
+        .any(|(k, v)| k == "verify_md5" && v == "false");
+    let options: Vec<(String, String)> = options
+        .into_iter()
+        .filter(|(k, _)| k != "verify_md5")
+        .collect();
     let id = ModelId::new(id)?;
     let mut best = [Duration::MAX; 6];
     let mut size = 0;
@@ -49,6 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             RepositoryOptions {
                 options: options.clone(),
                 disk_cache: cache,
+                verify_md5,
                 ..Default::default()
             },
         )?;

@@ -207,3 +207,56 @@ async fn hostile_requests_are_400s_not_crashes() {
         5000
     );
 }
+
+#[tokio::test]
+async fn a_remote_file_that_is_not_onnx_leaves_nothing_in_the_disk_cache() {
+    use modelmux_store::object_store::memory::InMemory;
+    use modelmux_store::object_store::path::Path;
+    use modelmux_store::object_store::{ObjectStoreExt, PutPayload};
+    use modelmux_store::{DiskCache, RetryPolicy};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cache = DiskCache::open(dir.path().join("c"), 1 << 20).unwrap();
+    let store = std::sync::Arc::new(InMemory::new());
+    let key = Path::parse("m/model.onnx").unwrap();
+    store
+        .put(&key, PutPayload::from_static(b"not a model at all"))
+        .await
+        .unwrap();
+    let repository = ModelRepository::from_store(
+        "mem://models",
+        store.clone(),
+        "",
+        Some(cache.clone()),
+        RetryPolicy::default(),
+    )
+    .unwrap();
+    let kind = Onnx::new(repository);
+    let err = kind.load(&ModelId::new("m").unwrap()).await.err().unwrap();
+    assert!(err.to_string().contains("not a valid ONNX model"), "{err}");
+    assert_eq!(cache.stats().downloads, 1);
+    for _ in 0..100 {
+        if cache.stats().files == 0
+            && std::fs::read_dir(dir.path().join("c/files"))
+                .unwrap()
+                .next()
+                .is_none()
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(cache.stats().files, 0, "the bad copy is not kept");
+    assert!(
+        std::fs::read_dir(dir.path().join("c/files"))
+            .unwrap()
+            .next()
+            .is_none()
+    );
+    // A fixed upload is picked up by the next load.
+    let good = std::fs::read(demo_dir().join("customer-1/model.onnx")).unwrap();
+    store.put(&key, PutPayload::from(good)).await.unwrap();
+    let model = kind.load(&ModelId::new("m").unwrap()).await.unwrap();
+    assert_eq!(cache.stats().downloads, 2);
+    assert!(run(&model, "m", "[[1,2,3,4]]").is_ok());
+}
