@@ -291,7 +291,8 @@ pub const BUILTIN_DEMO_REPOSITORY: &str = "builtin://demo";
 #[serde(deny_unknown_fields)]
 pub struct OnnxConfig {
     /// Where the models are: a directory (`examples/models`), `file:///abs/dir`,
-    /// `s3://bucket/prefix`, or `builtin://demo` (the demo models compiled into the binary).
+    /// `s3://bucket/prefix`, `https://host/path` (any web server), or `builtin://demo` (the
+    /// demo models compiled into the binary).
     /// Each model is `<repository>/<model_id>/model.onnx`.
     pub repository: String,
     /// Store options, as `object_store` names them (for S3: `endpoint`, `region`,

@@ -1,7 +1,8 @@
 //! `modelmux-store`: model repositories for modelmux.
 //!
 //! A repository holds one directory per model, `<repository>/<model_id>/<file>`, on local
-//! disk or in an object store (S3 and S3-compatible servers with the `s3` feature). Remote
+//! disk or in an object store (S3 and S3-compatible servers with the `s3` feature, any web
+//! server with the `http` feature). Remote
 //! files are downloaded once into a byte-bounded [`DiskCache`] shared by the whole process,
 //! verified, and read from there; downloads are retried on transient errors and bounded in
 //! time as a whole ([`RetryPolicy`]).

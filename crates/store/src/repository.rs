@@ -176,9 +176,31 @@ impl ModelRepository {
                     }),
                 })
             }
+            "http" | "https" => {
+                let cache = disk_cache.ok_or_else(|| {
+                    StoreError::Config(format!(
+                        "{location} is remote: a disk cache is needed to download its models into"
+                    ))
+                })?;
+                let store = web(location, &options, retry)?;
+                Ok(Self {
+                    inner: Arc::new(Inner {
+                        instance: next_instance(),
+                        url: location.trim_end_matches('/').to_string(),
+                        backend: Backend::Store {
+                            store,
+                            prefix: ObjectPath::default(),
+                            cache: Some(cache),
+                            // Web servers' ETags are not content hashes.
+                            etag_is_md5: false,
+                        },
+                        retry,
+                    }),
+                })
+            }
             other => Err(StoreError::Config(format!(
                 "unsupported repository scheme '{other}://' in '{location}': use a local path, \
-                 file:// or s3:// (s3 needs the crate's `s3` feature)"
+                 file://, s3:// or http(s):// (s3 and http need the crate's features of those names)"
             ))),
         }
     }
@@ -388,6 +410,67 @@ impl ModelRepository {
     }
 }
 
+/// Client options shared by the remote backends: our attempt deadline fires first and says so;
+/// theirs is the backstop.
+#[cfg(any(feature = "s3", feature = "http"))]
+fn client_options(retry: RetryPolicy) -> object_store::ClientOptions {
+    object_store::ClientOptions::new()
+        .with_timeout(retry.attempt_timeout + std::time::Duration::from_secs(5))
+        .with_connect_timeout(
+            retry
+                .attempt_timeout
+                .min(std::time::Duration::from_secs(10)),
+        )
+}
+
+/// One retry policy, ours, which also covers failures in the middle of a body.
+#[cfg(any(feature = "s3", feature = "http"))]
+fn no_retries() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 0,
+        ..object_store::RetryConfig::default()
+    }
+}
+
+#[cfg(feature = "http")]
+fn web(
+    location: &str,
+    options: &[(String, String)],
+    retry: RetryPolicy,
+) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    use object_store::http::HttpBuilder;
+
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut client = client_options(retry).with_allow_http(location.starts_with("http://"));
+    for (key, value) in options {
+        let parsed: object_store::ClientConfigKey = key.parse().map_err(|_| {
+            StoreError::Config(format!(
+                "unknown HTTP option '{key}' for {location} (known: allow_invalid_certificates, \
+                 proxy_url, and the other object_store client keys)"
+            ))
+        })?;
+        client = client.with_config(parsed, value);
+    }
+    let store = HttpBuilder::new()
+        .with_url(location)
+        .with_retry(no_retries())
+        .with_client_options(client)
+        .build()
+        .map_err(|e| StoreError::Config(format!("cannot use {location}: {e}")))?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "http"))]
+fn web(
+    location: &str,
+    _: &[(String, String)],
+    _: RetryPolicy,
+) -> Result<Arc<dyn ObjectStore>, StoreError> {
+    Err(StoreError::Config(format!(
+        "{location}: this build has no HTTP repositories (the `http` feature of modelmux-store)"
+    )))
+}
+
 #[cfg(feature = "s3")]
 fn s3(
     location: &str,
@@ -396,7 +479,6 @@ fn s3(
     retry: RetryPolicy,
 ) -> Result<(Arc<dyn ObjectStore>, ObjectPath), StoreError> {
     use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
-    use object_store::{ClientOptions, RetryConfig};
 
     // TLS through rustls on ring (no C toolchain needed); installing it twice is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -408,21 +490,8 @@ fn s3(
         .map_err(|e| StoreError::Config(format!("invalid prefix in '{location}': {e}")))?;
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
-        // One retry policy, ours, which also covers failures in the middle of a body.
-        .with_retry(RetryConfig {
-            max_retries: 0,
-            ..RetryConfig::default()
-        })
-        .with_client_options(
-            ClientOptions::new()
-                // Our attempt deadline fires first and says so; this is the backstop.
-                .with_timeout(retry.attempt_timeout + std::time::Duration::from_secs(5))
-                .with_connect_timeout(
-                    retry
-                        .attempt_timeout
-                        .min(std::time::Duration::from_secs(10)),
-                ),
-        );
+        .with_retry(no_retries())
+        .with_client_options(client_options(retry));
     for (key, value) in options {
         let parsed: AmazonS3ConfigKey = key.parse().map_err(|_| {
             StoreError::Config(format!(
