@@ -16,7 +16,8 @@ use crate::{RetryPolicy, StoreError};
 ///
 /// - A **local directory** (a plain path or `file:///abs/path`): files are read in place, no
 ///   copy is made.
-/// - A **remote store** (`s3://bucket/prefix`, with the `s3` feature): files are downloaded
+/// - A **remote store** (`s3://bucket/prefix` with the `s3` feature, `http(s)://host/path` with
+///   the `http` feature): files are downloaded
 ///   into a [`DiskCache`] and read from there; downloads are retried and bounded in time as
 ///   [`RetryPolicy`] says.
 /// - Any other [`ObjectStore`] given with [`ModelRepository::from_store`] (an in-memory one
@@ -142,7 +143,7 @@ fn check_file(file: &str) -> Result<(), StoreError> {
 
 impl ModelRepository {
     /// Opens the repository at `location`: a directory (`models/`, `/srv/models`,
-    /// `file:///srv/models`) or a URL (`s3://bucket/prefix`).
+    /// `file:///srv/models`) or a URL (`s3://bucket/prefix`, `https://host/models`).
     pub fn open(location: &str, options: RepositoryOptions) -> Result<Self, StoreError> {
         let RepositoryOptions {
             options,
