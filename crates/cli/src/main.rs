@@ -1,7 +1,7 @@
 //! `modelmux`: serve many models from one pool of replicas.
 //!
 //! ```text
-//! modelmux serve [CONFIG]    run a server (no CONFIG: the built-in synthetic demo)
+//! modelmux serve [CONFIG]    run a server (no CONFIG: the built-in demo: 8 ONNX models, 2 replicas)
 //! modelmux status            show what a running server holds, per replica
 //! modelmux bench             load-test a running server
 //! modelmux hello-server      a bare hyper server, the baseline for benchmarks
@@ -27,7 +27,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run a server from a YAML configuration (without one, the built-in synthetic demo).
+    /// Run a server from a YAML configuration (without one, the built-in demo: 8 ONNX classifiers on 2 replicas).
     Serve {
         /// The configuration file.
         config: Option<PathBuf>,
