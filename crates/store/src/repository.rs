@@ -156,13 +156,23 @@ impl ModelRepository {
         };
         match scheme {
             "file" => Self::local(rest, &options, retry),
-            "s3" | "s3a" => {
+            "s3" | "s3a" | "http" | "https" => {
                 let cache = disk_cache.ok_or_else(|| {
                     StoreError::Config(format!(
                         "{location} is remote: a disk cache is needed to download its models into"
                     ))
                 })?;
-                let (store, prefix) = s3(location, rest, &options, retry)?;
+                let (store, prefix, etag_is_md5) = if scheme.starts_with("s3") {
+                    let (store, prefix) = s3(location, rest, &options, retry)?;
+                    (store, prefix, verify_md5)
+                } else {
+                    // Web servers' ETags are not content hashes: sizes are checked only.
+                    (
+                        web(location, &options, retry)?,
+                        ObjectPath::default(),
+                        false,
+                    )
+                };
                 Ok(Self {
                     inner: Arc::new(Inner {
                         instance: next_instance(),
@@ -171,29 +181,7 @@ impl ModelRepository {
                             store,
                             prefix,
                             cache: Some(cache),
-                            etag_is_md5: verify_md5,
-                        },
-                        retry,
-                    }),
-                })
-            }
-            "http" | "https" => {
-                let cache = disk_cache.ok_or_else(|| {
-                    StoreError::Config(format!(
-                        "{location} is remote: a disk cache is needed to download its models into"
-                    ))
-                })?;
-                let store = web(location, &options, retry)?;
-                Ok(Self {
-                    inner: Arc::new(Inner {
-                        instance: next_instance(),
-                        url: location.trim_end_matches('/').to_string(),
-                        backend: Backend::Store {
-                            store,
-                            prefix: ObjectPath::default(),
-                            cache: Some(cache),
-                            // Web servers' ETags are not content hashes.
-                            etag_is_md5: false,
+                            etag_is_md5,
                         },
                         retry,
                     }),
