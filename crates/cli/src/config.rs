@@ -299,10 +299,36 @@ pub struct OnnxConfig {
     /// `access_key_id`, `secret_access_key`, `allow_http`, ...). Unset ones come from the
     /// `AWS_*` environment variables.
     #[serde(default)]
-    pub options: std::collections::BTreeMap<String, String>,
+    pub options: std::collections::BTreeMap<String, OptionValue>,
     /// Retries and timeouts of downloads from a remote repository.
     #[serde(default)]
     pub download: DownloadConfig,
+}
+
+/// A store option's value: YAML strings, booleans and numbers are all accepted
+/// (`allow_http: true` means `allow_http: "true"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum OptionValue {
+    /// A string.
+    Text(String),
+    /// A boolean.
+    Flag(bool),
+    /// A whole number.
+    Whole(i64),
+    /// A number.
+    Number(f64),
+}
+
+impl std::fmt::Display for OptionValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Text(s) => f.write_str(s),
+            Self::Flag(b) => write!(f, "{b}"),
+            Self::Whole(n) => write!(f, "{n}"),
+            Self::Number(n) => write!(f, "{n}"),
+        }
+    }
 }
 
 /// `download`: how remote model files are fetched.
@@ -434,6 +460,14 @@ impl Config {
                         d.name
                     )));
                 }
+                if let ModelSpec::Onnx(onnx) = &d.model
+                    && onnx.download.backoff_base_s.0 > onnx.download.backoff_max_s.0
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "applications[{i}].deployments[{j}].model.download: backoff_base_s is \
+                         larger than backoff_max_s"
+                    )));
+                }
                 if app.deployments[..j]
                     .iter()
                     .any(|other| other.name == d.name)
@@ -513,9 +547,12 @@ impl Config {
             .flat_map(|a| &a.deployments)
             .any(|d| matches!(&d.model, ModelSpec::Onnx(onnx) if is_remote(&onnx.repository)));
         let disk_cache = if remote {
+            // A check must not take (or empty) the directory a running server may hold.
             let opened = match &self.disk_cache.path {
-                Some(path) if !check_only => DiskCache::open(path, self.disk_cache.max_bytes),
-                _ => DiskCache::temporary(self.disk_cache.max_bytes),
+                Some(path) if check_only => DiskCache::check(path)
+                    .and_then(|()| DiskCache::temporary(self.disk_cache.max_bytes)),
+                Some(path) => DiskCache::open(path, self.disk_cache.max_bytes),
+                None => DiskCache::temporary(self.disk_cache.max_bytes),
             };
             Some(opened.map_err(|e| ConfigError::Invalid(format!("disk_cache: {e}")))?)
         } else {
@@ -580,7 +617,11 @@ async fn deployment(
                 ModelRepository::open(
                     &onnx.repository,
                     RepositoryOptions {
-                        options: onnx.options.clone().into_iter().collect(),
+                        options: onnx
+                            .options
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.to_string()))
+                            .collect(),
                         disk_cache: disk_cache.cloned(),
                         retry: onnx.download.policy(),
                         verify_md5: onnx.download.verify_md5,
@@ -651,6 +692,32 @@ mod tests {
         let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: x, download: {attempts: 0}}\n";
         let err = Config::parse(yaml).unwrap_err().to_string();
         assert!(err.contains("attempts"), "{err}");
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: x, download: {backoff_base_s: 20}}\n";
+        let err = Config::parse(yaml).unwrap_err().to_string();
+        assert!(err.contains("backoff_base_s is larger"), "{err}");
+        // Option values may be YAML booleans and numbers.
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: 's3://b/p', options: {allow_http: true, region: us-east-1}}\n";
+        assert!(Config::parse(yaml).unwrap().server().await.is_ok());
+        // A check looks at the disk cache's directory without taking or emptying it.
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("precious"), b"x").unwrap();
+        let yaml = format!(
+            "disk_cache: {{path: '{}'}}\napplications:\n  - name: a\n    deployments:\n      - name: d\n        model: {{kind: onnx, repository: 's3://b/p'}}\n",
+            dir.path().display()
+        );
+        let config = Config::parse(&yaml).unwrap();
+        let err = config.check().await.unwrap_err().to_string();
+        assert!(err.contains("not empty"), "{err}");
+        assert!(dir.path().join("precious").exists());
+        let cache = dir.path().join("cache");
+        let yaml = yaml.replace(
+            &dir.path().display().to_string(),
+            &cache.display().to_string(),
+        );
+        let config = Config::parse(&yaml).unwrap();
+        let _running = config.server().await.unwrap();
+        config.check().await.unwrap_err(); // in use by the "running server" above
+        drop(_running);
     }
 
     #[test]

@@ -166,6 +166,45 @@ impl DiskCache {
         Ok(Self { files, shared })
     }
 
+    /// Checks that [`open`](Self::open) would accept `dir`, without changing anything in it:
+    /// it is a directory (or does not exist yet), empty or a cache directory of an earlier run,
+    /// and no other process holds it.
+    pub fn check(dir: impl AsRef<Path>) -> Result<(), StoreError> {
+        let dir = dir.as_ref();
+        match std::fs::metadata(dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(StoreError::io(dir, e)),
+            Ok(meta) if !meta.is_dir() => {
+                return Err(StoreError::Config(format!(
+                    "disk cache directory {} is not a directory",
+                    dir.display()
+                )));
+            }
+            Ok(_) => {}
+        }
+        if !dir.join(MARKER).exists() {
+            let mut entries = std::fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))?;
+            if entries.next().is_some() {
+                return Err(StoreError::Config(format!(
+                    "disk cache directory {} is not empty and is not a modelmux disk cache; \
+                     give the cache a directory of its own (it deletes what it finds there)",
+                    dir.display()
+                )));
+            }
+            return Ok(());
+        }
+        let lock_path = dir.join(".lock");
+        if let Ok(lock) = std::fs::File::open(&lock_path)
+            && lock.try_lock_shared().is_err()
+        {
+            return Err(StoreError::Config(format!(
+                "disk cache directory {} is in use by another process; give each server its own",
+                dir.display()
+            )));
+        }
+        Ok(())
+    }
+
     /// Opens a cache in a new directory under the system's temporary directory, deleted with
     /// everything in it when the last clone of the cache drops.
     pub fn temporary(max_bytes: u64) -> Result<Self, StoreError> {

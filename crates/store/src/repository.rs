@@ -126,6 +126,21 @@ fn next_instance() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+/// The repository as shown in messages and logs (which clients may see): without user name,
+/// password, query or fragment, so no credential in a URL leaks.
+fn display_url(location: &str) -> String {
+    match url::Url::parse(location) {
+        Ok(mut url) => {
+            let _ = url.set_username("");
+            let _ = url.set_password(None);
+            url.set_query(None);
+            url.set_fragment(None);
+            url.as_str().trim_end_matches('/').to_string()
+        }
+        Err(_) => location.trim_end_matches('/').to_string(),
+    }
+}
+
 /// Checks a file name of a model: one plain path segment.
 fn check_file(file: &str) -> Result<(), StoreError> {
     let bad = file.is_empty()
@@ -176,7 +191,7 @@ impl ModelRepository {
                 Ok(Self {
                     inner: Arc::new(Inner {
                         instance: next_instance(),
-                        url: location.trim_end_matches('/').to_string(),
+                        url: display_url(location),
                         backend: Backend::Store {
                             store,
                             prefix,
@@ -430,7 +445,20 @@ fn web(
     use object_store::http::HttpBuilder;
 
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut client = client_options(retry).with_allow_http(location.starts_with("http://"));
+    let mut url = url::Url::parse(location).map_err(|e| {
+        StoreError::Config(format!("'{}' is not a URL: {e}", display_url(location)))
+    })?;
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(StoreError::Config(format!(
+            "{}: a repository URL cannot have a query or fragment (model paths are appended to it)",
+            display_url(location)
+        )));
+    }
+    // `https://host/models/` and `https://host/models` are the same repository: no `//` in
+    // the requests made below it.
+    let path = url.path().trim_end_matches('/').to_string();
+    url.set_path(&path);
+    let mut client = client_options(retry).with_allow_http(url.scheme() == "http");
     for (key, value) in options {
         let parsed: object_store::ClientConfigKey = key.parse().map_err(|_| {
             StoreError::Config(format!(
@@ -441,7 +469,7 @@ fn web(
         client = client.with_config(parsed, value);
     }
     let store = HttpBuilder::new()
-        .with_url(location)
+        .with_url(url.as_str())
         .with_retry(no_retries())
         .with_client_options(client)
         .build()

@@ -94,4 +94,40 @@ async fn models_on_a_web_server_are_downloaded_once_into_the_disk_cache() {
             .contains(&format!("not found in {}", server.url)),
         "{missing}"
     );
+    // A trailing slash and credentials in the URL: the same files, and the credentials never
+    // appear in messages.
+    let with_secret = server.url.replace("http://", "http://user:s3cret@") + "/";
+    let repository = ModelRepository::open(
+        &with_secret,
+        RepositoryOptions {
+            disk_cache: Some(cache.clone()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(repository.size(&id, "model.onnx").await.unwrap(), 200_000);
+    let missing = repository
+        .fetch(&ModelId::new("nope").unwrap(), "model.onnx")
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        !missing.contains("s3cret") && missing.contains("not found in http://127.0.0.1"),
+        "{missing}"
+    );
+    let query = ModelRepository::open(
+        &format!("{}?token=abc", server.url),
+        RepositoryOptions {
+            disk_cache: Some(cache.clone()),
+            ..Default::default()
+        },
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(
+        query.contains("cannot have a query") && !query.contains("abc"),
+        "{query}"
+    );
 }
