@@ -39,6 +39,12 @@ pub(crate) struct DeploymentRouter {
     pub(crate) wake: Arc<Notify>,
     queued: AtomicUsize,
     shutting_down: AtomicBool,
+    /// Held while a request places a model (loads it somewhere new): the decision is made
+    /// again under it, and its pending mark is complete before the next placement looks. Without
+    /// it, two first requests racing could see a torn view (one replica's model count already
+    /// raised by the other's mark, its holding not yet) and place the model twice. Requests to
+    /// replicas that hold their model never take it.
+    placing: parking_lot::Mutex<()>,
 }
 
 impl ReplicaView for Replica {
@@ -99,6 +105,7 @@ impl DeploymentRouter {
             wake: Arc::new(Notify::new()),
             queued: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
+            placing: parking_lot::Mutex::new(()),
         }
     }
 
@@ -223,7 +230,17 @@ impl DeploymentRouter {
         let model = model.filter(|_| replicas.iter().any(|r| r.slot.tracks_models()));
         // A lost race for the last slot on a replica just means choosing again.
         for _ in 0..4 {
-            match with_rng(|rng| choose(&replicas, model, Instant::now(), rng)) {
+            let mut choice = with_rng(|rng| choose(&replicas, model, Instant::now(), rng));
+            // Placing a model: decide again, and mark, under the placement lock.
+            let _placing = match choice {
+                Choice::Replica(_, Reason::Placed | Reason::NewCopy) => {
+                    let lock = self.placing.lock();
+                    choice = with_rng(|rng| choose(&replicas, model, Instant::now(), rng));
+                    Some(lock)
+                }
+                _ => None,
+            };
+            match choice {
                 Choice::Replica(i, reason) => {
                     let replica = &replicas[i];
                     if replica.slot.try_begin() {
