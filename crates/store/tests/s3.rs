@@ -83,6 +83,15 @@ impl Setup {
         upload(&self.store, &format!("models/{model}/model.onnx"), bytes).await;
     }
 
+    /// Fetches `model` and returns the error it must end in.
+    async fn fetch_err(&self, model: &str) -> StoreError {
+        self.repository
+            .fetch(&id(model), "model.onnx")
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("fetching {model} should fail"))
+    }
+
     fn cache_files(&self) -> Vec<(std::path::PathBuf, u64)> {
         let mut files = files_under(&self.cache.dir().join("files"));
         files.extend(files_under(&self.cache.dir().join("tmp")));
@@ -153,12 +162,7 @@ async fn the_disk_cache_stays_within_its_byte_bound() {
     // A model larger than the whole cache is refused, and nothing is evicted for it.
     s.put("huge", blob(9, 2 << 20)).await;
     let before = s.cache.stats().files;
-    let err = s
-        .repository
-        .fetch(&id("huge"), "model.onnx")
-        .await
-        .err()
-        .unwrap();
+    let err = s.fetch_err("huge").await;
     assert!(matches!(err, StoreError::CacheFull { .. }), "{err}");
     assert_eq!(s.cache.stats().files, before);
     assert_eq!(
@@ -203,12 +207,7 @@ async fn transient_errors_are_retried_until_the_attempts_run_out() {
 
     s.put("n", blob(4, 100 << 10)).await;
     s.proxy.inject(&[], Some(Fault::Status(503)));
-    let err = s
-        .repository
-        .fetch(&id("n"), "model.onnx")
-        .await
-        .err()
-        .unwrap();
+    let err = s.fetch_err("n").await;
     assert!(
         matches!(err, StoreError::Transfer { attempts: 4, .. }),
         "{err}"
@@ -242,12 +241,7 @@ async fn a_stalled_transfer_is_cut_off_by_the_attempt_timeout() {
     // Always stalling: every attempt times out, and nothing is left behind.
     s.put("n", blob(6, 1 << 20)).await;
     s.proxy.inject(&[], Some(Fault::Stall));
-    let err = s
-        .repository
-        .fetch(&id("n"), "model.onnx")
-        .await
-        .err()
-        .unwrap();
+    let err = s.fetch_err("n").await;
     assert!(
         err.to_string()
             .contains("did not finish within its timeout"),
@@ -266,12 +260,7 @@ async fn truncated_and_corrupted_transfers_are_refused_and_leave_nothing() {
     let s = setup("verify", 16 << 20, retry).await;
     s.put("t", blob(7, 512 << 10)).await;
     s.proxy.inject(&[], Some(Fault::Truncate));
-    let err = s
-        .repository
-        .fetch(&id("t"), "model.onnx")
-        .await
-        .err()
-        .unwrap();
+    let err = s.fetch_err("t").await;
     assert!(
         matches!(err, StoreError::Transfer { attempts: 2, .. }),
         "{err}"
@@ -280,12 +269,7 @@ async fn truncated_and_corrupted_transfers_are_refused_and_leave_nothing() {
 
     s.put("c", blob(8, 512 << 10)).await;
     s.proxy.inject(&[], Some(Fault::Corrupt));
-    let err = s
-        .repository
-        .fetch(&id("c"), "model.onnx")
-        .await
-        .err()
-        .unwrap();
+    let err = s.fetch_err("c").await;
     assert!(
         err.to_string().contains("does not match the object's ETag"),
         "{err}"
@@ -304,12 +288,7 @@ async fn truncated_and_corrupted_transfers_are_refused_and_leave_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_model_is_a_clear_error_not_retried_and_not_remembered_past_the_backoff() {
     let s = setup("missing", 16 << 20, fast_retries()).await;
-    let err = s
-        .repository
-        .fetch(&id("ghost"), "model.onnx")
-        .await
-        .err()
-        .unwrap();
+    let err = s.fetch_err("ghost").await;
     assert!(err.is_not_found(), "{err}");
     let message = err.to_string();
     assert!(
@@ -322,12 +301,7 @@ async fn a_missing_model_is_a_clear_error_not_retried_and_not_remembered_past_th
     assert_eq!(s.proxy.heads(), 1, "a 404 is not retried");
     assert_eq!(s.proxy.gets("ghost/model.onnx"), 0, "nothing is downloaded");
     // Within the backoff, the failure is remembered: the store is not asked again.
-    let again = s
-        .repository
-        .fetch(&id("ghost"), "model.onnx")
-        .await
-        .err()
-        .unwrap();
+    let again = s.fetch_err("ghost").await;
     assert!(again.is_not_found(), "{again}");
     assert_eq!(s.proxy.heads(), 1);
     // Uploaded later, it is found once the backoff has passed.
@@ -346,12 +320,7 @@ async fn access_denied_is_not_retried() {
     let s = setup("denied", 16 << 20, fast_retries()).await;
     s.put("m", blob(1, 1000)).await;
     s.proxy.inject(&[], Some(Fault::Status(403)));
-    let err = s
-        .repository
-        .fetch(&id("m"), "model.onnx")
-        .await
-        .err()
-        .unwrap();
+    let err = s.fetch_err("m").await;
     assert!(matches!(err, StoreError::PermissionDenied { .. }), "{err}");
     assert_eq!(s.proxy.gets("/m/model.onnx"), 1);
 }
@@ -383,12 +352,7 @@ async fn failed_heads_are_retried_too() {
 async fn ids_cannot_leave_the_repository() {
     let s = setup("escape", 16 << 20, fast_retries()).await;
     for bad in ["../x", "a/../../b", "/abs", "a\\b", "a//b"] {
-        let err = s
-            .repository
-            .fetch(&id(bad), "model.onnx")
-            .await
-            .err()
-            .unwrap();
+        let err = s.fetch_err(bad).await;
         assert!(matches!(err, StoreError::InvalidId { .. }), "{bad}: {err}");
     }
     assert_eq!(
