@@ -1,0 +1,362 @@
+//! The LLM runtime of one replica: a base model from a GGUF file, its engine, and its LoRA
+//! adapters held in a [`Multiplexer`] (count and byte caps, single flight, pinned while a
+//! sequence uses them, unloaded exactly once) and loaded from a [`ModelRepository`] as
+//! `<repository>/<adapter_id>/adapter_config.json` + `adapter_model.safetensors`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use modelmux_cache::{BoxError, Model, ModelId, Multiplexer};
+use modelmux_store::{ModelRepository, StoreError};
+
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::engine::{AdapterLease, Engine, EngineConfig, GenerationRequest, GenerationStream};
+use crate::error::{LlmError, Result};
+use crate::gguf::{GgufFile, LlamaConfig};
+use crate::lora::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LoraAdapter};
+use crate::model::LlamaModel;
+use crate::sampling::SamplingParams;
+use crate::tokenizer::TextTokenizer;
+use crate::weights::{LlamaWeights, WeightFormat};
+
+impl Model for LoraAdapter {
+    fn size_bytes(&self) -> Option<u64> {
+        Some(LoraAdapter::size_bytes(self))
+    }
+}
+
+/// Loads adapters of one base model from a repository.
+#[derive(Clone)]
+pub struct AdapterLoader {
+    repository: ModelRepository,
+    base: Arc<LlamaConfig>,
+}
+
+fn store_error(adapter: &ModelId, repository: &ModelRepository, error: StoreError) -> LlmError {
+    match error {
+        StoreError::NotFound { .. } => LlmError::AdapterNotFound {
+            adapter: adapter.to_string(),
+            repository: repository.url().to_owned(),
+        },
+        StoreError::InvalidId { .. } => LlmError::InvalidRequest(error.to_string()),
+        other => LlmError::Storage {
+            adapter: adapter.to_string(),
+            message: other.to_string(),
+        },
+    }
+}
+
+impl AdapterLoader {
+    /// Loads adapters for a base model shaped `base` from `repository`.
+    pub fn new(repository: ModelRepository, base: LlamaConfig) -> Self {
+        Self {
+            repository,
+            base: Arc::new(base),
+        }
+    }
+
+    /// The repository.
+    pub fn repository(&self) -> &ModelRepository {
+        &self.repository
+    }
+
+    async fn read(&self, id: &ModelId, file: &str) -> Result<bytes::Bytes> {
+        let err = |e| store_error(id, &self.repository, e);
+        let fetched = self.repository.fetch(id, file).await.map_err(err)?;
+        fetched.bytes().await.map_err(err)
+    }
+
+    /// Reads and checks adapter `id`.
+    pub async fn load_adapter(&self, id: &ModelId) -> Result<LoraAdapter> {
+        let config = self.read(id, ADAPTER_CONFIG_FILE).await?;
+        let weights = self.read(id, ADAPTER_WEIGHTS_FILE).await?;
+        let base = self.base.clone();
+        let owned = id.to_string();
+        let parsed = tokio::task::spawn_blocking(move || {
+            LoraAdapter::from_peft(&owned, &config, &weights, &base)
+        })
+        .await
+        .map_err(|e| LlmError::Internal(format!("adapter parsing task: {e}")))?;
+        if parsed.is_err() {
+            // Downloaded fine but unusable: do not keep the copies, so a fixed upload is
+            // picked up by the next load.
+            self.repository.discard(id, ADAPTER_CONFIG_FILE);
+            self.repository.discard(id, ADAPTER_WEIGHTS_FILE);
+        }
+        parsed
+    }
+}
+
+impl modelmux_cache::Loader<LoraAdapter> for AdapterLoader {
+    async fn load(&self, id: &ModelId) -> Result<LoraAdapter, BoxError> {
+        Ok(self.load_adapter(id).await?)
+    }
+
+    async fn probe(&self, id: &ModelId) -> Result<Option<u64>, BoxError> {
+        let size = self
+            .repository
+            .size(id, ADAPTER_WEIGHTS_FILE)
+            .await
+            .map_err(|e| store_error(id, &self.repository, e))?;
+        // Weights stored as f16/bf16 take twice their file size in memory: the file size is
+        // a lower bound, corrected once the adapter is loaded.
+        Ok(Some(size))
+    }
+}
+
+/// How a runtime is set up.
+#[derive(Clone, Debug)]
+pub struct RuntimeOptions {
+    /// The name clients use for the base model (OpenAI's `model`).
+    pub model_id: String,
+    /// How the weights are held in memory.
+    pub weight_format: WeightFormat,
+    /// The engine's limits.
+    pub engine: EngineConfig,
+    /// Adapters held at once (Ray's `max_num_adapters_per_replica`).
+    pub max_adapters: usize,
+    /// Bytes of adapters held at once, if bounded.
+    pub max_adapter_bytes: Option<u64>,
+    /// How long one adapter load may take, download included (Ray's `download_timeout_s`).
+    pub adapter_load_timeout: Option<Duration>,
+}
+
+impl Default for RuntimeOptions {
+    fn default() -> Self {
+        Self {
+            model_id: "model".into(),
+            weight_format: WeightFormat::default(),
+            engine: EngineConfig::default(),
+            max_adapters: 8,
+            max_adapter_bytes: None,
+            adapter_load_timeout: Some(Duration::from_secs(60)),
+        }
+    }
+}
+
+/// A base model, its engine, and its adapters.
+pub struct LlmRuntime {
+    engine: Engine,
+    chat: Option<ChatTemplate>,
+    adapters: Option<Multiplexer<LoraAdapter>>,
+    options: RuntimeOptions,
+    path: PathBuf,
+    weight_bytes: u64,
+}
+
+impl LlmRuntime {
+    /// Loads the GGUF model at `path` and starts its engine; adapters come from `adapters`.
+    pub async fn load(
+        path: impl AsRef<Path>,
+        adapters: Option<ModelRepository>,
+        options: RuntimeOptions,
+    ) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let owned = path.clone();
+        let format = options.weight_format;
+        let max_len = options.engine.max_model_len;
+        let (model, tokenizer, chat) = tokio::task::spawn_blocking(move || -> Result<_> {
+            let mut file = GgufFile::open(&owned)?;
+            let config = file.llama_config()?;
+            let tokenizer = TextTokenizer::from_gguf(&file)?;
+            let chat = match file.string("tokenizer.chat_template") {
+                Some(source) => {
+                    let text = |id: Option<u32>| {
+                        id.and_then(|id| tokenizer.token_text(id))
+                            .unwrap_or_default()
+                    };
+                    Some(ChatTemplate::new(
+                        source,
+                        &text(tokenizer.bos()),
+                        &text(tokenizer.eos()),
+                    )?)
+                }
+                None => None,
+            };
+            if max_len > config.context_length {
+                return Err(LlmError::InvalidRequest(format!(
+                    "max_model_len {max_len} is longer than the model's context of {} tokens",
+                    config.context_length
+                )));
+            }
+            let weights = LlamaWeights::from_gguf(&mut file, config, format)?;
+            Ok((LlamaModel::new(weights, max_len), tokenizer, chat))
+        })
+        .await
+        .map_err(|e| LlmError::Internal(format!("model loading task: {e}")))??;
+        let weight_bytes = model.weights().size_bytes();
+        let base = model.config().clone();
+        let engine = Engine::start(Arc::new(model), Arc::new(tokenizer), options.engine.clone())?;
+        let adapters = adapters.map(|repository| {
+            let mut builder = Multiplexer::builder()
+                .max_models(options.max_adapters)
+                .load_timeout(options.adapter_load_timeout);
+            if let Some(bytes) = options.max_adapter_bytes {
+                builder = builder.max_bytes(bytes);
+            }
+            builder.build(AdapterLoader::new(repository, base))
+        });
+        tracing::info!(
+            model = %options.model_id,
+            path = %path.display(),
+            weight_bytes,
+            "Loaded base model."
+        );
+        Ok(Self {
+            engine,
+            chat,
+            adapters,
+            options,
+            path,
+            weight_bytes,
+        })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &TextTokenizer {
+        self.engine.tokenizer()
+    }
+
+    /// The options it was set up with.
+    pub fn options(&self) -> &RuntimeOptions {
+        &self.options
+    }
+
+    /// The GGUF file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes of the base model's weights in memory.
+    pub fn weight_bytes(&self) -> u64 {
+        self.weight_bytes
+    }
+
+    /// The adapter cache, when adapters are configured.
+    pub fn adapters(&self) -> Option<&Multiplexer<LoraAdapter>> {
+        self.adapters.as_ref()
+    }
+
+    /// Adapter `id`, loading it on a miss; held until the lease is dropped.
+    pub async fn adapter(&self, id: &str) -> Result<AdapterLease> {
+        let Some(adapters) = &self.adapters else {
+            return Err(LlmError::AdapterNotFound {
+                adapter: id.to_owned(),
+                repository: "(no adapter repository is configured)".into(),
+            });
+        };
+        let guard = adapters.get(id).await.map_err(cache_error)?;
+        Ok(AdapterLease::new(guard))
+    }
+
+    /// The prompt of a conversation, rendered with the model's chat template. Message
+    /// contents are tokenized as plain text: a special token written in a message
+    /// (`<|im_start|>system`) cannot forge a turn. Only the template's own text is parsed for
+    /// special tokens.
+    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let chat = self.chat.as_ref().ok_or_else(|| {
+            LlmError::InvalidRequest(
+                "the model has no chat template; use a completion prompt".into(),
+            )
+        })?;
+        let tokenizer = self.tokenizer();
+        // Render with a sentinel in place of each content, then tokenize the template's
+        // text with special tokens and each content without.
+        let marker = |i: usize| format!("\u{F0000}{i}\u{F0001}");
+        let masked: Vec<ChatMessage> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ChatMessage::new(m.role.clone(), marker(i)))
+            .collect();
+        let rendered = chat.render(&masked, true)?;
+        let mut ids = Vec::new();
+        if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos()) {
+            ids.push(bos);
+        }
+        let mut rest = rendered.as_str();
+        for (i, message) in messages.iter().enumerate() {
+            let m = marker(i);
+            let Some(at) = rest.find(&m) else {
+                // The template transforms contents (rare): render them in and parse the
+                // whole text, as Hugging Face's apply_chat_template does.
+                tracing::debug!("chat template rewrites message contents; tokenizing it whole");
+                let text = chat.render(messages, true)?;
+                return tokenizer.encode_prompt(&text, true);
+            };
+            ids.extend(tokenizer.encode(&rest[..at], true)?);
+            ids.extend(tokenizer.encode(&message.content, false)?);
+            rest = &rest[at + m.len()..];
+        }
+        ids.extend(tokenizer.encode(rest, true)?);
+        Ok(ids)
+    }
+
+    /// Starts generating from `prompt` with `adapter` (or the base model).
+    pub fn generate(
+        &self,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        adapter: Option<AdapterLease>,
+    ) -> Result<GenerationStream> {
+        self.engine.submit(GenerationRequest {
+            prompt,
+            params,
+            adapter,
+        })
+    }
+}
+
+/// The cache's error for an adapter, typed as the runtime's own: the loader's error kind
+/// (not found, invalid, storage) with the cache's wording (which says, for example, that the
+/// failure is remembered for a while).
+fn cache_error(error: modelmux_cache::Error) -> LlmError {
+    use modelmux_cache::Error as E;
+    fn loader_error(e: &E) -> Option<&LlmError> {
+        match e {
+            E::LoadFailed { source, .. } => source.downcast_ref::<LlmError>(),
+            E::BackingOff { cause, .. } => loader_error(cause),
+            _ => None,
+        }
+    }
+    let message = error.to_string();
+    if let Some(inner) = loader_error(&error) {
+        return match inner {
+            LlmError::AdapterNotFound {
+                adapter,
+                repository,
+            } => LlmError::AdapterNotFound {
+                adapter: adapter.clone(),
+                repository: repository.clone(),
+            },
+            LlmError::InvalidAdapter { adapter, .. } => LlmError::InvalidAdapter {
+                adapter: adapter.clone(),
+                message,
+            },
+            LlmError::Storage { adapter, .. } => LlmError::Storage {
+                adapter: adapter.clone(),
+                message,
+            },
+            LlmError::InvalidRequest(_) => LlmError::InvalidRequest(message),
+            _ => LlmError::Internal(message),
+        };
+    }
+    match error {
+        E::InvalidModelId(_) | E::ModelTooLarge { .. } => LlmError::InvalidRequest(message),
+        E::CapacityExhausted { .. } => LlmError::Overloaded {
+            reason: message,
+            retry_after: Duration::from_secs(1),
+        },
+        E::LoadTimeout { id, .. } => LlmError::Storage {
+            adapter: id.to_string(),
+            message,
+        },
+        E::ShuttingDown => LlmError::EngineStopped(message),
+        _ => LlmError::Internal(message),
+    }
+}

@@ -1,0 +1,380 @@
+//! The engine: one thread per replica owns the model and every sequence, and runs steps of
+//! continuous batching. Requests talk to it only through channels: [`Engine::submit`] hands
+//! a sequence over, a [`GenerationStream`] receives its tokens, and dropping the stream
+//! cancels it (its KV memory is freed at the next step).
+//!
+//! Each step holds one decode row for every running sequence that has its prompt cached,
+//! then prompt chunks of the others in arrival order, up to `max_batch_tokens` rows, so a
+//! long prompt is prefilled over several steps without stalling the streams already running.
+//! Sequences are admitted in arrival order while `max_num_seqs` and the KV byte budget allow;
+//! each reserves the KV bytes of its prompt plus `max_tokens` up front, so a running sequence
+//! never runs out of memory. A request that cannot be admitted within `queue_timeout`, or
+//! that finds `max_waiting` requests already queued, gets [`LlmError::Overloaded`].
+
+mod run;
+mod sequence;
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use crate::error::{LlmError, Result};
+use crate::kv::KvBudget;
+use crate::lora::LoraAdapter;
+use crate::model::LlamaModel;
+use crate::sampling::SamplingParams;
+use crate::tokenizer::TextTokenizer;
+
+/// Limits of one engine.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Sequences running at once (vLLM's and Ray's `max_num_seqs`).
+    pub max_num_seqs: usize,
+    /// Longest sequence, prompt and output (`max_model_len`); at most the model's context.
+    pub max_model_len: usize,
+    /// Bytes of KV cache all sequences together may reserve.
+    pub kv_cache_bytes: u64,
+    /// Rows (tokens) in one step: decode rows plus prompt chunks.
+    pub max_batch_tokens: usize,
+    /// Requests waiting for admission beyond which new ones are refused at once.
+    pub max_waiting: usize,
+    /// How long a request may wait for admission before it is refused as overloaded.
+    pub queue_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: 16,
+            max_model_len: 2048,
+            kv_cache_bytes: 1 << 30,
+            max_batch_tokens: 256,
+            max_waiting: 256,
+            queue_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// An adapter held for as long as a sequence uses it: a cache guard (`ModelGuard`) or any
+/// other owner of a [`LoraAdapter`].
+pub struct AdapterLease(Box<dyn Deref<Target = LoraAdapter> + Send + Sync>);
+
+impl AdapterLease {
+    /// Leases `adapter` through `owner`, which keeps it alive (and pinned in its cache) until
+    /// the lease is dropped.
+    pub fn new(owner: impl Deref<Target = LoraAdapter> + Send + Sync + 'static) -> Self {
+        Self(Box::new(owner))
+    }
+}
+
+impl Deref for AdapterLease {
+    type Target = LoraAdapter;
+    fn deref(&self) -> &LoraAdapter {
+        &self.0
+    }
+}
+
+/// A generation request, tokenized.
+pub struct GenerationRequest {
+    /// The prompt's token ids.
+    pub prompt: Vec<u32>,
+    /// Sampling and stopping.
+    pub params: SamplingParams,
+    /// The adapter, or `None` for the base model.
+    pub adapter: Option<AdapterLease>,
+}
+
+/// Why a sequence ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End of sequence, a stop string or a stop token.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl FinishReason {
+    /// OpenAI's name: `stop` or `length`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+        }
+    }
+}
+
+/// Tokens in and out of one sequence.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+}
+
+/// What a sequence streams.
+#[derive(Clone, Debug)]
+pub enum GenerationEvent {
+    /// A token and the text it completes (possibly empty: part of a character, or held
+    /// back while it may begin a stop string).
+    Token {
+        /// The token id.
+        id: u32,
+        /// Text now complete.
+        text: String,
+    },
+    /// The end.
+    Finished {
+        /// Why.
+        reason: FinishReason,
+        /// Text held back until now.
+        rest: String,
+        /// Token counts.
+        usage: Usage,
+    },
+    /// The sequence failed; nothing follows.
+    Error(Arc<LlmError>),
+}
+
+/// The events of one sequence. Dropping it cancels the sequence.
+pub struct GenerationStream {
+    events: mpsc::UnboundedReceiver<GenerationEvent>,
+}
+
+/// A finished generation, collected from a stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Generation {
+    /// Generated token ids (including a final stop or EOS token).
+    pub tokens: Vec<u32>,
+    /// The text.
+    pub text: String,
+    /// Why it ended.
+    pub finish_reason: FinishReason,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+impl GenerationStream {
+    /// The next event; `None` after the last.
+    pub async fn next(&mut self) -> Option<GenerationEvent> {
+        self.events.recv().await
+    }
+
+    /// Waits for the end and returns everything generated.
+    pub async fn collect(mut self) -> Result<Generation, Arc<LlmError>> {
+        let mut tokens = Vec::new();
+        let mut text = String::new();
+        while let Some(event) = self.next().await {
+            match event {
+                GenerationEvent::Token { id, text: t } => {
+                    tokens.push(id);
+                    text.push_str(&t);
+                }
+                GenerationEvent::Finished {
+                    reason,
+                    rest,
+                    usage,
+                } => {
+                    text.push_str(&rest);
+                    return Ok(Generation {
+                        tokens,
+                        text,
+                        finish_reason: reason,
+                        usage,
+                    });
+                }
+                GenerationEvent::Error(e) => return Err(e),
+            }
+        }
+        Err(Arc::new(LlmError::EngineStopped(
+            "the engine ended the stream without finishing it".into(),
+        )))
+    }
+}
+
+/// Live figures of an engine.
+#[derive(Debug, Default)]
+pub(crate) struct EngineStats {
+    running: AtomicUsize,
+    waiting: AtomicUsize,
+    steps: AtomicU64,
+    prompt_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+}
+
+/// A snapshot of [`EngineStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineSnapshot {
+    /// Sequences admitted and not finished.
+    pub running: usize,
+    /// Requests waiting for admission.
+    pub waiting: usize,
+    /// Steps run.
+    pub steps: u64,
+    /// Prompt tokens prefilled.
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub generated_tokens: u64,
+    /// KV bytes reserved by live sequences.
+    pub kv_reserved_bytes: u64,
+    /// The KV budget.
+    pub kv_capacity_bytes: u64,
+}
+
+pub(crate) enum Command {
+    Submit(Box<sequence::Sequence>),
+}
+
+/// The handle to an engine thread; cloning shares it. The thread stops when the last
+/// handle is dropped, failing the sequences it still holds.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    commands: std::sync::mpsc::SyncSender<Command>,
+    stats: Arc<EngineStats>,
+    budget: KvBudget,
+    config: EngineConfig,
+    tokenizer: Arc<TextTokenizer>,
+    model_config: crate::LlamaConfig,
+}
+
+impl Engine {
+    /// Starts the engine thread for `model`.
+    pub fn start(
+        model: Arc<LlamaModel>,
+        tokenizer: Arc<TextTokenizer>,
+        config: EngineConfig,
+    ) -> Result<Self> {
+        if config.max_num_seqs == 0 || config.max_batch_tokens < config.max_num_seqs {
+            return Err(LlmError::InvalidRequest(format!(
+                "max_batch_tokens ({}) must be at least max_num_seqs ({}), which must be at least 1",
+                config.max_batch_tokens, config.max_num_seqs
+            )));
+        }
+        if config.max_model_len == 0 || config.max_model_len > model.max_positions() {
+            return Err(LlmError::InvalidRequest(format!(
+                "max_model_len must be between 1 and the model's {} positions, got {}",
+                model.max_positions(),
+                config.max_model_len
+            )));
+        }
+        let budget = KvBudget::new(config.kv_cache_bytes);
+        let stats = Arc::new(EngineStats::default());
+        let (commands, receiver) = std::sync::mpsc::sync_channel(config.max_waiting.max(1));
+        let model_config = model.config().clone();
+        let state = run::EngineLoop::new(
+            model,
+            tokenizer.clone(),
+            config.clone(),
+            budget.clone(),
+            stats.clone(),
+            receiver,
+        );
+        std::thread::Builder::new()
+            .name("modelmux-llm-engine".into())
+            .spawn(move || state.run())
+            .map_err(|e| LlmError::EngineStopped(format!("cannot start the engine thread: {e}")))?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                commands,
+                stats,
+                budget,
+                config,
+                tokenizer,
+                model_config,
+            }),
+        })
+    }
+
+    /// The engine's limits.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &Arc<TextTokenizer> {
+        &self.inner.tokenizer
+    }
+
+    /// The model's shape.
+    pub fn model_config(&self) -> &crate::LlamaConfig {
+        &self.inner.model_config
+    }
+
+    /// Checks `request` and queues it. Errors here are the request's own (too long, bad
+    /// parameters) or an immediate overload (`max_waiting` full).
+    pub fn submit(&self, request: GenerationRequest) -> Result<GenerationStream> {
+        let inner = &self.inner;
+        let vocab = inner.model_config.vocab_size;
+        request.params.validate(vocab)?;
+        if request.prompt.is_empty() {
+            return Err(LlmError::InvalidRequest("the prompt is empty".into()));
+        }
+        if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LlmError::InvalidRequest(format!(
+                "prompt token id {bad} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        let context = inner.config.max_model_len;
+        if request
+            .prompt
+            .len()
+            .saturating_add(request.params.max_tokens)
+            > context
+        {
+            return Err(LlmError::ContextOverflow {
+                prompt_tokens: request.prompt.len(),
+                max_tokens: request.params.max_tokens,
+                context,
+            });
+        }
+        let bytes_per_token = inner.model_config.kv_bytes_per_token();
+        let needed = bytes_per_token * (request.prompt.len() + request.params.max_tokens) as u64;
+        if needed > inner.budget.capacity() {
+            return Err(LlmError::ContextOverflow {
+                prompt_tokens: request.prompt.len(),
+                max_tokens: request.params.max_tokens,
+                context: (inner.budget.capacity() / bytes_per_token) as usize,
+            });
+        }
+        let (events, receiver) = mpsc::unbounded_channel();
+        let sequence = sequence::Sequence::new(
+            request.prompt,
+            request.params,
+            request.adapter,
+            events,
+            tokio::time::Instant::now() + inner.config.queue_timeout,
+            bytes_per_token,
+        );
+        match inner.commands.try_send(Command::Submit(Box::new(sequence))) {
+            Ok(()) => Ok(GenerationStream { events: receiver }),
+            Err(std::sync::mpsc::TrySendError::Full(_)) => Err(LlmError::Overloaded {
+                reason: format!("{} requests are already waiting", inner.config.max_waiting),
+                retry_after: Duration::from_secs(1),
+            }),
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                Err(LlmError::EngineStopped("the engine thread is gone".into()))
+            }
+        }
+    }
+
+    /// Live figures.
+    pub fn snapshot(&self) -> EngineSnapshot {
+        let s = &self.inner.stats;
+        EngineSnapshot {
+            running: s.running.load(Ordering::Relaxed),
+            waiting: s.waiting.load(Ordering::Relaxed),
+            steps: s.steps.load(Ordering::Relaxed),
+            prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
+            generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
+            kv_reserved_bytes: self.inner.budget.reserved(),
+            kv_capacity_bytes: self.inner.budget.capacity(),
+        }
+    }
+}

@@ -1,0 +1,269 @@
+//! The engine loop: intake, admission, one batched step, sampling, streaming. Runs on its own
+//! thread and owns everything it touches; nothing here is shared but the stats and the KV
+//! budget's counter.
+
+use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::sequence::{Progress, Sequence};
+use super::{Command, EngineConfig, EngineStats};
+use crate::error::LlmError;
+use crate::kv::KvBudget;
+use crate::model::{LlamaModel, Segment};
+use crate::tokenizer::TextTokenizer;
+
+pub(super) struct EngineLoop {
+    model: Arc<LlamaModel>,
+    tokenizer: Arc<TextTokenizer>,
+    config: EngineConfig,
+    budget: KvBudget,
+    stats: Arc<EngineStats>,
+    commands: Receiver<Command>,
+    /// Tokens that end a sequence unless it ignores EOS.
+    eos: Vec<u32>,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+}
+
+impl EngineLoop {
+    pub(super) fn new(
+        model: Arc<LlamaModel>,
+        tokenizer: Arc<TextTokenizer>,
+        config: EngineConfig,
+        budget: KvBudget,
+        stats: Arc<EngineStats>,
+        commands: Receiver<Command>,
+    ) -> Self {
+        let mut eos: Vec<u32> = tokenizer.eos().into_iter().collect();
+        // Chat models end a turn with an end-of-turn token that may differ from EOS.
+        for text in [
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|end_of_turn|>",
+            "<|endoftext|>",
+        ] {
+            if let Some(id) = tokenizer.token_id(text)
+                && tokenizer.is_control(id)
+                && !eos.contains(&id)
+            {
+                eos.push(id);
+            }
+        }
+        Self {
+            model,
+            tokenizer,
+            config,
+            budget,
+            stats,
+            commands,
+            eos,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+        }
+    }
+
+    pub(super) fn run(mut self) {
+        loop {
+            if !self.intake() {
+                break;
+            }
+            self.drop_abandoned();
+            self.admit();
+            self.publish();
+            if self.running.is_empty() {
+                continue;
+            }
+            let step = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
+            let failure = match step {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(panic) => Some(modelmux_cache::panic_message(&*panic)),
+            };
+            if let Some(message) = failure {
+                tracing::error!(%message, "engine step failed; failing its sequences");
+                for s in self.running.drain(..) {
+                    s.fail(LlmError::Internal(message.clone()));
+                }
+            }
+            self.stats.steps.fetch_add(1, Ordering::Relaxed);
+        }
+        // Every handle is gone: nobody can listen, but say so to whoever still does.
+        for s in self.running.drain(..).chain(self.waiting.drain(..)) {
+            s.fail(LlmError::EngineStopped("the engine was shut down".into()));
+        }
+        self.publish();
+    }
+
+    /// Moves submitted sequences into the queue. Blocks while there is nothing to do.
+    /// Returns false once every handle is gone.
+    fn intake(&mut self) -> bool {
+        loop {
+            let idle = self.running.is_empty();
+            let command = if idle && self.waiting.is_empty() {
+                match self.commands.recv() {
+                    Ok(c) => c,
+                    Err(_) => return false,
+                }
+            } else if idle {
+                // Only waiting sequences (no KV room): sleep until something changes or the
+                // first deadline passes.
+                let wait = self
+                    .waiting
+                    .iter()
+                    .map(|s| s.deadline.saturating_duration_since(Instant::now()))
+                    .min()
+                    .unwrap_or_default()
+                    .min(Duration::from_millis(50));
+                match self.commands.recv_timeout(wait) {
+                    Ok(c) => c,
+                    Err(RecvTimeoutError::Timeout) => return true,
+                    Err(RecvTimeoutError::Disconnected) => return false,
+                }
+            } else {
+                if self.waiting.len() >= self.config.max_waiting {
+                    return true;
+                }
+                match self.commands.try_recv() {
+                    Ok(c) => c,
+                    Err(TryRecvError::Empty) => return true,
+                    Err(TryRecvError::Disconnected) => return false,
+                }
+            };
+            match command {
+                Command::Submit(s) => self.waiting.push_back(*s),
+            }
+            if self.waiting.len() >= self.config.max_waiting {
+                return true;
+            }
+        }
+    }
+
+    /// Sequences whose stream was dropped leave now: their KV memory and adapter lease go
+    /// with them.
+    fn drop_abandoned(&mut self) {
+        self.running.retain(|s| !s.is_abandoned());
+        self.waiting.retain(|s| !s.is_abandoned());
+        let now = Instant::now();
+        let (expired, kept): (Vec<_>, Vec<_>) =
+            self.waiting.drain(..).partition(|s| s.deadline <= now);
+        self.waiting = kept.into();
+        for s in expired {
+            let reason = format!(
+                "no KV cache room or sequence slot within {:?} ({} running, {} of {} KV bytes reserved)",
+                self.config.queue_timeout,
+                self.running.len(),
+                self.budget.reserved(),
+                self.budget.capacity()
+            );
+            s.fail(LlmError::Overloaded {
+                reason,
+                retry_after: Duration::from_secs(1),
+            });
+        }
+    }
+
+    /// Admits waiting sequences in arrival order while slots and KV memory allow.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.max_num_seqs {
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
+            let Some(reservation) = self.budget.try_reserve(front.reservation_bytes) else {
+                break;
+            };
+            let mut s = self.waiting.pop_front().expect("front exists");
+            s.admit(self.model.config(), Some(reservation));
+            self.running.push(s);
+        }
+    }
+
+    fn publish(&self) {
+        self.stats
+            .running
+            .store(self.running.len(), Ordering::Relaxed);
+        self.stats
+            .waiting
+            .store(self.waiting.len(), Ordering::Relaxed);
+    }
+
+    /// One forward pass over every running sequence, then sampling.
+    fn step(&mut self) -> crate::Result<()> {
+        // Which sequences take part, and with how many tokens: decodes first, then prompt
+        // chunks in arrival order within the row budget.
+        let mut budget = self.config.max_batch_tokens;
+        let mut plan: Vec<(usize, usize)> = Vec::with_capacity(self.running.len());
+        for (i, s) in self.running.iter().enumerate() {
+            if s.prefilled() == s.prompt.len() {
+                plan.push((i, 1));
+                budget -= 1;
+            }
+        }
+        for (i, s) in self.running.iter().enumerate() {
+            let left = s.prompt.len() - s.prefilled();
+            if left > 0 && budget > 0 {
+                let n = left.min(budget);
+                plan.push((i, n));
+                budget -= n;
+            }
+        }
+        // Rows of one adapter side by side, so each adapter runs once per projection.
+        plan.sort_by_key(|&(i, _)| (self.running[i].adapter.as_ref().map(|a| a.serial()), i));
+        let prompt_rows: usize = plan
+            .iter()
+            .filter(|&&(i, _)| self.running[i].prefilled() < self.running[i].prompt.len())
+            .map(|&(_, n)| n)
+            .sum();
+
+        let mut inputs: Vec<(usize, Vec<u32>, bool)> = plan
+            .iter()
+            .map(|&(i, n)| {
+                let s = &self.running[i];
+                let tokens = s.next_input(n).to_vec();
+                let completes = s.prefilled() + tokens.len() >= s.prompt.len();
+                (i, tokens, completes)
+            })
+            .collect();
+        let logits = {
+            let mut by_index: Vec<Option<&mut Sequence>> =
+                self.running.iter_mut().map(Some).collect();
+            let mut segments: Vec<Segment<'_>> = Vec::with_capacity(inputs.len());
+            for (i, tokens, completes) in &mut inputs {
+                let s = by_index[*i].take().expect("each sequence once per step");
+                let adapter = s.adapter.as_deref();
+                segments.push(Segment {
+                    tokens,
+                    cache: s.cache.as_mut().expect("admitted sequences have a cache"),
+                    adapter,
+                    want_logits: *completes,
+                });
+            }
+            self.model.forward(&mut segments)?
+        };
+        self.stats
+            .prompt_tokens
+            .fetch_add(prompt_rows as u64, Ordering::Relaxed);
+
+        let mut finished = Vec::new();
+        for ((i, _, _), logits) in inputs.iter().zip(logits) {
+            let Some(logits) = logits else { continue };
+            let s = &mut self.running[*i];
+            let token = s.sampler.sample(&logits);
+            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            if let Progress::Finished(reason) = s.push(token, &self.tokenizer, &self.eos) {
+                finished.push((*i, reason));
+            }
+        }
+        // Finished sequences leave now, freeing their KV memory and adapter lease.
+        finished.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, reason) in finished {
+            self.running.remove(i).finish(reason);
+        }
+        Ok(())
+    }
+}

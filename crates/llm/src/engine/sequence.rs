@@ -1,0 +1,193 @@
+//! One sequence's state in the engine: its tokens, cache, sampler, adapter lease, and the text
+//! it has streamed, with stop strings held back until they can no longer match.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::{AdapterLease, FinishReason, GenerationEvent, Usage};
+use crate::kv::{KvCache, KvReservation};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::{TextStream, TextTokenizer};
+
+pub(crate) struct Sequence {
+    pub(super) prompt: Vec<u32>,
+    pub(super) generated: Vec<u32>,
+    pub(super) params: SamplingParams,
+    pub(super) sampler: Sampler,
+    pub(super) adapter: Option<AdapterLease>,
+    pub(super) events: mpsc::UnboundedSender<GenerationEvent>,
+    /// Set once admitted.
+    pub(super) cache: Option<KvCache>,
+    /// Held only until admission, then owned by the cache.
+    pub(super) reservation_bytes: u64,
+    pub(super) deadline: Instant,
+    text: TextStream,
+    /// Text not yet sent because it may be the start of a stop string.
+    held: String,
+}
+
+/// What happened after a sequence took a token.
+pub(super) enum Progress {
+    Continue,
+    Finished(FinishReason),
+}
+
+impl Sequence {
+    pub(super) fn new(
+        prompt: Vec<u32>,
+        params: SamplingParams,
+        adapter: Option<AdapterLease>,
+        events: mpsc::UnboundedSender<GenerationEvent>,
+        deadline: Instant,
+        kv_bytes_per_token: u64,
+    ) -> Self {
+        let reservation_bytes = kv_bytes_per_token * (prompt.len() + params.max_tokens) as u64;
+        Self {
+            sampler: Sampler::new(&params),
+            prompt,
+            generated: Vec::new(),
+            params,
+            adapter,
+            events,
+            cache: None,
+            reservation_bytes,
+            deadline,
+            text: TextStream::new(),
+            held: String::new(),
+        }
+    }
+
+    pub(super) fn admit(
+        &mut self,
+        config: &crate::LlamaConfig,
+        reservation: Option<KvReservation>,
+    ) {
+        let max_tokens = self.prompt.len() + self.params.max_tokens;
+        self.cache = Some(KvCache::new(config, max_tokens, reservation));
+    }
+
+    /// Whether whoever asked is still listening.
+    pub(super) fn is_abandoned(&self) -> bool {
+        self.events.is_closed()
+    }
+
+    /// Prompt tokens already in the cache.
+    pub(super) fn prefilled(&self) -> usize {
+        self.cache
+            .as_ref()
+            .map_or(0, |c| c.len())
+            .min(self.prompt.len())
+    }
+
+    /// The tokens this sequence feeds next, at most `budget` of them: the next chunk of its
+    /// prompt, or its last generated token.
+    pub(super) fn next_input(&self, budget: usize) -> &[u32] {
+        let done = self.prefilled();
+        if done < self.prompt.len() {
+            let end = (done + budget).min(self.prompt.len());
+            &self.prompt[done..end]
+        } else {
+            // A sequence whose prompt is cached has generated at least one token.
+            &self.generated[self.generated.len() - 1..]
+        }
+    }
+
+    pub(super) fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt.len(),
+            completion_tokens: self.generated.len(),
+        }
+    }
+
+    /// Takes token `id` sampled for this sequence and streams what it adds.
+    pub(super) fn push(&mut self, id: u32, tokenizer: &TextTokenizer, eos: &[u32]) -> Progress {
+        self.generated.push(id);
+        if self.params.stop_token_ids.contains(&id)
+            || (!self.params.ignore_eos && eos.contains(&id))
+        {
+            self.send_token(id, String::new());
+            return Progress::Finished(FinishReason::Stop);
+        }
+        let mut text = std::mem::take(&mut self.held);
+        text.push_str(&self.text.push(tokenizer.token_bytes(id)));
+        // A stop string anywhere in the new text (it may have begun in held-back text).
+        let first_stop = self
+            .params
+            .stop
+            .iter()
+            .filter_map(|s| text.find(s.as_str()))
+            .min();
+        if let Some(at) = first_stop {
+            text.truncate(at);
+            self.send_token(id, text);
+            return Progress::Finished(FinishReason::Stop);
+        }
+        // Hold back the longest tail that could still grow into a stop string.
+        let hold = self
+            .params
+            .stop
+            .iter()
+            .map(|s| longest_suffix_prefix(&text, s))
+            .max()
+            .unwrap_or(0);
+        self.held = text.split_off(text.len() - hold);
+        self.send_token(id, text);
+        if self.generated.len() >= self.params.max_tokens {
+            return Progress::Finished(FinishReason::Length);
+        }
+        Progress::Continue
+    }
+
+    fn send_token(&self, id: u32, text: String) {
+        let _ = self.events.send(GenerationEvent::Token { id, text });
+    }
+
+    /// Sends what is left and the end of the stream.
+    pub(super) fn finish(mut self, reason: FinishReason) {
+        let mut rest = std::mem::take(&mut self.held);
+        if reason == FinishReason::Length {
+            rest.push_str(&self.text.finish());
+        }
+        let usage = self.usage();
+        let _ = self.events.send(GenerationEvent::Finished {
+            reason,
+            rest,
+            usage,
+        });
+    }
+
+    pub(super) fn fail(self, error: crate::LlmError) {
+        let _ = self.events.send(GenerationEvent::Error(Arc::new(error)));
+    }
+}
+
+/// The length of the longest proper suffix of `text` that is a prefix of `stop`, on a
+/// character boundary of `text`.
+fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
+    let max = stop.len().saturating_sub(1).min(text.len());
+    (1..=max)
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n)
+                && stop
+                    .as_bytes()
+                    .starts_with(&text.as_bytes()[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::longest_suffix_prefix;
+
+    #[test]
+    fn suffix_prefix_overlap() {
+        assert_eq!(longest_suffix_prefix("hello wo", "world"), 2);
+        assert_eq!(longest_suffix_prefix("hello", "world"), 0);
+        assert_eq!(longest_suffix_prefix("ab", "abc"), 2);
+        assert_eq!(longest_suffix_prefix("x€", "€y"), 3);
+        assert_eq!(longest_suffix_prefix("", "abc"), 0);
+    }
+}

@@ -1,0 +1,226 @@
+//! Reading a GGUF file: its metadata as a [`LlamaConfig`], and its tensors. Owns the checks
+//! that a file is a Llama-family model this engine can run; never computes anything.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::{Path, PathBuf};
+
+use candle_core::Device;
+use candle_core::quantized::QTensor;
+use candle_core::quantized::gguf_file::{Content, Value};
+
+use crate::error::{LlmError, Result};
+
+/// The shape of a Llama-family model, from its GGUF metadata.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlamaConfig {
+    /// Transformer blocks (`llama.block_count`).
+    pub n_layer: usize,
+    /// Hidden size (`llama.embedding_length`).
+    pub d_model: usize,
+    /// Query heads (`llama.attention.head_count`).
+    pub n_head: usize,
+    /// Key/value heads (`llama.attention.head_count_kv`); fewer than `n_head` is grouped-query
+    /// attention.
+    pub n_kv_head: usize,
+    /// Size of one head (`d_model / n_head`).
+    pub head_dim: usize,
+    /// Inner size of the MLP (`llama.feed_forward_length`).
+    pub ffn_dim: usize,
+    /// Tokens in the vocabulary.
+    pub vocab_size: usize,
+    /// Rotary base frequency (`llama.rope.freq_base`).
+    pub rope_base: f32,
+    /// RMSNorm epsilon (`llama.attention.layer_norm_rms_epsilon`).
+    pub rms_eps: f32,
+    /// The context the model was trained for (`llama.context_length`).
+    pub context_length: usize,
+}
+
+impl LlamaConfig {
+    /// Rows of the key (and value) projection: `n_kv_head * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.n_kv_head * self.head_dim
+    }
+
+    /// Bytes of KV cache one token takes in every layer (keys and values, f32).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        (self.n_layer * 2 * self.kv_dim() * std::mem::size_of::<f32>()) as u64
+    }
+}
+
+/// An open GGUF file: metadata read, tensors read on demand.
+pub struct GgufFile {
+    path: PathBuf,
+    reader: BufReader<File>,
+    content: Content,
+}
+
+impl GgufFile {
+    /// Opens `path` and reads its header and metadata.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let file = File::open(&path).map_err(|e| LlmError::InvalidGguf {
+            path: path.display().to_string(),
+            message: format!("cannot open: {e}"),
+        })?;
+        let mut reader = BufReader::new(file);
+        let content = Content::read(&mut reader).map_err(|e| LlmError::InvalidGguf {
+            path: path.display().to_string(),
+            message: format!("not a readable GGUF file: {e}"),
+        })?;
+        Ok(Self {
+            path,
+            reader,
+            content,
+        })
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn error(&self, message: impl Into<String>) -> LlmError {
+        LlmError::InvalidGguf {
+            path: self.path.display().to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// A metadata value, if present.
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.content.metadata.get(key)
+    }
+
+    pub(crate) fn u64(&self, key: &str) -> Result<u64> {
+        let value = self
+            .get(key)
+            .ok_or_else(|| self.error(format!("metadata key {key} is missing")))?;
+        value
+            .to_u64()
+            .or_else(|_| value.to_i64().map(|v| v.max(0) as u64))
+            .map_err(|e| self.error(format!("metadata key {key}: {e}")))
+    }
+
+    pub(crate) fn f32_or(&self, key: &str, default: f32) -> Result<f32> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(v) => v
+                .to_f32()
+                .or_else(|_| v.to_f64().map(|v| v as f32))
+                .map_err(|e| self.error(format!("metadata key {key}: {e}"))),
+        }
+    }
+
+    pub(crate) fn string(&self, key: &str) -> Option<&str> {
+        self.get(key)
+            .and_then(|v| v.to_string().ok())
+            .map(String::as_str)
+    }
+
+    /// The model's shape, checked: a Llama-family architecture with consistent head counts.
+    pub fn llama_config(&self) -> Result<LlamaConfig> {
+        let arch = self.string("general.architecture").unwrap_or("");
+        // Mistral, SmolLM, TinyLlama... are written with architecture "llama".
+        if arch != "llama" {
+            return Err(self.error(format!(
+                "architecture '{arch}' is not supported (this engine runs 'llama' GGUF models)"
+            )));
+        }
+        let n_layer = self.u64("llama.block_count")? as usize;
+        let d_model = self.u64("llama.embedding_length")? as usize;
+        let n_head = self.u64("llama.attention.head_count")? as usize;
+        let n_kv_head = match self.get("llama.attention.head_count_kv") {
+            Some(_) => self.u64("llama.attention.head_count_kv")? as usize,
+            None => n_head,
+        };
+        let ffn_dim = self.u64("llama.feed_forward_length")? as usize;
+        let context_length = self.u64("llama.context_length")? as usize;
+        let rope_base = self.f32_or("llama.rope.freq_base", 10_000.0)?;
+        let rms_eps = self.f32_or("llama.attention.layer_norm_rms_epsilon", 1e-5)?;
+        if n_layer == 0 || d_model == 0 || n_head == 0 || n_kv_head == 0 || ffn_dim == 0 {
+            return Err(self.error("a dimension in the metadata is zero"));
+        }
+        if d_model % n_head != 0 || n_head % n_kv_head != 0 || (d_model / n_head) % 2 != 0 {
+            return Err(self.error(format!(
+                "inconsistent heads: d_model {d_model}, {n_head} heads, {n_kv_head} KV heads"
+            )));
+        }
+        let head_dim = d_model / n_head;
+        if let Some(rot) = self.get("llama.rope.dimension_count") {
+            let rot = rot.to_u32().unwrap_or(0) as usize;
+            if rot != head_dim {
+                return Err(self.error(format!(
+                    "partial rotary embeddings (rope.dimension_count {rot} < head size {head_dim}) are not supported"
+                )));
+            }
+        }
+        if self.get("llama.rope.scaling.type").is_some() {
+            let kind = self.string("llama.rope.scaling.type").unwrap_or("");
+            if kind != "none" {
+                return Err(self.error(format!("rope scaling '{kind}' is not supported yet")));
+            }
+        }
+        if self.get("llama.expert_count").is_some() {
+            return Err(self.error("mixture-of-experts models are not supported"));
+        }
+        let info = self
+            .content
+            .tensor_infos
+            .get("token_embd.weight")
+            .ok_or_else(|| self.error("tensor token_embd.weight is missing"))?;
+        let (vocab_size, embd) = info
+            .shape
+            .dims2()
+            .map_err(|e| self.error(format!("token_embd.weight: {e}")))?;
+        if embd != d_model {
+            return Err(self.error(format!(
+                "token_embd.weight has width {embd}, embedding_length is {d_model}"
+            )));
+        }
+        Ok(LlamaConfig {
+            n_layer,
+            d_model,
+            n_head,
+            n_kv_head,
+            head_dim,
+            ffn_dim,
+            vocab_size,
+            rope_base,
+            rms_eps,
+            context_length,
+        })
+    }
+
+    /// Whether the file has tensor `name`.
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    /// Reads tensor `name`, checking its shape (`[rows, columns]` = `[out, in]` for weights).
+    pub fn tensor(&mut self, name: &str, shape: &[usize]) -> Result<QTensor> {
+        let info = self
+            .content
+            .tensor_infos
+            .get(name)
+            .ok_or_else(|| self.error(format!("tensor {name} is missing")))?;
+        if info.shape.dims() != shape {
+            return Err(self.error(format!(
+                "tensor {name} has shape {:?}, expected {shape:?}",
+                info.shape.dims()
+            )));
+        }
+        let tensor = info
+            .read(
+                &mut self.reader,
+                self.content.tensor_data_offset,
+                &Device::Cpu,
+            )
+            .map_err(|e| LlmError::InvalidGguf {
+                path: self.path.display().to_string(),
+                message: format!("tensor {name}: {e}"),
+            })?;
+        Ok(tensor)
+    }
+}

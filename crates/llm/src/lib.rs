@@ -1,0 +1,41 @@
+//! `modelmux-llm`: the LLM runtime of modelmux.
+//!
+//! A Llama-family model read from GGUF runs on the CPU (candle's quantized kernels), one
+//! engine loop per replica. Each sequence has its own KV cache and positions, so prompts
+//! being prefilled and sequences being decoded share every step, and so do sequences with
+//! different LoRA adapters: adapters stay unmerged and are applied to their own rows.
+//!
+//! - [`LlamaWeights`] / [`LlamaModel`]: the model and its batched forward pass.
+//! - [`TextTokenizer`] and [`ChatTemplate`]: text in and out, from the GGUF file itself.
+//! - [`LoraAdapter`]: a PEFT adapter checked against the base model.
+//! - [`Engine`]: continuous batching on one thread, a KV byte budget, cancellation.
+//! - [`LlmRuntime`]: all of it from one GGUF file, and adapters from a model repository
+//!   through a [`modelmux_cache::Multiplexer`].
+
+mod adapters;
+mod chat;
+mod engine;
+mod error;
+mod gguf;
+mod kv;
+mod lora;
+mod model;
+mod ops;
+mod sampling;
+mod tokenizer;
+mod weights;
+
+pub use adapters::{AdapterLoader, LlmRuntime, RuntimeOptions};
+pub use chat::{ChatMessage, ChatTemplate};
+pub use engine::{
+    AdapterLease, Engine, EngineConfig, EngineSnapshot, FinishReason, Generation, GenerationEvent,
+    GenerationRequest, GenerationStream, Usage,
+};
+pub use error::{ErrorKind, LlmError, Result};
+pub use gguf::{GgufFile, LlamaConfig};
+pub use kv::{KvBudget, KvCache, KvReservation};
+pub use lora::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LoraAdapter};
+pub use model::{LlamaModel, Segment};
+pub use sampling::{MAX_STOP_BYTES, MAX_STOP_STRINGS, Sampler, SamplingParams, argmax};
+pub use tokenizer::{TextStream, TextTokenizer};
+pub use weights::{LlamaWeights, Target, WeightFormat};

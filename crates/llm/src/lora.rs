@@ -1,0 +1,653 @@
+//! LoRA adapters in PEFT's format (`adapter_config.json` + `adapter_model.safetensors`),
+//! checked against the base model and kept unmerged, so that one forward pass can apply a
+//! different adapter (or none) to each sequence's rows.
+//!
+//! Two details make or break correctness:
+//! - GGUF files store the rows of the q and k projections permuted for llama.cpp's
+//!   interleaved rotary layout. PEFT's `lora_B` for q and k is in Hugging Face's row order, so
+//!   its rows are permuted the same way here; without it the outputs are silently wrong.
+//! - The scale is `lora_alpha / r`, or `lora_alpha / sqrt(r)` with `use_rslora`, per module
+//!   when `rank_pattern` / `alpha_pattern` say so. It is folded into `B` once, at load.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rayon::prelude::*;
+use regex::Regex;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::{Map, Value};
+
+use crate::error::{LlmError, Result};
+use crate::gguf::LlamaConfig;
+use crate::ops::{axpy, dot};
+use crate::weights::Target;
+
+/// The configuration file of an adapter directory.
+pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
+/// The weights file of an adapter directory.
+pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
+
+/// One adapted projection: `y += (x A^T) B^T * scale`, with `scale` folded into `bt`.
+pub(crate) struct LoraPair {
+    rank: usize,
+    /// `rank x in`
+    a: Vec<f32>,
+    /// `rank x out`: `B^T * scale`, q/k rows in GGUF order.
+    bt: Vec<f32>,
+}
+
+impl LoraPair {
+    /// Adds this projection's delta for `rows` rows of `x` (`rows x in`) to `y` (`rows x out`).
+    pub(crate) fn apply(&self, x: &[f32], y: &mut [f32], in_dim: usize, out_dim: usize) {
+        let one_row = |(x, y): (&[f32], &mut [f32])| {
+            let mut u = [0.0f32; 64];
+            let mut big = Vec::new();
+            let u: &mut [f32] = if self.rank <= 64 {
+                &mut u[..self.rank]
+            } else {
+                big.resize(self.rank, 0.0);
+                &mut big
+            };
+            for (j, uj) in u.iter_mut().enumerate() {
+                *uj = dot(x, &self.a[j * in_dim..(j + 1) * in_dim]);
+            }
+            for (j, uj) in u.iter().enumerate() {
+                axpy(y, *uj, &self.bt[j * out_dim..(j + 1) * out_dim]);
+            }
+        };
+        let rows = x.len() / in_dim;
+        if rows * self.rank * (in_dim + out_dim) < 1 << 20 {
+            x.chunks_exact(in_dim)
+                .zip(y.chunks_exact_mut(out_dim))
+                .for_each(one_row);
+        } else {
+            candle_core::utils::with_threadpool(|| {
+                x.par_chunks_exact(in_dim)
+                    .zip(y.par_chunks_exact_mut(out_dim))
+                    .for_each(one_row)
+            });
+        }
+    }
+}
+
+/// A LoRA adapter, ready to be applied to the base model it was checked against.
+pub struct LoraAdapter {
+    id: String,
+    serial: u64,
+    /// `[layer][target]`
+    layers: Vec<[Option<LoraPair>; 7]>,
+    bytes: u64,
+    max_rank: usize,
+}
+
+impl std::fmt::Debug for LoraAdapter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoraAdapter")
+            .field("id", &self.id)
+            .field("max_rank", &self.max_rank)
+            .field("bytes", &self.bytes)
+            .finish()
+    }
+}
+
+static SERIAL: AtomicU64 = AtomicU64::new(1);
+
+/// Settings of `adapter_config.json` that change nothing in inference when left at their
+/// defaults, and unsafe to ignore otherwise.
+const MUST_BE_UNSET: &[&str] = &[
+    "use_dora",
+    "modules_to_save",
+    "layers_to_transform",
+    "layers_pattern",
+    "fan_in_fan_out",
+    "megatron_config",
+    "target_parameters",
+    "trainable_token_indices",
+    "lora_bias",
+    "use_qalora",
+    "exclude_modules",
+    "alora_invocation_tokens",
+];
+
+/// Settings that never change inference (training-time or bookkeeping only).
+const IGNORED: &[&str] = &[
+    "peft_type",
+    "task_type",
+    "base_model_name_or_path",
+    "revision",
+    "inference_mode",
+    "lora_dropout",
+    "init_lora_weights",
+    "auto_mapping",
+    "loftq_config",
+    "megatron_core",
+    "runtime_config",
+    "eva_config",
+    "corda_config",
+    "layer_replication",
+    "qalora_group_size",
+    "ensure_weight_tying",
+    "arrow_config",
+    "peft_version",
+];
+
+fn is_unset(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.is_empty(),
+        Value::String(s) => s.is_empty(),
+        Value::Number(_) => false,
+    }
+}
+
+/// What `adapter_config.json` says, checked.
+struct AdapterConfig {
+    rank: usize,
+    alpha: f64,
+    rslora: bool,
+    targets: Vec<Target>,
+    rank_pattern: Vec<(Regex, usize)>,
+    alpha_pattern: Vec<(Regex, f64)>,
+}
+
+/// PEFT's pattern rule: `key` matches `pattern` when the module name ends with it on a
+/// dot boundary (`(.*\.)?(pattern)$`).
+fn pattern(adapter: &str, field: &str, key: &str) -> Result<Regex> {
+    Regex::new(&format!(r"^(?:.*\.)?(?:{key})$")).map_err(|e| {
+        LlmError::adapter(
+            adapter,
+            format!("{field}: '{key}' is not a valid pattern: {e}"),
+        )
+    })
+}
+
+fn parse_config(adapter: &str, bytes: &[u8]) -> Result<AdapterConfig> {
+    let err = |m: String| LlmError::adapter(adapter, m);
+    let value: Value = serde_json::from_slice(bytes)
+        .map_err(|e| err(format!("{ADAPTER_CONFIG_FILE} is not valid JSON: {e}")))?;
+    let Value::Object(map) = value else {
+        return Err(err(format!("{ADAPTER_CONFIG_FILE} is not a JSON object")));
+    };
+    for (key, value) in &map {
+        let known = matches!(
+            key.as_str(),
+            "r" | "lora_alpha"
+                | "target_modules"
+                | "use_rslora"
+                | "rank_pattern"
+                | "alpha_pattern"
+                | "bias"
+        ) || IGNORED.contains(&key.as_str());
+        if known {
+            continue;
+        }
+        if !is_unset(value) {
+            let what = if MUST_BE_UNSET.contains(&key.as_str()) {
+                "is not supported"
+            } else {
+                "is not a setting this engine knows, and it is set"
+            };
+            return Err(err(format!(
+                "{ADAPTER_CONFIG_FILE}: '{key}' = {value} {what}"
+            )));
+        }
+    }
+    if let Some(t) = map.get("peft_type").and_then(Value::as_str)
+        && t != "LORA"
+    {
+        return Err(err(format!(
+            "{ADAPTER_CONFIG_FILE}: peft_type '{t}' is not supported (only LORA)"
+        )));
+    }
+    if let Some(bias) = map.get("bias").and_then(Value::as_str)
+        && bias != "none"
+    {
+        return Err(err(format!(
+            "{ADAPTER_CONFIG_FILE}: bias '{bias}' is not supported (only \"none\")"
+        )));
+    }
+    let rank = map
+        .get("r")
+        .and_then(Value::as_u64)
+        .filter(|r| (1..=4096).contains(r))
+        .ok_or_else(|| {
+            err(format!(
+                "{ADAPTER_CONFIG_FILE}: 'r' must be an integer in 1..=4096"
+            ))
+        })? as usize;
+    let alpha = match map.get("lora_alpha") {
+        None => 8.0, // PEFT's default
+        Some(v) => v.as_f64().filter(|a| a.is_finite()).ok_or_else(|| {
+            err(format!(
+                "{ADAPTER_CONFIG_FILE}: 'lora_alpha' must be a number"
+            ))
+        })?,
+    };
+    let rslora = map
+        .get("use_rslora")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let targets = parse_targets(adapter, map.get("target_modules"))?;
+    let rank_pattern = patterns(adapter, &map, "rank_pattern", |v| {
+        v.as_u64()
+            .filter(|r| (1..=4096).contains(r))
+            .map(|r| r as usize)
+    })?;
+    let alpha_pattern = patterns(adapter, &map, "alpha_pattern", |v| {
+        v.as_f64().filter(|a| a.is_finite())
+    })?;
+    Ok(AdapterConfig {
+        rank,
+        alpha,
+        rslora,
+        targets,
+        rank_pattern,
+        alpha_pattern,
+    })
+}
+
+fn patterns<T>(
+    adapter: &str,
+    map: &Map<String, Value>,
+    field: &str,
+    value: impl Fn(&Value) -> Option<T>,
+) -> Result<Vec<(Regex, T)>> {
+    let Some(Value::Object(entries)) = map.get(field) else {
+        return Ok(Vec::new());
+    };
+    entries
+        .iter()
+        .map(|(key, v)| {
+            let parsed = value(v).ok_or_else(|| {
+                LlmError::adapter(
+                    adapter,
+                    format!("{field}: '{key}' has an invalid value {v}"),
+                )
+            })?;
+            Ok((pattern(adapter, field, key)?, parsed))
+        })
+        .collect()
+}
+
+fn parse_targets(adapter: &str, value: Option<&Value>) -> Result<Vec<Target>> {
+    let err = |m: String| LlmError::adapter(adapter, m);
+    let names: Vec<String> = match value {
+        None | Some(Value::Null) => {
+            return Err(err(format!(
+                "{ADAPTER_CONFIG_FILE}: 'target_modules' is missing"
+            )));
+        }
+        Some(Value::String(s)) if s == "all-linear" => {
+            return Ok(Target::ALL.to_vec());
+        }
+        Some(Value::String(s)) => {
+            // A regular expression over module names, matched whole.
+            let re = Regex::new(&format!("^(?:{s})$"))
+                .map_err(|e| err(format!("target_modules: not a valid pattern: {e}")))?;
+            let targets: Vec<Target> = Target::ALL
+                .into_iter()
+                .filter(|t| {
+                    re.is_match(&format!(
+                        "model.layers.0.{}.{}",
+                        t.peft_parent(),
+                        t.peft_name()
+                    ))
+                })
+                .collect();
+            if targets.is_empty() {
+                return Err(err(format!(
+                    "target_modules: '{s}' matches none of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
+                )));
+            }
+            return Ok(targets);
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .map(str::to_owned)
+                    .ok_or_else(|| err(format!("target_modules: {v} is not a string")))
+            })
+            .collect::<Result<_>>()?,
+        Some(other) => return Err(err(format!("target_modules: {other} is not a list"))),
+    };
+    let mut targets = Vec::new();
+    for name in names {
+        let last = name.rsplit('.').next().unwrap_or(&name);
+        match Target::from_peft_name(last) {
+            Some(t) => targets.push(t),
+            None if matches!(last, "embed_tokens" | "lm_head" | "wte" | "wpe") => {
+                return Err(err(format!(
+                    "target_modules: '{name}' is an embedding target, which is not supported"
+                )));
+            }
+            None => {
+                return Err(err(format!(
+                    "target_modules: '{name}' is not a projection of a Llama block (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
+                )));
+            }
+        }
+    }
+    targets.sort();
+    targets.dedup();
+    Ok(targets)
+}
+
+/// `(layer, target, is_b)` of a PEFT tensor name.
+fn parse_tensor_name(adapter: &str, name: &str) -> Result<(usize, Target, bool)> {
+    let err = || {
+        LlmError::adapter(
+            adapter,
+            format!(
+                "{ADAPTER_WEIGHTS_FILE}: tensor '{name}' is not a LoRA weight of a Llama block projection (embedding, bias, DoRA and modules_to_save tensors are not supported)"
+            ),
+        )
+    };
+    let rest = name
+        .strip_prefix("base_model.model.model.layers.")
+        .ok_or_else(err)?;
+    let (layer, rest) = rest.split_once('.').ok_or_else(err)?;
+    let layer: usize = layer.parse().map_err(|_| err())?;
+    let parts: Vec<&str> = rest.split('.').collect();
+    let (parent, module, which) = match parts.as_slice() {
+        [parent, module, which, "weight"] => (*parent, *module, *which),
+        _ => return Err(err()),
+    };
+    let target = Target::from_peft_name(module).ok_or_else(err)?;
+    if target.peft_parent() != parent {
+        return Err(err());
+    }
+    let is_b = match which {
+        "lora_A" => false,
+        "lora_B" => true,
+        _ => return Err(err()),
+    };
+    Ok((layer, target, is_b))
+}
+
+fn to_f32(
+    adapter: &str,
+    name: &str,
+    view: &safetensors::tensor::TensorView<'_>,
+) -> Result<Vec<f32>> {
+    let data = view.data();
+    let values: Vec<f32> = match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(LlmError::adapter(
+                adapter,
+                format!(
+                    "tensor '{name}' has dtype {other:?}; only F32, F16 and BF16 are supported"
+                ),
+            ));
+        }
+    };
+    if let Some(bad) = values.iter().find(|v| !v.is_finite()) {
+        return Err(LlmError::adapter(
+            adapter,
+            format!("tensor '{name}' holds a non-finite value ({bad})"),
+        ));
+    }
+    Ok(values)
+}
+
+/// GGUF's row order for q (`heads` = query heads) or k (`heads` = KV heads): within each
+/// head, Hugging Face row `t * half + j` becomes GGUF row `2 * j + t`.
+fn permute_rows(bt: &mut [f32], rank: usize, heads: usize, out_dim: usize) {
+    let head_dim = out_dim / heads;
+    let half = head_dim / 2;
+    let mut row = vec![0.0f32; out_dim];
+    for r in 0..rank {
+        let b = &mut bt[r * out_dim..(r + 1) * out_dim];
+        for h in 0..heads {
+            for t in 0..2 {
+                for j in 0..half {
+                    row[h * head_dim + 2 * j + t] = b[h * head_dim + t * half + j];
+                }
+            }
+        }
+        b.copy_from_slice(&row);
+    }
+}
+
+impl LoraAdapter {
+    /// Reads adapter `id` from its two files, checks it against the base model `base`, and
+    /// prepares it for the engine. CPU-bound: call it on a blocking thread.
+    pub fn from_peft(id: &str, config: &[u8], weights: &[u8], base: &LlamaConfig) -> Result<Self> {
+        let cfg = parse_config(id, config)?;
+        let tensors = SafeTensors::deserialize(weights).map_err(|e| {
+            LlmError::adapter(
+                id,
+                format!("{ADAPTER_WEIGHTS_FILE} is not a valid safetensors file: {e}"),
+            )
+        })?;
+        // (layer, target) -> (A, B)
+        let mut found: std::collections::BTreeMap<
+            (usize, Target),
+            [Option<(Vec<usize>, Vec<f32>)>; 2],
+        > = Default::default();
+        for (name, view) in tensors.tensors() {
+            let (layer, target, is_b) = parse_tensor_name(id, &name)?;
+            if layer >= base.n_layer {
+                return Err(LlmError::adapter(
+                    id,
+                    format!(
+                        "tensor '{name}' is for layer {layer}, but the base model has {} layers: the adapter was made for another base model",
+                        base.n_layer
+                    ),
+                ));
+            }
+            if !cfg.targets.contains(&target) {
+                return Err(LlmError::adapter(
+                    id,
+                    format!(
+                        "tensor '{name}' adapts {}, which target_modules does not list",
+                        target.peft_name()
+                    ),
+                ));
+            }
+            let values = to_f32(id, &name, &view)?;
+            found.entry((layer, target)).or_default()[is_b as usize] =
+                Some((view.shape().to_vec(), values));
+        }
+        if found.is_empty() {
+            return Err(LlmError::adapter(
+                id,
+                format!("{ADAPTER_WEIGHTS_FILE} holds no LoRA tensors"),
+            ));
+        }
+        let mut layers: Vec<[Option<LoraPair>; 7]> =
+            (0..base.n_layer).map(|_| Default::default()).collect();
+        let mut bytes = 0u64;
+        let mut max_rank = 0;
+        for ((layer, target), [a, b]) in found {
+            let module = format!(
+                "model.layers.{layer}.{}.{}",
+                target.peft_parent(),
+                target.peft_name()
+            );
+            let (Some((a_shape, a)), Some((b_shape, b))) = (a, b) else {
+                return Err(LlmError::adapter(
+                    id,
+                    format!("{module} has only one of lora_A and lora_B"),
+                ));
+            };
+            let rank = cfg
+                .rank_pattern
+                .iter()
+                .find(|(re, _)| re.is_match(&module))
+                .map_or(cfg.rank, |(_, r)| *r);
+            let alpha = cfg
+                .alpha_pattern
+                .iter()
+                .find(|(re, _)| re.is_match(&module))
+                .map_or(cfg.alpha, |(_, a)| *a);
+            let (out_dim, in_dim) = target.dims(base);
+            if a_shape != [rank, in_dim] || b_shape != [out_dim, rank] {
+                return Err(LlmError::adapter(
+                    id,
+                    format!(
+                        "{module}: lora_A is {a_shape:?} and lora_B {b_shape:?}, but rank {rank} on this base model needs [{rank}, {in_dim}] and [{out_dim}, {rank}]: the adapter was made for another base model or its config does not match its weights"
+                    ),
+                ));
+            }
+            let scale = if cfg.rslora {
+                alpha / (rank as f64).sqrt()
+            } else {
+                alpha / rank as f64
+            } as f32;
+            // B^T, scaled: rank x out.
+            let mut bt = vec![0.0f32; rank * out_dim];
+            for o in 0..out_dim {
+                for r in 0..rank {
+                    bt[r * out_dim + o] = b[o * rank + r] * scale;
+                }
+            }
+            match target {
+                Target::Q => permute_rows(&mut bt, rank, base.n_head, out_dim),
+                Target::K => permute_rows(&mut bt, rank, base.n_kv_head, out_dim),
+                _ => {}
+            }
+            bytes += 4 * (a.len() + bt.len()) as u64;
+            max_rank = max_rank.max(rank);
+            layers[layer][target.index()] = Some(LoraPair { rank, a, bt });
+        }
+        Ok(Self {
+            id: id.to_owned(),
+            serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+            layers,
+            bytes,
+            max_rank,
+        })
+    }
+
+    /// The adapter's id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Bytes its weights occupy.
+    pub fn size_bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// The largest rank of its modules.
+    pub fn max_rank(&self) -> usize {
+        self.max_rank
+    }
+
+    /// A number no other adapter loaded by this process has: identity for batching.
+    pub fn serial(&self) -> u64 {
+        self.serial
+    }
+
+    pub(crate) fn pair(&self, layer: usize, target: Target) -> Option<&LoraPair> {
+        self.layers[layer][target.index()].as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn permutation_matches_the_gguf_converter() {
+        // The converter: w.reshape(heads, 2, hd/2, ...).swapaxes(1, 2).reshape(w.shape),
+        // i.e. new row h*hd + j*2 + t = old row h*hd + t*hd/2 + j.
+        let (heads, head_dim) = (3, 8);
+        let out = heads * head_dim;
+        let mut bt: Vec<f32> = (0..out).map(|i| i as f32).collect();
+        permute_rows(&mut bt, 1, heads, out);
+        let mut want = Vec::new();
+        for h in 0..heads {
+            for j in 0..head_dim / 2 {
+                for t in 0..2 {
+                    want.push((h * head_dim + t * head_dim / 2 + j) as f32);
+                }
+            }
+        }
+        assert_eq!(bt, want);
+    }
+
+    #[test]
+    fn peft_patterns_match_on_dot_boundaries() {
+        let re = pattern("a", "rank_pattern", "layers.3.self_attn.q_proj").unwrap();
+        assert!(re.is_match("model.layers.3.self_attn.q_proj"));
+        assert!(!re.is_match("model.layers.13.self_attn.q_proj"));
+        let re = pattern("a", "rank_pattern", "q_proj").unwrap();
+        assert!(re.is_match("model.layers.13.self_attn.q_proj"));
+    }
+
+    #[test]
+    fn config_refuses_what_it_cannot_honour_naming_the_key() {
+        let cases = [
+            (
+                r#"{"r": 8, "target_modules": ["q_proj"], "use_dora": true}"#,
+                "use_dora",
+            ),
+            (
+                r#"{"r": 8, "target_modules": ["q_proj"], "modules_to_save": ["lm_head"]}"#,
+                "modules_to_save",
+            ),
+            (
+                r#"{"r": 8, "target_modules": ["embed_tokens"]}"#,
+                "embed_tokens",
+            ),
+            (
+                r#"{"r": 8, "target_modules": ["q_proj"], "some_future_thing": 3}"#,
+                "some_future_thing",
+            ),
+            (r#"{"r": 0, "target_modules": ["q_proj"]}"#, "'r'"),
+            (r#"{"r": 8}"#, "target_modules"),
+            (
+                r#"{"r": 8, "target_modules": ["q_proj"], "bias": "all"}"#,
+                "bias",
+            ),
+            (r#"[1]"#, "not a JSON object"),
+            (
+                r#"{"r": 8, "target_modules": ["q_proj"], "rank_pattern": {"(": 4}}"#,
+                "rank_pattern",
+            ),
+        ];
+        for (json, key) in cases {
+            let Err(e) = parse_config("x", json.as_bytes()) else {
+                panic!("{json} was accepted");
+            };
+            assert!(e.to_string().contains(key), "{e} should name {key}");
+        }
+        let ok = parse_config(
+            "x",
+            br#"{"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "model.layers.0.mlp.down_proj"], "use_dora": false, "modules_to_save": null, "lora_dropout": 0.1, "peft_type": "LORA"}"#,
+        )
+        .unwrap();
+        assert_eq!(ok.targets, vec![Target::Q, Target::Down]);
+        assert_eq!(
+            parse_config("x", br#"{"r": 8, "target_modules": "all-linear"}"#)
+                .unwrap()
+                .targets
+                .len(),
+            7
+        );
+        assert_eq!(
+            parse_config(
+                "x",
+                br#"{"r": 8, "target_modules": ".*\\.(q_proj|v_proj)"}"#
+            )
+            .unwrap()
+            .targets,
+            vec![Target::Q, Target::V]
+        );
+    }
+}

@@ -1,0 +1,327 @@
+//! The small kernels of the forward pass that are not matrix products by weights: RMSNorm,
+//! rotary embeddings at per-row positions, SiLU gating, and causal attention of each
+//! sequence's rows over its own KV cache. Plain loops over slices, written so the compiler
+//! vectorises them; attention is split across threads when there is enough of it.
+
+use rayon::prelude::*;
+
+/// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
+pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let d = weight.len();
+    let mut out = vec![0.0; x.len()];
+    for (row, out) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
+        let mean_square = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let scale = 1.0 / (mean_square + eps).sqrt();
+        for ((o, v), w) in out.iter_mut().zip(row).zip(weight) {
+            *o = v * scale * w;
+        }
+    }
+    out
+}
+
+/// Rotary position embeddings in GGUF's interleaved layout (pairs `(2i, 2i+1)` of each
+/// head rotated by `position * base^(-2i / head_dim)`), applied in place to `rows x
+/// (heads * head_dim)` values, each row at its own position.
+pub(crate) struct Rope {
+    head_dim: usize,
+    /// `cos` and `sin` for every position below `max_positions`, `head_dim / 2` each.
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+impl Rope {
+    pub(crate) fn new(head_dim: usize, base: f32, max_positions: usize) -> Self {
+        let half = head_dim / 2;
+        let mut cos = Vec::with_capacity(max_positions * half);
+        let mut sin = Vec::with_capacity(max_positions * half);
+        let inv_freq: Vec<f64> = (0..half)
+            .map(|i| 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64))
+            .collect();
+        for p in 0..max_positions {
+            for f in &inv_freq {
+                let angle = p as f64 * f;
+                cos.push(angle.cos() as f32);
+                sin.push(angle.sin() as f32);
+            }
+        }
+        Self { head_dim, cos, sin }
+    }
+
+    pub(crate) fn max_positions(&self) -> usize {
+        self.cos.len() / (self.head_dim / 2)
+    }
+
+    pub(crate) fn apply(&self, x: &mut [f32], positions: &[usize], width: usize) {
+        let half = self.head_dim / 2;
+        for (row, &p) in x.chunks_exact_mut(width).zip(positions) {
+            let cos = &self.cos[p * half..(p + 1) * half];
+            let sin = &self.sin[p * half..(p + 1) * half];
+            for head in row.chunks_exact_mut(self.head_dim) {
+                for ((pair, c), s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+                    let (a, b) = (pair[0], pair[1]);
+                    pair[0] = a * c - b * s;
+                    pair[1] = a * s + b * c;
+                }
+            }
+        }
+    }
+}
+
+/// `gate = silu(gate) * up`, in place.
+pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        *g = *g / (1.0 + (-*g).exp()) * u;
+    }
+}
+
+/// `acc += x`.
+pub(crate) fn add_assign(acc: &mut [f32], x: &[f32]) {
+    for (a, v) in acc.iter_mut().zip(x) {
+        *a += v;
+    }
+}
+
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
+    // Eight accumulators so the compiler keeps them in vector registers.
+    let mut acc = [0.0f32; 8];
+    let chunks = a.len() / 8 * 8;
+    for (x, y) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut sum = acc.iter().sum::<f32>();
+    for (x, y) in a[chunks..].iter().zip(&b[chunks..]) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// `acc += alpha * x`.
+pub(crate) fn axpy(acc: &mut [f32], alpha: f32, x: &[f32]) {
+    for (a, v) in acc.iter_mut().zip(x) {
+        *a += alpha * v;
+    }
+}
+
+/// The shape of attention: query heads, key/value heads, head size.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttentionShape {
+    pub(crate) n_head: usize,
+    pub(crate) n_kv_head: usize,
+    pub(crate) head_dim: usize,
+}
+
+/// One sequence's rows in a step: queries `rows` of the batch, at positions
+/// `start..start + rows.len()`, over `keys` / `values` holding positions `0..start + rows.len()`.
+pub(crate) struct AttentionSpan<'a> {
+    pub(crate) first_row: usize,
+    pub(crate) rows: usize,
+    pub(crate) start: usize,
+    pub(crate) keys: &'a [f32],
+    pub(crate) values: &'a [f32],
+}
+
+/// Causal attention of every span's rows; `q` and the result are `rows x (n_head * head_dim)`.
+pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: AttentionShape) -> Vec<f32> {
+    let AttentionShape {
+        n_head,
+        n_kv_head,
+        head_dim,
+    } = shape;
+    let width = n_head * head_dim;
+    let mut out = vec![0.0; q.len()];
+    // One work item per (row, head): its output is one head_dim slice of `out`.
+    let mut items: Vec<(usize, usize)> = Vec::new(); // (span, row within span)
+    let mut work = 0usize;
+    for (s, span) in spans.iter().enumerate() {
+        for i in 0..span.rows {
+            items.push((s, i));
+            work += span.start + i + 1;
+        }
+    }
+    let scale = 1.0 / (head_dim as f32).sqrt();
+    let group = n_head / n_kv_head;
+    let kv_width = n_kv_head * head_dim;
+    let head = |(s, i): (usize, usize), h: usize, out: &mut [f32], scores: &mut Vec<f32>| {
+        let span = &spans[s];
+        let row = span.first_row + i;
+        let len = span.start + i + 1;
+        let qh = &q[row * width + h * head_dim..][..head_dim];
+        let kvh = h / group;
+        scores.clear();
+        let mut max = f32::NEG_INFINITY;
+        for j in 0..len {
+            let k = &span.keys[j * kv_width + kvh * head_dim..][..head_dim];
+            let s = dot(qh, k) * scale;
+            max = max.max(s);
+            scores.push(s);
+        }
+        let mut total = 0.0;
+        for s in scores.iter_mut() {
+            *s = (*s - max).exp();
+            total += *s;
+        }
+        out.fill(0.0);
+        for (j, p) in scores.iter().enumerate() {
+            let v = &span.values[j * kv_width + kvh * head_dim..][..head_dim];
+            axpy(out, p / total, v);
+        }
+    };
+    // Decode steps of a few short sequences are cheaper on one thread than a fork-join.
+    let per_head_rows: usize = work * n_head * head_dim;
+    if per_head_rows < 1 << 18 {
+        let mut scores = Vec::new();
+        for (&item, out_row) in items.iter().zip(out.chunks_exact_mut(width)) {
+            for (h, o) in out_row.chunks_exact_mut(head_dim).enumerate() {
+                head(item, h, o, &mut scores);
+            }
+        }
+    } else {
+        candle_core::utils::with_threadpool(|| {
+            out.par_chunks_mut(width)
+                .zip(items.par_iter())
+                .for_each_init(Vec::new, |scores, (out_row, &item)| {
+                    for (h, o) in out_row.chunks_exact_mut(head_dim).enumerate() {
+                        head(item, h, o, scores);
+                    }
+                });
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// Attention written the textbook way, in f64, with an explicit causal mask.
+    fn reference_attention(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        start: usize,
+        rows: usize,
+        shape: AttentionShape,
+    ) -> Vec<f32> {
+        let AttentionShape {
+            n_head,
+            n_kv_head,
+            head_dim,
+        } = shape;
+        let total = start + rows;
+        let mut out = vec![0.0f32; rows * n_head * head_dim];
+        for i in 0..rows {
+            for h in 0..n_head {
+                let kvh = h * n_kv_head / n_head;
+                let qv = &q[(i * n_head + h) * head_dim..][..head_dim];
+                let mut w = vec![f64::NEG_INFINITY; total];
+                for (j, wj) in w.iter_mut().enumerate().take(start + i + 1) {
+                    let k = &keys[(j * n_kv_head + kvh) * head_dim..][..head_dim];
+                    *wj = qv
+                        .iter()
+                        .zip(k)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        / (head_dim as f64).sqrt();
+                }
+                let m = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = w.iter().map(|x| (x - m).exp()).sum();
+                for d in 0..head_dim {
+                    let mut acc = 0.0;
+                    for (j, wj) in w.iter().enumerate() {
+                        acc += (wj - m).exp() / z
+                            * values[(j * n_kv_head + kvh) * head_dim + d] as f64;
+                    }
+                    out[(i * n_head + h) * head_dim + d] = acc as f32;
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn attention_matches_the_textbook_form_for_mixed_spans() {
+        let shape = AttentionShape {
+            n_head: 6,
+            n_kv_head: 2,
+            head_dim: 16,
+        };
+        let width = shape.n_head * shape.head_dim;
+        let kv_width = shape.n_kv_head * shape.head_dim;
+        let mut seed = 7;
+        // A decode row at position 40, a prefill chunk of 5 rows at 0..5, a chunk of 3 at 9..12,
+        // and a big prefill so the threaded path runs too.
+        let cases = [(40usize, 1usize), (0, 5), (9, 3), (0, 300)];
+        let rows: usize = cases.iter().map(|c| c.1).sum();
+        let q: Vec<f32> = (0..rows * width).map(|_| lcg(&mut seed)).collect();
+        let caches: Vec<(Vec<f32>, Vec<f32>)> = cases
+            .iter()
+            .map(|&(start, n)| {
+                let len = (start + n) * kv_width;
+                (
+                    (0..len).map(|_| lcg(&mut seed)).collect(),
+                    (0..len).map(|_| lcg(&mut seed)).collect(),
+                )
+            })
+            .collect();
+        let mut spans = Vec::new();
+        let mut first_row = 0;
+        for (&(start, n), (k, v)) in cases.iter().zip(&caches) {
+            spans.push(AttentionSpan {
+                first_row,
+                rows: n,
+                start,
+                keys: k,
+                values: v,
+            });
+            first_row += n;
+        }
+        let got = attention(&q, &spans, shape);
+        for span in &spans {
+            let q_rows = &q[span.first_row * width..(span.first_row + span.rows) * width];
+            let want =
+                reference_attention(q_rows, span.keys, span.values, span.start, span.rows, shape);
+            let got = &got[span.first_row * width..(span.first_row + span.rows) * width];
+            for (a, b) in got.iter().zip(&want) {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+            }
+        }
+    }
+
+    #[test]
+    fn rope_rotates_pairs_by_position() {
+        let rope = Rope::new(4, 10_000.0, 16);
+        let mut x = vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+        rope.apply(&mut x, &[0, 3], 4);
+        assert_eq!(&x[..4], &[1.0, 0.0, 1.0, 0.0]);
+        // Pair 0 turns by 3 rad, pair 1 by 3 / 100 rad.
+        assert!((x[4] - 3f32.cos()).abs() < 1e-6 && (x[5] - 3f32.sin()).abs() < 1e-6);
+        assert!((x[6] - 0.03f32.cos()).abs() < 1e-6 && (x[7] - 0.03f32.sin()).abs() < 1e-6);
+    }
+
+    #[test]
+    fn rms_norm_and_dot_match_plain_sums() {
+        let mut seed = 3;
+        let x: Vec<f32> = (0..2 * 37).map(|_| lcg(&mut seed)).collect();
+        let w: Vec<f32> = (0..37).map(|_| lcg(&mut seed)).collect();
+        let y = rms_norm(&x, &w, 1e-5);
+        for r in 0..2 {
+            let row = &x[r * 37..(r + 1) * 37];
+            let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / 37.0;
+            for i in 0..37 {
+                let want = row[i] as f64 / (ms + 1e-5).sqrt() * w[i] as f64;
+                assert!((y[r * 37 + i] as f64 - want).abs() < 1e-5);
+            }
+        }
+        let plain: f32 = x[..37].iter().zip(&w).map(|(a, b)| a * b).sum();
+        assert!((dot(&x[..37], &w) - plain).abs() < 1e-5);
+    }
+}

@@ -1,0 +1,297 @@
+//! Choosing the next token from logits: greedy, or temperature with top-k and top-p, from a
+//! per-sequence random stream (ChaCha8, seeded by the request when it gives a seed, so a
+//! seeded request gives the same tokens every time, whatever else is in the batch).
+
+use std::hash::{BuildHasher, Hasher};
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::error::{LlmError, Result};
+
+/// How one request samples and when it stops.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SamplingParams {
+    /// 0 is greedy (the most likely token, lowest id on ties); up to 2.
+    pub temperature: f32,
+    /// Keep only the `top_k` most likely tokens (0: all).
+    pub top_k: usize,
+    /// Keep the most likely tokens whose probabilities add up to `top_p` (1: all).
+    pub top_p: f32,
+    /// Seed of the random stream; `None` draws one.
+    pub seed: Option<u64>,
+    /// Most tokens to generate (at least 1).
+    pub max_tokens: usize,
+    /// Stop when the generated text contains one of these (it is not part of the output).
+    pub stop: Vec<String>,
+    /// Stop after generating one of these tokens (not part of the text).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep going past the end-of-sequence token.
+    pub ignore_eos: bool,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: None,
+            max_tokens: 16,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+        }
+    }
+}
+
+/// The most stop strings a request may give, and their longest length in bytes.
+pub const MAX_STOP_STRINGS: usize = 16;
+/// See [`MAX_STOP_STRINGS`].
+pub const MAX_STOP_BYTES: usize = 256;
+
+impl SamplingParams {
+    /// Greedy decoding of at most `max_tokens` tokens.
+    pub fn greedy(max_tokens: usize) -> Self {
+        Self {
+            temperature: 0.0,
+            max_tokens,
+            ..Self::default()
+        }
+    }
+
+    /// Checks every field, naming the one out of range.
+    pub fn validate(&self, vocab_size: usize) -> Result<()> {
+        let bad = |m: String| Err(LlmError::InvalidRequest(m));
+        if !(0.0..=2.0).contains(&self.temperature) {
+            return bad(format!(
+                "temperature must be between 0 and 2, got {}",
+                self.temperature
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
+        }
+        if self.max_tokens == 0 {
+            return bad("max_tokens must be at least 1".into());
+        }
+        if self.stop.len() > MAX_STOP_STRINGS {
+            return bad(format!(
+                "at most {MAX_STOP_STRINGS} stop strings, got {}",
+                self.stop.len()
+            ));
+        }
+        if let Some(s) = self
+            .stop
+            .iter()
+            .find(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+        {
+            return bad(format!(
+                "stop strings must be 1 to {MAX_STOP_BYTES} bytes long, got {} bytes",
+                s.len()
+            ));
+        }
+        if let Some(t) = self
+            .stop_token_ids
+            .iter()
+            .find(|&&t| t as usize >= vocab_size)
+        {
+            return bad(format!(
+                "stop token id {t} is outside the vocabulary of {vocab_size}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// One sequence's sampler.
+pub struct Sampler {
+    temperature: f32,
+    top_k: usize,
+    top_p: f32,
+    rng: ChaCha8Rng,
+    scratch: Vec<(f32, u32)>,
+}
+
+impl Sampler {
+    /// A sampler following `params`.
+    pub fn new(params: &SamplingParams) -> Self {
+        let seed = params.seed.unwrap_or_else(|| {
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_u64(0);
+            h.finish()
+        });
+        Self {
+            temperature: params.temperature,
+            top_k: params.top_k,
+            top_p: params.top_p,
+            rng: ChaCha8Rng::seed_from_u64(seed),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// The next token.
+    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+        if self.temperature == 0.0 || self.top_k == 1 {
+            return argmax(logits);
+        }
+        let candidates = &mut self.scratch;
+        candidates.clear();
+        candidates.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, l)| !l.is_nan())
+                .map(|(i, &l)| (l / self.temperature, i as u32)),
+        );
+        if candidates.is_empty() {
+            return 0;
+        }
+        let by_logit_desc =
+            |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+        if self.top_k > 0 && self.top_k < candidates.len() {
+            candidates.select_nth_unstable_by(self.top_k - 1, by_logit_desc);
+            candidates.truncate(self.top_k);
+        }
+        candidates.sort_unstable_by(by_logit_desc);
+        let max = candidates[0].0;
+        let mut total = 0.0f64;
+        for c in candidates.iter_mut() {
+            c.0 = (c.0 - max).exp();
+            total += c.0 as f64;
+        }
+        if self.top_p < 1.0 {
+            let mut kept = 0.0f64;
+            let mut n = 0;
+            for c in candidates.iter() {
+                kept += c.0 as f64;
+                n += 1;
+                if kept >= self.top_p as f64 * total {
+                    break;
+                }
+            }
+            candidates.truncate(n);
+            total = kept;
+        }
+        let mut target = self.rng.random::<f64>() * total;
+        for c in candidates.iter() {
+            target -= c.0 as f64;
+            if target <= 0.0 {
+                return c.1;
+            }
+        }
+        candidates.last().map_or(0, |c| c.1)
+    }
+}
+
+/// The index of the largest value (the lowest on ties; NaN never wins).
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &v) in values.iter().enumerate() {
+        if v > best_value {
+            best = i;
+            best_value = v;
+        }
+    }
+    best as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(temperature: f32, top_k: usize, top_p: f32, seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            seed: Some(seed),
+            ..SamplingParams::default()
+        }
+    }
+
+    #[test]
+    fn greedy_takes_the_first_maximum() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NAN]), 1);
+        let mut s = Sampler::new(&SamplingParams::greedy(1));
+        assert_eq!(s.sample(&[0.0, -1.0, 5.0]), 2);
+    }
+
+    #[test]
+    fn seeded_streams_repeat_and_differ_by_seed() {
+        let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
+        let run = |seed| {
+            let mut s = Sampler::new(&params(1.0, 0, 1.0, seed));
+            (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+        };
+        assert_eq!(run(7), run(7));
+        assert_ne!(run(7), run(8));
+    }
+
+    #[test]
+    fn top_k_and_top_p_restrict_the_candidates() {
+        // Probabilities ~ 0.6, 0.3, 0.1 and a long tail of tiny ones.
+        let mut logits = vec![-30.0f32; 50];
+        logits[10] = (0.6f32).ln();
+        logits[20] = (0.3f32).ln();
+        logits[30] = (0.1f32).ln();
+        let mut s = Sampler::new(&params(1.0, 2, 1.0, 1));
+        for _ in 0..500 {
+            assert!(matches!(s.sample(&logits), 10 | 20));
+        }
+        let mut s = Sampler::new(&params(1.0, 0, 0.85, 1));
+        let mut seen = [0usize; 50];
+        for _ in 0..2000 {
+            seen[s.sample(&logits) as usize] += 1;
+        }
+        assert_eq!(seen[30], 0);
+        assert!(seen[10] > seen[20] && seen[20] > 300, "{seen:?}");
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let v = 100;
+        for (p, field) in [
+            (
+                SamplingParams {
+                    temperature: 3.0,
+                    ..SamplingParams::default()
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    top_p: 0.0,
+                    ..SamplingParams::default()
+                },
+                "top_p",
+            ),
+            (
+                SamplingParams {
+                    max_tokens: 0,
+                    ..SamplingParams::default()
+                },
+                "max_tokens",
+            ),
+            (
+                SamplingParams {
+                    stop: vec![String::new()],
+                    ..SamplingParams::default()
+                },
+                "stop",
+            ),
+            (
+                SamplingParams {
+                    stop_token_ids: vec![100],
+                    ..SamplingParams::default()
+                },
+                "stop token",
+            ),
+        ] {
+            let e = p.validate(v).unwrap_err().to_string();
+            assert!(e.contains(field), "{e}");
+        }
+        SamplingParams::default().validate(v).unwrap();
+    }
+}

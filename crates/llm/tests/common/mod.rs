@@ -1,0 +1,98 @@
+//! What the tests that run SmolLM2 share: the model, loaded once per test binary, the
+//! adapters, and the reference's numbers.
+#![allow(dead_code, unreachable_pub)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use modelmux_llm::{
+    Engine, EngineConfig, GgufFile, LlamaModel, LlamaWeights, LoraAdapter, TextTokenizer,
+    WeightFormat,
+};
+
+/// A variable the test command sets; its absence fails the test.
+pub fn env_path(name: &str) -> PathBuf {
+    let value = std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with ./scripts/test, which fetches the model and writes the adapters and the reference")
+    });
+    PathBuf::from(value)
+}
+
+pub struct Runtime {
+    model: Arc<LlamaModel>,
+    pub tokenizer: Arc<TextTokenizer>,
+    adapters: parking_lot::Mutex<HashMap<String, Arc<LoraAdapter>>>,
+}
+
+impl Runtime {
+    pub fn model(&self) -> &Arc<LlamaModel> {
+        &self.model
+    }
+
+    /// An engine over the shared model.
+    pub fn engine(&self, config: EngineConfig) -> Engine {
+        Engine::start(self.model.clone(), self.tokenizer.clone(), config).unwrap()
+    }
+
+    pub fn adapter(&self, id: &str) -> Arc<LoraAdapter> {
+        let mut adapters = self.adapters.lock();
+        adapters
+            .entry(id.to_owned())
+            .or_insert_with(|| {
+                let dir = env_path("MODELMUX_TEST_ADAPTERS").join(id);
+                let config = std::fs::read(dir.join("adapter_config.json")).unwrap();
+                let weights = std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
+                Arc::new(
+                    LoraAdapter::from_peft(id, &config, &weights, self.model.config()).unwrap(),
+                )
+            })
+            .clone()
+    }
+}
+
+/// SmolLM2 as the engine runs it by default, loaded once.
+pub fn runtime() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        let path = env_path("MODELMUX_TEST_GGUF");
+        let mut file = GgufFile::open(&path).unwrap();
+        let config = file.llama_config().unwrap();
+        let tokenizer = TextTokenizer::from_gguf(&file).unwrap();
+        let format = match std::env::var("MODELMUX_TEST_WEIGHTS").as_deref() {
+            Ok("f32") => WeightFormat::F32,
+            Ok("as-stored") => WeightFormat::AsStored,
+            _ => WeightFormat::default(),
+        };
+        let weights = LlamaWeights::load(&path, format).unwrap();
+        drop(file);
+        let _ = config;
+        Runtime {
+            model: Arc::new(LlamaModel::new(weights, 2048)),
+            tokenizer: Arc::new(tokenizer),
+            adapters: Default::default(),
+        }
+    })
+}
+
+#[derive(serde::Deserialize)]
+pub struct Case {
+    pub name: String,
+    pub adapter: Option<String>,
+    pub prompt_ids: Vec<u32>,
+    pub last_logits: Vec<f32>,
+    pub greedy: Vec<u32>,
+    pub greedy_margins: Vec<f32>,
+}
+
+#[derive(serde::Deserialize)]
+pub struct Reference {
+    pub cases: Vec<Case>,
+}
+
+impl Reference {
+    pub fn load() -> Self {
+        let path = env_path("MODELMUX_TEST_LLM_REFERENCE");
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
+    }
+}

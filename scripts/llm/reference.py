@@ -1,0 +1,258 @@
+#!/usr/bin/env python3
+"""Independent numpy reference forward pass for a GGUF llama model, with merged PEFT LoRA adapters.
+
+    reference.py --gguf BASE.gguf --adapters DIR --out FILE.json [--check]
+
+It is written the way Hugging Face's LlamaForCausalLM computes, not the way llama.cpp does, so
+that it checks an engine rather than sharing its assumptions:
+
+* Every tensor is dequantized to float32 with gguf.quants.dequantize; all math is float32.
+* llama.cpp's converter permutes the rows of attn_q / attn_k (per head: HF's two rotary halves
+  are interleaved) for its interleaved rotary. We undo that permutation and use HF's NeoX-style
+  rotary (rotate_half, cos/sin over head_dim, inv_freq = base^(-2i/d)) on HF-ordered rows.
+* Adapters are MERGED into the weights, W_hf + scale * B @ A, from the PEFT files (HF row order,
+  scale from lora_alpha / r or / sqrt(r) with use_rslora, rank_pattern and alpha_pattern), so
+  the result does not depend on how an engine permutes or applies LoRA at run time.
+* RMSNorm, SiLU-gated MLP, grouped-query causal attention, LM head = output.weight or the tied
+  token_embd.weight; greedy decoding with a KV cache (rotated keys, as HF's past_key_values).
+
+Writes {"gguf", "cases": [{"name", "adapter", "prompt_ids", "last_logits", "greedy",
+"greedy_margins"}]}: the logits at the last prompt position, 8 greedy tokens and, per greedy step,
+the top-1 minus top-2 logit (how robust that token is), for 3 prompts on the base model and for
+the chat prompt with each test adapter. --check prints, per adapter, base vs adapter greedy tokens.
+Importable: load_model, load_adapter, forward, greedy, run.
+"""
+import argparse
+import json
+import math
+import os
+import re
+import time
+
+# One BLAS thread: these matrices are small, and several OpenBLAS threads on a busy 2-core machine
+# are ~20x slower than one. Also keeps results identical run to run.
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+import numpy as np  # noqa: E402
+from gguf import GGUFReader  # noqa: E402
+from gguf.quants import dequantize  # noqa: E402
+from safetensors.numpy import load_file  # noqa: E402
+
+# Fixed prompt token ids. Made once with the `tokenizers` package from the GGUF's own vocab and
+# merges (tokenizer.ggml.tokens / .merges, BPE), pre-tokenizer Sequence[Digits(individual_digits=
+# True), ByteLevel(add_prefix_space=False, use_regex=True)], the 17 control tokens (token_type 3,
+# <|im_start|> = 1, <|im_end|> = 2) as special tokens, and checked to decode back to the text.
+PROMPTS = {
+    # "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    "chat": [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198],
+    # "The sun rises in the east and sets in the west, and the moon"
+    "plain": [504, 2388, 13685, 281, 260, 6251, 284, 5208, 281, 260, 5846, 28, 284, 260, 6783],
+    # "def fibonacci(n):\n    if n < 2:\n        return n\n    return"
+    "code": [1604, 3987, 46477, 24, 94, 727, 472, 585, 304, 2067, 216, 34, 42, 448, 1003, 304, 472, 1003],
+}
+ADAPTERS = ["pirate", "tutor", "poet", "chef", "patterns", "zero"]
+CASES = [(p, None) for p in PROMPTS] + [("chat", a) for a in ADAPTERS]
+N_GREEDY = 8
+# PEFT module -> llama.cpp tensor name
+GGUF_NAME = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+
+
+def unpermute(w, n_head):
+    """Inverse of llama.cpp's q/k row permutation: GGUF row order -> Hugging Face row order."""
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def load_model(path):
+    """-> (config dict, {tensor name: float32 array, q/k in HF row order}) from a GGUF llama."""
+    reader = GGUFReader(path)
+    f = {k: v.contents() for k, v in reader.fields.items() if not k.startswith("tokenizer.ggml.merges")}
+    arch = f["general.architecture"]
+    cfg = dict(
+        n_layer=int(f[f"{arch}.block_count"]),
+        n_embd=int(f[f"{arch}.embedding_length"]),
+        n_head=int(f[f"{arch}.attention.head_count"]),
+        eps=float(f[f"{arch}.attention.layer_norm_rms_epsilon"]),
+        rope_base=float(f.get(f"{arch}.rope.freq_base", 10000.0)),
+        tokens=f["tokenizer.ggml.tokens"],
+    )
+    cfg["n_head_kv"] = int(f.get(f"{arch}.attention.head_count_kv", cfg["n_head"]))
+    cfg["head_dim"] = int(f.get(f"{arch}.attention.key_length", cfg["n_embd"] // cfg["n_head"]))
+    cfg["rope_dim"] = int(f.get(f"{arch}.rope.dimension_count", cfg["head_dim"]))
+    w = {}
+    for t in reader.tensors:
+        a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        if t.name.endswith("attn_q.weight"):
+            a = unpermute(a, cfg["n_head"])
+        elif t.name.endswith("attn_k.weight"):
+            a = unpermute(a, cfg["n_head_kv"])
+        w[t.name] = np.ascontiguousarray(a)
+    w.setdefault("output.weight", w["token_embd.weight"])  # tied embeddings
+    return cfg, w
+
+
+def pattern_get(pattern, name, default):
+    """PEFT's rank_pattern / alpha_pattern lookup: key matched as (.*\\.)?KEY$ on the module name."""
+    for key, value in pattern.items():
+        if re.match(rf"(.*\.)?({key})$", name):
+            return value
+    return default
+
+
+def load_adapter(adapter_dir, weights):
+    """-> a copy of `weights` with the PEFT adapter merged: W + scale * B @ A (float32, HF order)."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as fh:
+        c = json.load(fh)
+    assert c["peft_type"] == "LORA" and not c.get("use_dora") and not c.get("fan_in_fan_out")
+    t = load_file(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    merged = dict(weights)
+    for key in sorted(k for k in t if k.endswith(".lora_A.weight")):
+        name = key[len("base_model.model."):-len(".lora_A.weight")]  # model.layers.3.self_attn.q_proj
+        a = t[key].astype(np.float32)
+        b = t[key.replace("lora_A", "lora_B")].astype(np.float32)
+        r = pattern_get(c.get("rank_pattern") or {}, name, c["r"])
+        alpha = pattern_get(c.get("alpha_pattern") or {}, name, c["lora_alpha"])
+        assert a.shape[0] == r == b.shape[1], (name, a.shape, b.shape, r)
+        scale = alpha / math.sqrt(r) if c.get("use_rslora") else alpha / r
+        layer, module = re.fullmatch(r"model\.layers\.(\d+)\.\w+\.(\w+)", name).groups()
+        gname = f"blk.{layer}.{GGUF_NAME[module]}.weight"
+        merged[gname] = weights[gname] + np.float32(scale) * (b @ a)
+    return merged
+
+
+def rms_norm(x, w, eps):
+    return w * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
+
+
+def forward(cfg, w, ids, cache=None):
+    """Logits (float32, [vocab]) at the last position of `ids`.
+
+    With `cache` (a list, as HF's past_key_values: per layer the rotated keys and the values of
+    the positions so far, filled in here), `ids` continue the cached sequence."""
+    T, nh, nkv, hd, eps = len(ids), cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["eps"]
+    rd, start = cfg["rope_dim"], (cache[0][0].shape[1] if cache else 0)
+    inv_freq = 1.0 / (cfg["rope_base"] ** (np.arange(0, rd, 2, dtype=np.float32) / rd))
+    freqs = np.outer(np.arange(start, start + T, dtype=np.float32), inv_freq)
+    emb = np.concatenate([freqs, freqs], axis=-1)
+    cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+    def rope(x):  # x: [heads, T, hd]; HF rotary on the first rope_dim dims
+        xr = x[..., :rd] * cos + rotate_half(x[..., :rd]) * sin
+        return np.concatenate([xr, x[..., rd:]], axis=-1)
+
+    mask = np.triu(np.full((T, start + T), -np.inf, dtype=np.float32), k=start + 1)  # causal
+    x = w["token_embd.weight"][np.asarray(ids)]
+    for i in range(cfg["n_layer"]):
+        p = f"blk.{i}."
+        h = rms_norm(x, w[p + "attn_norm.weight"], eps)
+        q = rope((h @ w[p + "attn_q.weight"].T).reshape(T, nh, hd).transpose(1, 0, 2))
+        k = rope((h @ w[p + "attn_k.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2))
+        v = (h @ w[p + "attn_v.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+        if cache is not None:
+            if i < len(cache):
+                k, v = np.concatenate([cache[i][0], k], axis=1), np.concatenate([cache[i][1], v], axis=1)
+                cache[i] = (k, v)
+            else:
+                cache.append((k, v))
+        k, v = np.repeat(k, nh // nkv, axis=0), np.repeat(v, nh // nkv, axis=0)  # HF repeat_kv
+        s = q @ k.transpose(0, 2, 1) / np.float32(math.sqrt(hd)) + mask
+        s = np.exp(s - s.max(axis=-1, keepdims=True))
+        s /= s.sum(axis=-1, keepdims=True)
+        o = (s @ v).transpose(1, 0, 2).reshape(T, nh * hd)
+        x = x + o @ w[p + "attn_output.weight"].T
+        h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
+        g = h @ w[p + "ffn_gate.weight"].T
+        x = x + ((g / (1.0 + np.exp(-g))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+    return (rms_norm(x[-1], w["output_norm.weight"], eps) @ w["output.weight"].T).astype(np.float32)
+
+
+def greedy(cfg, w, ids, n=N_GREEDY):
+    """-> (logits at the last prompt position, n greedy ids, each step's top-1 minus top-2 logit).
+
+    Uses a KV cache; does not stop at end-of-turn tokens."""
+    cache, out, margins = [], [], []
+    first = logits = forward(cfg, w, list(ids), cache)
+    while True:
+        top2 = np.partition(logits, -2)[-2:]
+        out.append(int(np.argmax(logits)))
+        margins.append(round(float(top2[1] - top2[0]), 4))
+        if len(out) == n:
+            return first, out, margins
+        logits = forward(cfg, w, out[-1:], cache)
+
+
+_BYTE = {}
+
+
+def decode(cfg, ids):
+    """GPT-2 byte-level decoding of token ids with the GGUF vocab (for humans only)."""
+    if not _BYTE:  # inverse of GPT-2's bytes_to_unicode
+        bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+        cs, n = list(bs), 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + n)
+                n += 1
+        _BYTE.update({chr(c): b for b, c in zip(bs, cs)})
+    text = "".join(cfg["tokens"][i] for i in ids)
+    return bytes(_BYTE.get(ch, ord("?")) for ch in text).decode("utf-8", errors="replace")
+
+
+def run(gguf, adapters_dir, log=print):
+    """Compute every case; -> (cfg, list of case dicts)."""
+    t0 = time.perf_counter()
+    cfg, base = load_model(gguf)
+    log(f"loaded + dequantized {gguf} in {time.perf_counter() - t0:.1f}s")
+    cases = []
+    for prompt, adapter in CASES:
+        t1 = time.perf_counter()
+        w = base if adapter is None else load_adapter(os.path.join(adapters_dir, adapter), base)
+        logits, toks, margins = greedy(cfg, w, PROMPTS[prompt])
+        assert np.all(np.isfinite(logits)), (prompt, adapter)
+        name = prompt if adapter is None else f"{prompt}+{adapter}"
+        cases.append(dict(name=name, adapter=adapter, prompt_ids=PROMPTS[prompt],
+                          last_logits=logits, greedy=toks, greedy_margins=margins))
+        log(f"  {name:<14} {time.perf_counter() - t1:4.1f}s  {toks}  {decode(cfg, toks)!r}  min margin {min(margins)}")
+    log(f"total {time.perf_counter() - t0:.1f}s")
+    return cfg, cases
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--adapters", required=True, help="directory written by make_adapters.py")
+    ap.add_argument("--out", help="JSON file to write")
+    ap.add_argument("--check", action="store_true", help="print base vs adapter greedy tokens")
+    args = ap.parse_args()
+    cfg, cases = run(args.gguf, args.adapters)
+    if args.out:
+        doc = {"gguf": args.gguf, "cases": [
+            {**c, "last_logits": [float(f"{v:.6g}") for v in c["last_logits"].tolist()]} for c in cases]}
+        with open(args.out, "w") as fh:
+            json.dump(doc, fh, separators=(",", ":"))
+            fh.write("\n")
+        print(f"wrote {args.out}")
+    if args.check:
+        base = next(c for c in cases if c["name"] == "chat")
+        print(f"base     {base['greedy']} {decode(cfg, base['greedy'])!r}")
+        ok = True
+        for c in cases:
+            if c["adapter"] is None:
+                continue
+            diff = next((i for i, (x, y) in enumerate(zip(base["greedy"], c["greedy"])) if x != y), None)
+            want_same = c["adapter"] == "zero"
+            good = (diff is None) if want_same else (diff is not None)
+            ok &= good
+            verdict = "same as base" if diff is None else f"differs from token {diff}"
+            print(f"{c['adapter']:<8} {c['greedy']} {verdict} [{'ok' if good else 'UNEXPECTED'}]")
+        raise SystemExit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
