@@ -4,10 +4,9 @@
 //! cargo run --release -p modelmux-llm --example generate -- MODEL.gguf "What is the capital of France?" [ADAPTER_DIR ADAPTER_ID]
 //! ```
 
-use std::time::Instant;
-
 use modelmux_llm::{ChatMessage, GenerationEvent, LlmRuntime, RuntimeOptions, SamplingParams};
 use modelmux_store::{ModelRepository, RepositoryOptions};
+use tokio::time::Instant;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -21,13 +20,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => None,
     };
     let started = Instant::now();
-    let mut options = RuntimeOptions::default();
     // WEIGHTS=f32|q8_0|as-stored picks how the weights are held (see WeightFormat).
-    options.weight_format = match std::env::var("WEIGHTS").as_deref() {
+    let weight_format = match std::env::var("WEIGHTS").as_deref() {
         Ok("f32") => modelmux_llm::WeightFormat::F32,
         Ok("q8_0") => modelmux_llm::WeightFormat::Q8_0,
         Ok("as-stored") => modelmux_llm::WeightFormat::AsStored,
         _ => modelmux_llm::WeightFormat::Auto,
+    };
+    let options = RuntimeOptions {
+        weight_format,
+        ..RuntimeOptions::default()
     };
     let runtime = LlmRuntime::load(path, repository, options).await?;
     eprintln!("loaded in {:?}", started.elapsed());

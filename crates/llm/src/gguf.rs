@@ -142,7 +142,10 @@ impl GgufFile {
         if n_layer == 0 || d_model == 0 || n_head == 0 || n_kv_head == 0 || ffn_dim == 0 {
             return Err(self.error("a dimension in the metadata is zero"));
         }
-        if d_model % n_head != 0 || n_head % n_kv_head != 0 || (d_model / n_head) % 2 != 0 {
+        if !d_model.is_multiple_of(n_head)
+            || !n_head.is_multiple_of(n_kv_head)
+            || !(d_model / n_head).is_multiple_of(2)
+        {
             return Err(self.error(format!(
                 "inconsistent heads: d_model {d_model}, {n_head} heads, {n_kv_head} KV heads"
             )));

@@ -141,6 +141,9 @@ fn is_unset(v: &Value) -> bool {
     }
 }
 
+/// A tensor read from the file: its shape and values.
+type Tensor = (Vec<usize>, Vec<f32>);
+
 /// What `adapter_config.json` says, checked.
 struct AdapterConfig {
     rank: usize,
@@ -434,10 +437,8 @@ impl LoraAdapter {
             )
         })?;
         // (layer, target) -> (A, B)
-        let mut found: std::collections::BTreeMap<
-            (usize, Target),
-            [Option<(Vec<usize>, Vec<f32>)>; 2],
-        > = Default::default();
+        let mut found: std::collections::BTreeMap<(usize, Target), [Option<Tensor>; 2]> =
+            Default::default();
         for (name, view) in tensors.tensors() {
             let (layer, target, is_b) = parse_tensor_name(id, &name)?;
             if layer >= base.n_layer {

@@ -11,42 +11,68 @@
 
 mod common;
 
-use common::{Reference, runtime};
-use modelmux_llm::{AdapterLease, GenerationRequest, KvCache, SamplingParams, Segment};
+use common::{Case, Reference, Runtime, runtime, runtime_f32};
+use modelmux_llm::{AdapterLease, GenerationRequest, KvCache, SamplingParams, Segment, argmax};
 
+fn last_logits(rt: &Runtime, case: &Case) -> Vec<f32> {
+    let model = rt.model();
+    let adapter = case.adapter.as_ref().map(|id| rt.adapter(id));
+    let mut cache = KvCache::new(model.config(), case.prompt_ids.len(), None);
+    model
+        .forward(&mut [Segment {
+            tokens: &case.prompt_ids,
+            cache: &mut cache,
+            adapter: adapter.as_deref(),
+            want_logits: true,
+        }])
+        .unwrap()
+        .remove(0)
+        .unwrap()
+}
+
+fn differences(got: &[f32], want: &[f32]) -> (f32, f32) {
+    let diffs: Vec<f32> = got.iter().zip(want).map(|(a, b)| (a - b).abs()).collect();
+    let max = diffs.iter().copied().fold(0.0, f32::max);
+    (max, diffs.iter().sum::<f32>() / diffs.len() as f32)
+}
+
+/// With f32 weights the engine does the reference's arithmetic in another order and layout
+/// (GGUF rows, interleaved rotary, adapters unmerged with their q/k rows permuted): the logits
+/// agree to the reference file's precision (6 significant digits, ~1e-4 at these sizes).
+/// Getting the permutation, a scale, rslora or a rank/alpha pattern wrong moves them by 0.1
+/// to 10.
 #[test]
-fn base_and_adapter_logits_match_the_reference() {
+fn f32_logits_equal_the_reference_for_base_and_every_adapter() {
+    let reference = Reference::load();
+    let rt = runtime_f32();
+    for case in &reference.cases {
+        let (max, _) = differences(&last_logits(rt, case), &case.last_logits);
+        assert!(max < 1e-3, "{}: max |diff| {max}", case.name);
+    }
+}
+
+/// Quantized as the engine runs by default (weights Q8_0, activations quantized to 8 bits per
+/// block of 32 by the kernels, as llama.cpp does), each logit moves by the rounding of
+/// hundreds of products per layer over 30 layers. Measured: mean |diff| 0.16-0.30 and max
+/// 1.0-1.5 on logits up to 34 for the base model and five adapters; 1.35 and 3.9 for `poet`,
+/// which adapts all seven projections of every layer and amplifies any perturbation (at 1.5x
+/// its strength its output is no longer language, in the reference too). The same run with
+/// the file's own Q4_1 weights (llama.cpp's arithmetic) differs from the reference as much.
+/// The bounds leave ~20% of room over the worst case; the argmax must not move, and the
+/// greedy test below checks whole continuations.
+#[test]
+fn quantized_logits_stay_within_quantization_error() {
     let reference = Reference::load();
     let rt = runtime();
     for case in &reference.cases {
-        let model = rt.model();
-        let adapter = case.adapter.as_ref().map(|id| rt.adapter(id));
-        let mut cache = KvCache::new(model.config(), case.prompt_ids.len(), None);
-        let logits = model
-            .forward(&mut [Segment {
-                tokens: &case.prompt_ids,
-                cache: &mut cache,
-                adapter: adapter.as_deref(),
-                want_logits: true,
-            }])
-            .unwrap()
-            .remove(0)
-            .unwrap();
-        let max_diff = logits
-            .iter()
-            .zip(&case.last_logits)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
-        let scale = case
-            .last_logits
-            .iter()
-            .map(|v| v.abs())
-            .fold(0.0f32, f32::max);
-        println!(
-            "{}: max |diff| {max_diff:.4} (logits up to {scale:.1})",
+        let got = last_logits(rt, case);
+        let (max, mean) = differences(&got, &case.last_logits);
+        assert!(
+            max < 5.0 && mean < 1.6,
+            "{}: max |diff| {max}, mean {mean}",
             case.name
         );
-        assert!(max_diff < 0.5, "{}: max |diff| {max_diff}", case.name);
+        assert_eq!(argmax(&got), argmax(&case.last_logits), "{}", case.name);
     }
 }
 

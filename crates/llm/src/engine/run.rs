@@ -92,6 +92,7 @@ impl EngineLoop {
                 }
             }
             self.stats.steps.fetch_add(1, Ordering::Relaxed);
+            self.publish();
         }
         // Every handle is gone: nobody can listen, but say so to whoever still does.
         for s in self.running.drain(..).chain(self.waiting.drain(..)) {

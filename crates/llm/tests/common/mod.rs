@@ -51,28 +51,29 @@ impl Runtime {
     }
 }
 
-/// SmolLM2 as the engine runs it by default, loaded once.
+fn load(format: WeightFormat) -> Runtime {
+    let path = env_path("MODELMUX_TEST_GGUF");
+    let file = GgufFile::open(&path).unwrap();
+    let tokenizer = TextTokenizer::from_gguf(&file).unwrap();
+    drop(file);
+    let weights = LlamaWeights::load(&path, format).unwrap();
+    Runtime {
+        model: Arc::new(LlamaModel::new(weights, 2048)),
+        tokenizer: Arc::new(tokenizer),
+        adapters: Default::default(),
+    }
+}
+
+/// SmolLM2 as the engine runs it by default (quantized), loaded once per test binary.
 pub fn runtime() -> &'static Runtime {
     static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        let path = env_path("MODELMUX_TEST_GGUF");
-        let mut file = GgufFile::open(&path).unwrap();
-        let config = file.llama_config().unwrap();
-        let tokenizer = TextTokenizer::from_gguf(&file).unwrap();
-        let format = match std::env::var("MODELMUX_TEST_WEIGHTS").as_deref() {
-            Ok("f32") => WeightFormat::F32,
-            Ok("as-stored") => WeightFormat::AsStored,
-            _ => WeightFormat::default(),
-        };
-        let weights = LlamaWeights::load(&path, format).unwrap();
-        drop(file);
-        let _ = config;
-        Runtime {
-            model: Arc::new(LlamaModel::new(weights, 2048)),
-            tokenizer: Arc::new(tokenizer),
-            adapters: Default::default(),
-        }
-    })
+    RUNTIME.get_or_init(|| load(WeightFormat::default()))
+}
+
+/// SmolLM2 with every weight dequantized to f32: the same arithmetic as the reference.
+pub fn runtime_f32() -> &'static Runtime {
+    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| load(WeightFormat::F32))
 }
 
 #[derive(serde::Deserialize)]

@@ -1,0 +1,302 @@
+//! The engine with SmolLM2: continuous batching that mixes adapters, base rows, prefill
+//! chunks and decodes without changing any sequence's tokens; sampling; stops; cancellation;
+//! the KV budget; bad requests. Every test checks that the KV accounting returns to zero.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::runtime;
+use modelmux_llm::{
+    AdapterLease, Engine, EngineConfig, ErrorKind, FinishReason, Generation, GenerationRequest,
+    SamplingParams,
+};
+
+/// "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+const CHAT: [u32; 16] = [
+    1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198,
+];
+
+fn request(prompt: &[u32], params: SamplingParams, adapter: Option<&str>) -> GenerationRequest {
+    GenerationRequest {
+        prompt: prompt.to_vec(),
+        params,
+        adapter: adapter.map(|id| AdapterLease::new(runtime().adapter(id))),
+    }
+}
+
+async fn generate(engine: &Engine, request: GenerationRequest) -> Generation {
+    engine.submit(request).unwrap().collect().await.unwrap()
+}
+
+async fn settled(engine: &Engine) {
+    for _ in 0..200 {
+        let s = engine.snapshot();
+        if s.running == 0 && s.waiting == 0 && s.kv_reserved_bytes == 0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the engine did not release everything: {:?}",
+        engine.snapshot()
+    );
+}
+
+fn greedy(n: usize) -> SamplingParams {
+    SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(n)
+    }
+}
+
+/// A long prompt so that its prefill takes several steps alongside the others' decodes.
+fn long_prompt() -> Vec<u32> {
+    runtime()
+        .tokenizer
+        .encode("The history of the city begins with a small fishing village on the river. Over the centuries, merchants, monks and soldiers came and went, and each left something behind: a bridge, a market square, a cathedral, a wall. Today", false)
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_four_adapters_and_the_base_gives_each_sequence_its_solo_tokens() {
+    let rt = runtime();
+    let long = long_prompt();
+    let cases: Vec<(Vec<u32>, Option<&str>)> = vec![
+        (CHAT.to_vec(), None),
+        (CHAT.to_vec(), Some("pirate")),
+        (long.clone(), Some("tutor")),
+        (CHAT.to_vec(), Some("poet")),
+        (long.clone(), None),
+        (CHAT.to_vec(), Some("chef")),
+    ];
+    let solo_engine = rt.engine(EngineConfig::default());
+    let mut solo = Vec::new();
+    for (prompt, adapter) in &cases {
+        solo.push(
+            generate(&solo_engine, request(prompt, greedy(12), *adapter))
+                .await
+                .tokens,
+        );
+    }
+    // Small steps: prompts are prefilled in chunks of a few tokens while the others decode.
+    let engine = rt.engine(EngineConfig {
+        max_batch_tokens: 8,
+        max_num_seqs: 8,
+        ..EngineConfig::default()
+    });
+    let streams: Vec<_> = cases
+        .iter()
+        .map(|(prompt, adapter)| {
+            engine
+                .submit(request(prompt, greedy(12), *adapter))
+                .unwrap()
+        })
+        .collect();
+    for (i, stream) in streams.into_iter().enumerate() {
+        let out = stream.collect().await.unwrap();
+        assert_eq!(out.tokens, solo[i], "sequence {i} ({:?})", cases[i].1);
+    }
+    assert!(engine.snapshot().steps > 12, "the sequences shared steps");
+    settled(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_sampling_repeats_alone_and_in_a_batch() {
+    let engine = runtime().engine(EngineConfig::default());
+    let params = |seed| SamplingParams {
+        temperature: 0.9,
+        top_p: 0.95,
+        top_k: 50,
+        seed: Some(seed),
+        max_tokens: 16,
+        ignore_eos: true,
+        ..SamplingParams::default()
+    };
+    let alone = generate(&engine, request(&CHAT, params(42), None))
+        .await
+        .tokens;
+    let a = engine.submit(request(&CHAT, params(42), None)).unwrap();
+    let b = engine
+        .submit(request(&CHAT, params(43), Some("pirate")))
+        .unwrap();
+    let c = engine
+        .submit(request(&long_prompt(), params(7), None))
+        .unwrap();
+    assert_eq!(a.collect().await.unwrap().tokens, alone);
+    let other = b.collect().await.unwrap().tokens;
+    c.collect().await.unwrap();
+    assert_ne!(other, alone);
+    settled(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_strings_stop_tokens_and_eos_end_a_sequence() {
+    let engine = runtime().engine(EngineConfig::default());
+    // Greedy answer: "The capital of France is Paris.<|im_end|>"
+    let full = generate(&engine, request(&CHAT, SamplingParams::greedy(32), None)).await;
+    assert_eq!(full.text, "The capital of France is Paris.");
+    assert_eq!(
+        full.finish_reason,
+        FinishReason::Stop,
+        "EOS (<|im_end|>) ends it"
+    );
+    let stopped = generate(
+        &engine,
+        request(
+            &CHAT,
+            SamplingParams {
+                stop: vec!["is Par".into()],
+                ..SamplingParams::greedy(32)
+            },
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(stopped.text, "The capital of France ");
+    assert_eq!(stopped.finish_reason, FinishReason::Stop);
+    let paris = full.tokens[5];
+    let by_token = generate(
+        &engine,
+        request(
+            &CHAT,
+            SamplingParams {
+                stop_token_ids: vec![paris],
+                ..SamplingParams::greedy(32)
+            },
+            None,
+        ),
+    )
+    .await;
+    assert_eq!(by_token.text, "The capital of France is");
+    assert_eq!(by_token.usage.completion_tokens, 6);
+    let short = generate(&engine, request(&CHAT, SamplingParams::greedy(3), None)).await;
+    assert_eq!(
+        (short.text.as_str(), short.finish_reason),
+        ("The capital of", FinishReason::Length)
+    );
+    assert_eq!(short.usage.prompt_tokens, CHAT.len());
+    settled(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_stream_frees_its_sequence_kv_and_adapter() {
+    let rt = runtime();
+    let engine = rt.engine(EngineConfig::default());
+    let adapter = rt.adapter("tutor");
+    let mut stream = engine
+        .submit(GenerationRequest {
+            prompt: CHAT.to_vec(),
+            params: greedy(1000),
+            adapter: Some(AdapterLease::new(adapter.clone())),
+        })
+        .unwrap();
+    stream.next().await.unwrap();
+    stream.next().await.unwrap();
+    assert!(engine.snapshot().kv_reserved_bytes > 0);
+    assert!(
+        Arc::strong_count(&adapter) > 2,
+        "the sequence holds the adapter"
+    );
+    drop(stream);
+    settled(&engine).await;
+    assert_eq!(
+        Arc::strong_count(&adapter),
+        2,
+        "only the test and the shared cache hold it"
+    );
+    assert!(engine.snapshot().generated_tokens < 1000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_kv_budget_requests_wait_then_are_refused_as_overloaded() {
+    let rt = runtime();
+    let per_token = rt.model().config().kv_bytes_per_token();
+    let engine = rt.engine(EngineConfig {
+        kv_cache_bytes: per_token * 300,
+        queue_timeout: Duration::from_millis(300),
+        ..EngineConfig::default()
+    });
+    // The first reserves 16 + 250 tokens and runs for seconds; the second does not fit.
+    let mut first = engine.submit(request(&CHAT, greedy(250), None)).unwrap();
+    first.next().await.unwrap();
+    let second = engine.submit(request(&CHAT, greedy(250), None)).unwrap();
+    let err = second.collect().await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Overloaded, "{err}");
+    assert!(err.to_string().contains("KV"), "{err}");
+    // Once the first is gone, the same request is admitted.
+    drop(first);
+    generate(&engine, request(&CHAT, greedy(250), None)).await;
+    settled(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_typed_errors() {
+    let rt = runtime();
+    let engine = rt.engine(EngineConfig {
+        max_model_len: 64,
+        ..EngineConfig::default()
+    });
+    let vocab = rt.model().config().vocab_size as u32;
+    let cases: Vec<(Vec<u32>, SamplingParams, &str)> = vec![
+        (vec![5; 60], SamplingParams::greedy(10), "context holds 64"),
+        (
+            CHAT.to_vec(),
+            SamplingParams::greedy(usize::MAX),
+            "context holds 64",
+        ),
+        (CHAT.to_vec(), SamplingParams::greedy(0), "max_tokens"),
+        (vec![], SamplingParams::greedy(1), "empty"),
+        (
+            vec![1, vocab],
+            SamplingParams::greedy(1),
+            "outside the vocabulary",
+        ),
+        (
+            CHAT.to_vec(),
+            SamplingParams {
+                temperature: -1.0,
+                ..SamplingParams::greedy(1)
+            },
+            "temperature",
+        ),
+    ];
+    for (prompt, params, message) in cases {
+        let Err(err) = engine.submit(request(&prompt, params, None)) else {
+            panic!("{message}: accepted");
+        };
+        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+        assert!(
+            err.to_string().contains(message),
+            "{err} should say {message}"
+        );
+    }
+    settled(&engine).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_queue_refuses_at_once() {
+    let engine = runtime().engine(EngineConfig {
+        max_num_seqs: 1,
+        max_waiting: 1,
+        max_batch_tokens: 16,
+        ..EngineConfig::default()
+    });
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for _ in 0..8 {
+        match engine.submit(request(&CHAT, greedy(50), None)) {
+            Ok(s) => accepted.push(s),
+            Err(e) => {
+                assert_eq!(e.kind(), ErrorKind::Overloaded, "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused >= 4, "only {refused} refused");
+    for s in accepted {
+        s.collect().await.unwrap();
+    }
+    settled(&engine).await;
+}
