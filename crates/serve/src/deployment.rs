@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use modelmux_cache::{BoxError, Loader, Model, Multiplexer, MultiplexerBuilder};
 
+use crate::custom_metrics::MetricsSource;
 use crate::handle::{DeploymentHandle, HandleDirectory};
 use crate::replica::ModelCache;
 use crate::{Request, Response, ServeError};
@@ -192,6 +193,7 @@ pub struct ReplicaContext {
     pub(crate) deployment: Arc<str>,
     pub(crate) replica_id: Arc<str>,
     pub(crate) caches: Arc<parking_lot::Mutex<Vec<Arc<dyn ModelCache>>>>,
+    pub(crate) metrics: Arc<parking_lot::Mutex<Vec<Arc<dyn MetricsSource>>>>,
     pub(crate) handles: HandleDirectory,
 }
 
@@ -227,6 +229,12 @@ impl ReplicaContext {
     /// Registers a multiplexer built elsewhere (see [`multiplexer`](Self::multiplexer)).
     pub fn register_multiplexer<M: Model>(&self, mux: &Multiplexer<M>) {
         self.caches.lock().push(Arc::new(mux.clone()));
+    }
+
+    /// Adds `source`'s families to `/metrics`, with this replica's labels, for as long as the
+    /// replica runs.
+    pub fn register_metrics(&self, source: Arc<dyn MetricsSource>) {
+        self.metrics.lock().push(source);
     }
 
     /// A handle to another deployment of this application.

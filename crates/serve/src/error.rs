@@ -28,6 +28,14 @@ pub enum ServeError {
         /// What is wrong with it.
         message: String,
     },
+    /// One parameter of the request is wrong (OpenAI's `param`).
+    #[error("{message}")]
+    InvalidParameter {
+        /// The parameter, as the request names it (`max_tokens`, `messages[2].content`).
+        param: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// The model id header is not a valid model id.
     #[error("invalid serve_multiplexed_model_id: {0}")]
     InvalidModelId(#[from] InvalidModelId),
@@ -92,6 +100,14 @@ pub enum ServeError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A deployment has no room now (an engine's memory is full, say): 503 with `Retry-After`.
+    #[error("{message}")]
+    Busy {
+        /// What is full.
+        message: String,
+        /// When to try again.
+        retry_after: Duration,
+    },
     /// A status and message chosen by the deployment.
     #[error("{message}")]
     Status {
@@ -144,11 +160,14 @@ impl ServeError {
         use modelmux_cache::Error as M;
         match self {
             Self::NoRoute { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
-            Self::BadRequest { .. } | Self::InvalidModelId(_) => StatusCode::BAD_REQUEST,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Overloaded { .. } | Self::QueueTimeout { .. } | Self::ShuttingDown => {
-                StatusCode::SERVICE_UNAVAILABLE
+            Self::BadRequest { .. } | Self::InvalidParameter { .. } | Self::InvalidModelId(_) => {
+                StatusCode::BAD_REQUEST
             }
+            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Overloaded { .. }
+            | Self::QueueTimeout { .. }
+            | Self::ShuttingDown
+            | Self::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::UnknownDeployment { .. } | Self::Deployment { .. } | Self::Panicked { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -171,6 +190,7 @@ impl ServeError {
         match self {
             Self::NoRoute { .. } => "no_route",
             Self::BadRequest { .. } => "bad_request",
+            Self::InvalidParameter { .. } => "invalid_parameter",
             Self::InvalidModelId(_) => "invalid_model_id",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::Overloaded { .. } => "overloaded",
@@ -186,6 +206,7 @@ impl ServeError {
             Self::Deployment { .. } => "deployment_error",
             Self::Panicked { .. } => "deployment_panicked",
             Self::ShuttingDown => "shutting_down",
+            Self::Busy { .. } => "busy",
             Self::Status { status, .. } => match *status {
                 StatusCode::BAD_REQUEST => "bad_request",
                 StatusCode::NOT_FOUND => "not_found",
@@ -201,23 +222,37 @@ impl ServeError {
             Self::Overloaded { .. } | Self::QueueTimeout { .. } | Self::ShuttingDown => {
                 Some(Duration::from_secs(1))
             }
+            Self::Busy { retry_after, .. } => Some(*retry_after),
             Self::Model(e) => e.retry_after(),
             _ => None,
         }
     }
 
-    /// The response: the status, `Retry-After` when there is one, and a JSON body
-    /// `{"error": {"type": ..., "message": ..., "request_id": ...}}`.
+    /// The parameter at fault, if one is.
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            Self::InvalidParameter { param, .. } => Some(param),
+            Self::InvalidModelId(_) => Some("serve_multiplexed_model_id"),
+            _ => None,
+        }
+    }
+
+    /// The response: the status, `Retry-After` when there is one, and a JSON body shaped as
+    /// OpenAI's API shapes errors, plus the request id:
+    /// `{"error": {"message", "type", "param", "code", "request_id"}}` (`code` is the status).
     pub fn into_response(self, request_id: Option<&str>) -> Response {
+        let status = self.http_status();
         let body = serde_json::json!({
             "error": {
-                "type": self.error_type(),
                 "message": self.to_string(),
+                "type": self.error_type(),
+                "param": self.param(),
+                "code": status.as_u16(),
                 "request_id": request_id,
             }
         });
         let mut response = Response::new(Body::json(&body));
-        *response.status_mut() = self.http_status();
+        *response.status_mut() = status;
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,
@@ -266,5 +301,16 @@ mod tests {
         let body: serde_json::Value = serde_json::from_slice(r.body().as_full().unwrap()).unwrap();
         assert_eq!(body["error"]["type"], "overloaded");
         assert_eq!(body["error"]["request_id"], "req-1");
+        assert_eq!(body["error"]["code"], 503);
+        assert!(body["error"]["param"].is_null());
+        let r = ServeError::InvalidParameter {
+            param: "max_tokens".into(),
+            message: "max_tokens must be at least 1".into(),
+        }
+        .into_response(None);
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+        let body: serde_json::Value = serde_json::from_slice(r.body().as_full().unwrap()).unwrap();
+        assert_eq!(body["error"]["param"], "max_tokens");
+        assert_eq!(body["error"]["type"], "invalid_parameter");
     }
 }

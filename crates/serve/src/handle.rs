@@ -7,6 +7,7 @@ use modelmux_cache::ModelId;
 use modelmux_context::{RequestContext, RequestId};
 
 use crate::dispatch::DeploymentRouter;
+use crate::placement::Holding;
 use crate::{Request, Response, ServeError};
 
 /// The deployments of one application, by name, for [`ReplicaContext::handle`](crate::ReplicaContext::handle).
@@ -83,6 +84,20 @@ impl DeploymentHandle {
     /// The deployment this handle calls.
     pub fn deployment(&self) -> &str {
         self.router.name()
+    }
+
+    /// The models the deployment's replicas hold now (loaded, loading, or just placed), by
+    /// replica id, as the router sees them: from the caches' events, no call to a replica.
+    pub fn held_models(&self) -> Vec<(String, Vec<(ModelId, Holding)>)> {
+        self.router
+            .replicas()
+            .iter()
+            .map(|r| {
+                let mut held: Vec<_> = r.slot.holdings().into_iter().collect();
+                held.sort_by(|a, b| a.0.cmp(&b.0));
+                (r.id.to_string(), held)
+            })
+            .collect()
     }
 
     /// Starts setting options; the handle itself is not changed.

@@ -13,6 +13,7 @@
 
 mod admin;
 mod body;
+mod custom_metrics;
 mod deployment;
 mod dispatch;
 mod error;
@@ -26,6 +27,7 @@ mod router;
 mod server;
 
 pub use body::{Body, BodyError, BodySender};
+pub use custom_metrics::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};
 pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};
 pub use error::ServeError;
 pub use handle::{DeploymentHandle, HandleOptions};

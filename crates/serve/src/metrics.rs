@@ -269,7 +269,37 @@ pub(crate) fn render(state: &ServerState) -> String {
             }
         }
     }
+    deployment_metrics(&mut x, &replicas);
     x.out
+}
+
+/// The families deployments add, merged by name across replicas (HELP and TYPE from the first
+/// replica reporting a family).
+fn deployment_metrics(x: &mut Exposition, replicas: &[std::sync::Arc<Replica>]) {
+    use crate::custom_metrics::{MetricFamily, MetricValue};
+    let mut families: Vec<(MetricFamily, Vec<(&Replica, crate::MetricSample)>)> = Vec::new();
+    for r in replicas {
+        for source in &r.metric_sources {
+            for mut family in source.collect() {
+                let samples: Vec<_> = family.samples.drain(..).map(|s| (&**r, s)).collect();
+                match families.iter_mut().find(|(f, _)| f.name == family.name) {
+                    Some((_, all)) => all.extend(samples),
+                    None => families.push((family, samples)),
+                }
+            }
+        }
+    }
+    for (family, samples) in families {
+        x.family(family.name, family.kind.as_str(), family.help);
+        for (r, sample) in samples {
+            let mut l = labels(r);
+            l.extend(sample.labels.iter().map(|(k, v)| (*k, v.as_str())));
+            match &sample.value {
+                MetricValue::Number(v) => x.sample(family.name, &l, v),
+                MetricValue::Histogram(h) => x.histogram(family.name, &l, h),
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::custom_metrics::MetricsSource;
 use crate::deployment::{BoxFuture, DeploymentSpec, DynDeployment, ReplicaContext};
 use crate::handle::HandleDirectory;
 use crate::placement::ReplicaSlot;
@@ -103,6 +104,8 @@ pub(crate) struct Replica {
     pub(crate) slot: Arc<ReplicaSlot>,
     pub(crate) caches: Vec<Arc<dyn ModelCache>>,
     pub(crate) metrics: RequestMetrics,
+    /// What the deployment adds to `/metrics`.
+    pub(crate) metric_sources: Vec<Arc<dyn MetricsSource>>,
     span: tracing::Span,
     feeds: Vec<JoinHandle<()>>,
 }
@@ -125,11 +128,13 @@ impl Replica {
             deployment: deployment.clone(),
             replica_id: id.clone(),
             caches: Arc::default(),
+            metrics: Arc::default(),
             handles,
         };
         // The constructor runs in the replica's span, so multiplexers built in it log there.
         let instance = (spec.factory)(ctx.clone()).instrument(span.clone()).await?;
         let caches = ctx.caches.lock().clone();
+        let metric_sources = ctx.metrics.lock().clone();
         let capacity = caches
             .iter()
             .map(|c| c.max_models())
@@ -155,6 +160,7 @@ impl Replica {
             slot,
             caches,
             metrics: RequestMetrics::new(),
+            metric_sources,
             span,
             feeds,
         })

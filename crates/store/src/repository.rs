@@ -343,6 +343,47 @@ impl ModelRepository {
         }
     }
 
+    /// The ids of the models at the repository's top level (its directories, or the common
+    /// prefixes under an object store's prefix), sorted, at most `limit` of them. Nested ids
+    /// (`team/model`) are not searched for. A web server cannot list: that is an error.
+    pub async fn list(&self, limit: usize) -> Result<Vec<ModelId>, StoreError> {
+        let mut ids = match &self.inner.backend {
+            Backend::Local(root) => {
+                let io = |e| StoreError::io(root, e);
+                let mut dir = tokio::fs::read_dir(root).await.map_err(io)?;
+                let mut ids = Vec::new();
+                while let Some(entry) = dir.next_entry().await.map_err(io)? {
+                    if entry.file_type().await.map_err(io)?.is_dir()
+                        && let Some(id) = entry
+                            .file_name()
+                            .to_str()
+                            .and_then(|n| ModelId::new(n).ok())
+                    {
+                        ids.push(id);
+                    }
+                }
+                ids
+            }
+            Backend::Store { store, prefix, .. } => {
+                let listing = tokio::time::timeout(
+                    self.inner.retry.attempt_timeout,
+                    store.list_with_delimiter(Some(prefix)),
+                )
+                .await
+                .map_err(|_| StoreError::Config(format!("listing {} timed out", self.url())))?
+                .map_err(|e| StoreError::Config(format!("listing {}: {e}", self.url())))?;
+                listing
+                    .common_prefixes
+                    .iter()
+                    .filter_map(|p| p.filename().and_then(|n| ModelId::new(n).ok()))
+                    .collect()
+            }
+        };
+        ids.sort();
+        ids.truncate(limit);
+        Ok(ids)
+    }
+
     /// Forgets the cached copy of `file` of model `id` (one that downloaded fine but turned out
     /// not to be a valid model), so the next fetch downloads it again. A no-op for local
     /// repositories.

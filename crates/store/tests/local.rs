@@ -153,3 +153,31 @@ async fn sizes_come_from_the_disk_cache_when_the_file_is_there() {
             .is_not_found()
     );
 }
+
+#[tokio::test]
+async fn listing_names_the_top_level_models_of_a_directory_and_of_an_object_store() {
+    let dir = tempfile::tempdir().unwrap();
+    for m in ["b", "a", "c"] {
+        std::fs::create_dir_all(dir.path().join(m)).unwrap();
+        std::fs::write(dir.path().join(m).join("model.onnx"), b"w").unwrap();
+    }
+    std::fs::write(dir.path().join("README"), b"not a model").unwrap();
+    let repo =
+        ModelRepository::open(dir.path().to_str().unwrap(), RepositoryOptions::default()).unwrap();
+    assert_eq!(
+        repo.list(10).await.unwrap(),
+        vec![id("a"), id("b"), id("c")]
+    );
+    assert_eq!(repo.list(2).await.unwrap(), vec![id("a"), id("b")]);
+
+    let store = memory(&[
+        ("models/x/model.onnx", b"1"),
+        ("models/y/model.onnx", b"2"),
+        ("models/loose-file", b"3"),
+        ("elsewhere/z/model.onnx", b"4"),
+    ])
+    .await;
+    let repo = ModelRepository::from_store("mem://", store, "models", None, RetryPolicy::default())
+        .unwrap();
+    assert_eq!(repo.list(10).await.unwrap(), vec![id("x"), id("y")]);
+}

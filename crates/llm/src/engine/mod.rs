@@ -203,6 +203,17 @@ pub(crate) struct EngineStats {
     steps: AtomicU64,
     prompt_tokens: AtomicU64,
     generated_tokens: AtomicU64,
+    /// Set when the engine thread ends, however it ends (a panic outside a step included).
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+/// Marks the engine stopped when dropped: held by the engine thread for its whole life.
+pub(crate) struct StopFlag(pub(crate) Arc<EngineStats>);
+
+impl Drop for StopFlag {
+    fn drop(&mut self) {
+        self.0.stopped.store(true, Ordering::SeqCst);
+    }
 }
 
 /// A snapshot of [`EngineStats`].
@@ -362,6 +373,12 @@ impl Engine {
                 Err(LlmError::EngineStopped("the engine thread is gone".into()))
             }
         }
+    }
+
+    /// Whether the engine thread still runs (it stops only when every handle is dropped, or
+    /// if it dies of a bug outside a step, which health checks then catch).
+    pub fn is_running(&self) -> bool {
+        !self.inner.stats.stopped.load(Ordering::SeqCst)
     }
 
     /// Live figures.

@@ -69,6 +69,7 @@ impl EngineLoop {
     }
 
     pub(super) fn run(mut self) {
+        let _stopped_on_exit = super::StopFlag(self.stats.clone());
         loop {
             if !self.intake() {
                 break;

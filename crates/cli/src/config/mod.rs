@@ -1,0 +1,462 @@
+//! The YAML configuration, shaped like Ray Serve's config file: `http_options`, then
+//! `applications`, each with `route_prefix` and `deployments`. Every field is checked while
+//! parsing, so an error names the field and the line.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use modelmux_cache::{EvictionPolicy, Multiplexer};
+
+mod kinds;
+#[cfg(test)]
+mod tests;
+mod values;
+
+pub use kinds::*;
+use modelmux_onnx::Onnx;
+use modelmux_serve::{Application, ServerBuilder, model_deployment};
+use modelmux_store::{DiskCache, ModelRepository, RepositoryOptions};
+use modelmux_synthetic::Synthetic;
+use serde::Deserialize;
+pub use values::*;
+
+/// The configuration `modelmux serve` runs with no argument: the demo ONNX repository (eight
+/// per-customer classifiers, compiled into the binary) on two replicas of three models each, so
+/// a newcomer sees routing, loading, caching and eviction without writing anything.
+pub const DEMO: &str = include_str!("../demo.yaml");
+
+/// A whole configuration file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where and how to serve HTTP.
+    #[serde(default)]
+    pub http_options: HttpOptions,
+    /// Log settings.
+    #[serde(default)]
+    pub logging: Logging,
+    /// The local disk cache for models from remote repositories (S3), shared by every
+    /// deployment of the server.
+    #[serde(default)]
+    pub disk_cache: DiskCacheConfig,
+    /// The applications to serve.
+    pub applications: Vec<AppConfig>,
+}
+
+/// `disk_cache`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskCacheConfig {
+    /// Its directory: empty, or a cache directory of an earlier run; emptied at start. Default:
+    /// a new directory under the system's temporary directory, removed at exit.
+    #[serde(default)]
+    pub path: Option<std::path::PathBuf>,
+    /// Bytes of files it may hold (default 10 GiB).
+    #[serde(default = "default_disk_cache_bytes")]
+    pub max_bytes: u64,
+}
+
+impl Default for DiskCacheConfig {
+    fn default() -> Self {
+        Self {
+            path: None,
+            max_bytes: default_disk_cache_bytes(),
+        }
+    }
+}
+
+fn default_disk_cache_bytes() -> u64 {
+    10 << 30
+}
+
+/// `http_options`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpOptions {
+    /// Address to listen on.
+    #[serde(default = "default_host")]
+    pub host: String,
+    /// Port to listen on (0 picks a free one).
+    #[serde(default = "default_port")]
+    pub port: u16,
+    /// Largest request body accepted (bytes).
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+    /// Bearer token required by the admin API.
+    #[serde(default)]
+    pub admin_token: Option<String>,
+}
+
+impl Default for HttpOptions {
+    fn default() -> Self {
+        Self {
+            host: default_host(),
+            port: default_port(),
+            max_body_bytes: default_max_body_bytes(),
+            admin_token: None,
+        }
+    }
+}
+
+fn default_host() -> String {
+    "127.0.0.1".into()
+}
+fn default_port() -> u16 {
+    8000
+}
+fn default_max_body_bytes() -> usize {
+    16 << 20
+}
+
+/// `logging`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Logging {
+    /// `text` (default) or `json`.
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A `tracing` filter, such as `info` or `info,modelmux::access=warn` (default `info`).
+    #[serde(default)]
+    pub level: Option<String>,
+}
+
+/// Log line format.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// One application.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AppConfig {
+    /// Its name.
+    pub name: String,
+    /// The path prefix it serves.
+    #[serde(default = "default_route_prefix")]
+    pub route_prefix: String,
+    /// The deployment receiving its HTTP requests (default: the first).
+    #[serde(default)]
+    pub ingress: Option<String>,
+    /// Its deployments.
+    pub deployments: Vec<DeploymentConfig>,
+}
+
+fn default_route_prefix() -> String {
+    "/".into()
+}
+
+/// One deployment serving a kind of model.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeploymentConfig {
+    /// Its name.
+    pub name: String,
+    /// Replicas.
+    #[serde(default = "one")]
+    pub num_replicas: NonZeroUsize,
+    /// Requests one replica handles at once (default 5; for `kind: llm`, the engine's
+    /// `max_num_seqs`, so a replica counts as saturated when its batch is full).
+    #[serde(default)]
+    pub max_ongoing_requests: Option<NonZeroUsize>,
+    /// Requests that may wait for a replica.
+    #[serde(default = "default_max_queued")]
+    pub max_queued_requests: usize,
+    /// Longest wait in the queue, in seconds.
+    #[serde(default = "default_queue_timeout")]
+    pub queue_timeout_s: Seconds,
+    /// Models per replica: a positive number, or -1 for no limit (Ray's convention).
+    #[serde(default)]
+    pub max_models_per_replica: ModelCap,
+    /// Bytes of models per replica.
+    #[serde(default)]
+    pub max_bytes_per_replica: Option<u64>,
+    /// Which idle model is evicted first: `lru` (default, as Ray) or `gdsf` (frequency, load
+    /// cost and size aware; fewer loads on skewed traffic).
+    #[serde(default)]
+    pub eviction_policy: EvictionPolicyName,
+    /// Loads running at once per replica.
+    #[serde(default = "four")]
+    pub max_concurrent_loads: NonZeroUsize,
+    /// Longest a model load may take, in seconds.
+    #[serde(default = "default_load_timeout")]
+    pub model_load_timeout_s: Seconds,
+    /// What kind of model it serves.
+    pub model: ModelSpec,
+}
+
+fn one() -> NonZeroUsize {
+    NonZeroUsize::MIN
+}
+fn four() -> NonZeroUsize {
+    NonZeroUsize::new(4).expect("4 is not 0")
+}
+fn default_max_queued() -> usize {
+    1024
+}
+fn default_queue_timeout() -> Seconds {
+    Seconds(Duration::from_secs(30))
+}
+fn default_load_timeout() -> Seconds {
+    Seconds(Duration::from_secs(120))
+}
+
+/// Why a configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// Not valid YAML, or a field is wrong; the message names it and its line.
+    #[error("{0}")]
+    Parse(String),
+    /// The fields are fine one by one but not together.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl Config {
+    /// Parses and checks a configuration.
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let config: Config =
+            serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        if config.applications.is_empty() {
+            return Err(ConfigError::Invalid(
+                "applications: at least one application is needed".into(),
+            ));
+        }
+        for (i, app) in config.applications.iter().enumerate() {
+            if app.deployments.is_empty() {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}] ('{}'): at least one deployment is needed",
+                    app.name
+                )));
+            }
+            if let Some(ingress) = &app.ingress
+                && !app.deployments.iter().any(|d| &d.name == ingress)
+            {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].ingress: no deployment named '{ingress}' in application '{}'",
+                    app.name
+                )));
+            }
+            for (j, d) in app.deployments.iter().enumerate() {
+                if d.name.is_empty() || d.name.contains('/') {
+                    return Err(ConfigError::Invalid(format!(
+                        "applications[{i}].deployments[{j}].name: '{}' must be non-empty and have no '/'",
+                        d.name
+                    )));
+                }
+                if let ModelSpec::Onnx(onnx) = &d.model
+                    && onnx.download.backoff_base_s.0 > onnx.download.backoff_max_s.0
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "applications[{i}].deployments[{j}].model.download: backoff_base_s is \
+                         larger than backoff_max_s"
+                    )));
+                }
+                if app.deployments[..j]
+                    .iter()
+                    .any(|other| other.name == d.name)
+                {
+                    return Err(ConfigError::Invalid(format!(
+                        "applications[{i}].deployments[{j}].name: '{}' is used twice in application '{}'",
+                        d.name, app.name
+                    )));
+                }
+            }
+            let p = &app.route_prefix;
+            if !p.starts_with('/') || (p.len() > 1 && p.ends_with('/')) {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].route_prefix: '{p}' must start with '/' and not end with one"
+                )));
+            }
+            if p.starts_with("/-") || p == "/metrics" || p.starts_with("/metrics/") {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].route_prefix: '{p}' is reserved for the admin API (/-/...) and /metrics"
+                )));
+            }
+            let earlier = &config.applications[..i];
+            if earlier.iter().any(|a| a.name == app.name) {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].name: '{}' is used twice",
+                    app.name
+                )));
+            }
+            if earlier.iter().any(|a| &a.route_prefix == p) {
+                return Err(ConfigError::Invalid(format!(
+                    "applications[{i}].route_prefix: '{p}' is used by another application"
+                )));
+            }
+        }
+        if config.disk_cache.max_bytes == 0 {
+            return Err(ConfigError::Invalid(
+                "disk_cache.max_bytes: must be at least 1".into(),
+            ));
+        }
+        if let Some(level) = &config.logging.level {
+            tracing_subscriber::EnvFilter::try_new(level).map_err(|e| {
+                ConfigError::Invalid(format!("logging.level: '{level}' is not a log filter such as 'info' or 'info,modelmux::access=warn': {e}"))
+            })?;
+        }
+        config.bind_address()?;
+        Ok(config)
+    }
+
+    /// The address `http_options` names.
+    pub fn bind_address(&self) -> Result<SocketAddr, ConfigError> {
+        let host = &self.http_options.host;
+        let ip: std::net::IpAddr = host.parse().map_err(|_| {
+            ConfigError::Invalid(format!(
+                "http_options.host: '{host}' is not an IP address (use 127.0.0.1 or 0.0.0.0)"
+            ))
+        })?;
+        Ok(SocketAddr::new(ip, self.http_options.port))
+    }
+
+    /// A server builder for this configuration. Opens the model repositories (so a missing
+    /// directory or a malformed S3 option is an error now, not at the first request) and, if
+    /// any is remote, the disk cache.
+    pub async fn server(&self) -> Result<ServerBuilder, ConfigError> {
+        self.build(false).await
+    }
+
+    /// Checks everything [`server`](Self::server) checks, without taking the disk cache's
+    /// directory (a running server may hold it).
+    pub async fn check(&self) -> Result<(), ConfigError> {
+        self.build(true).await.map(drop)
+    }
+
+    async fn build(&self, check_only: bool) -> Result<ServerBuilder, ConfigError> {
+        let remote = self
+            .applications
+            .iter()
+            .flat_map(|a| &a.deployments)
+            .any(|d| d.model.needs_disk_cache());
+        let disk_cache = if remote {
+            // A check must not take (or empty) the directory a running server may hold.
+            let opened = match &self.disk_cache.path {
+                Some(path) if check_only => DiskCache::check(path)
+                    .and_then(|()| DiskCache::temporary(self.disk_cache.max_bytes)),
+                Some(path) => DiskCache::open(path, self.disk_cache.max_bytes),
+                None => DiskCache::temporary(self.disk_cache.max_bytes),
+            };
+            Some(opened.map_err(|e| ConfigError::Invalid(format!("disk_cache: {e}")))?)
+        } else {
+            None
+        };
+        let mut builder = modelmux_serve::Server::builder()
+            .bind(self.bind_address()?)
+            .max_body_bytes(self.http_options.max_body_bytes);
+        if let Some(token) = &self.http_options.admin_token {
+            builder = builder.admin_token(token.clone());
+        }
+        for (i, app) in self.applications.iter().enumerate() {
+            let mut application = Application::new(&app.name).route_prefix(&app.route_prefix);
+            let ingress = app.ingress.as_deref().unwrap_or(&app.deployments[0].name);
+            for (j, d) in app.deployments.iter().enumerate() {
+                let invalid = |e: modelmux_store::StoreError| {
+                    ConfigError::Invalid(format!("applications[{i}].deployments[{j}].model: {e}"))
+                };
+                if let ModelSpec::Llm(llm) = &d.model {
+                    // Two deployments, as Ray composes them: the OpenAI ingress and the LLM
+                    // replicas it calls through a handle.
+                    let both = modelmux_openai::llm_deployments(
+                        &d.name,
+                        llm,
+                        &app.route_prefix,
+                        disk_cache.as_ref(),
+                    )
+                    .map_err(invalid)?;
+                    let server = settings(both.server, d, None);
+                    application = if d.name == ingress {
+                        application.ingress(both.ingress).deployment(server)
+                    } else {
+                        application.deployment(both.ingress).deployment(server)
+                    };
+                    continue;
+                }
+                let spec = deployment(d, disk_cache.as_ref()).await.map_err(invalid)?;
+                application = if d.name == ingress {
+                    application.ingress(spec)
+                } else {
+                    application.deployment(spec)
+                };
+            }
+            builder = builder.application(application);
+        }
+        Ok(builder)
+    }
+}
+
+async fn deployment(
+    d: &DeploymentConfig,
+    disk_cache: Option<&DiskCache>,
+) -> Result<modelmux_serve::DeploymentSpec, modelmux_store::StoreError> {
+    let mut cache = Multiplexer::builder()
+        .max_concurrent_loads(d.max_concurrent_loads.get())
+        .load_timeout(Some(d.model_load_timeout_s.0))
+        .eviction_policy(match d.eviction_policy {
+            EvictionPolicyName::Lru => EvictionPolicy::Lru,
+            EvictionPolicyName::Gdsf => EvictionPolicy::Gdsf,
+        });
+    cache = match d.max_models_per_replica.0 {
+        Some(n) => cache.max_models(n),
+        None => cache.unbounded_models(),
+    };
+    if let Some(bytes) = d.max_bytes_per_replica {
+        cache = cache.max_bytes(bytes);
+    }
+    let spec = match &d.model {
+        ModelSpec::Llm(_) => unreachable!("LLM deployments are built by the caller"),
+        ModelSpec::Synthetic(config) => {
+            model_deployment(&d.name, Synthetic::new(config.clone()), cache)
+        }
+        ModelSpec::Onnx(onnx) => {
+            let repository = if onnx.repository == BUILTIN_DEMO_REPOSITORY {
+                if !onnx.options.is_empty() {
+                    return Err(modelmux_store::StoreError::Config(format!(
+                        "{BUILTIN_DEMO_REPOSITORY} takes no options"
+                    )));
+                }
+                crate::demo_models::repository().await?
+            } else {
+                ModelRepository::open(
+                    &onnx.repository,
+                    RepositoryOptions {
+                        options: onnx
+                            .options
+                            .iter()
+                            .map(|(k, v)| (k.clone(), v.to_string()))
+                            .collect(),
+                        disk_cache: disk_cache.cloned(),
+                        retry: onnx.download.policy(),
+                        verify_md5: onnx.download.verify_md5,
+                    },
+                )?
+            };
+            model_deployment(&d.name, Onnx::new(repository), cache)
+        }
+    };
+    Ok(settings(spec, d, Some(5)))
+}
+
+/// The deployment settings of `d` on `spec`; `max_ongoing_requests` falls back to `default`,
+/// or to what `spec` has when `None`.
+fn settings(
+    spec: modelmux_serve::DeploymentSpec,
+    d: &DeploymentConfig,
+    default: Option<usize>,
+) -> modelmux_serve::DeploymentSpec {
+    let mut spec = spec
+        .num_replicas(d.num_replicas.get())
+        .max_queued_requests(d.max_queued_requests)
+        .queue_timeout(d.queue_timeout_s.0);
+    if let Some(n) = d.max_ongoing_requests.map(NonZeroUsize::get).or(default) {
+        spec = spec.max_ongoing_requests(n);
+    }
+    spec
+}

@@ -1,0 +1,193 @@
+//! The configuration's parsing and checks.
+
+use super::*;
+
+#[tokio::test]
+async fn the_demo_and_the_examples_parse() {
+    let c = Config::parse(DEMO).unwrap();
+    assert_eq!(c.applications[0].deployments[0].num_replicas.get(), 2);
+    assert!(c.server().await.is_ok());
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../");
+    for example in ["synthetic.yaml", "onnx-local.yaml", "onnx-s3.yaml"] {
+        let text = std::fs::read_to_string(format!("{root}examples/{example}")).unwrap();
+        Config::parse(&text).unwrap_or_else(|e| panic!("{example}: {e}"));
+    }
+}
+
+#[tokio::test]
+async fn repositories_are_opened_when_the_server_is_built() {
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: /no/such/dir}\n";
+    let err = Config::parse(yaml)
+        .unwrap()
+        .server()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("deployments[0].model") && err.contains("/no/such/dir"),
+        "{err}"
+    );
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: 's3://b/p', options: {colour: red}}\n";
+    let err = Config::parse(yaml)
+        .unwrap()
+        .server()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("unknown S3 option 'colour'"), "{err}");
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: 'ftp://x/y'}\n";
+    let err = Config::parse(yaml)
+        .unwrap()
+        .server()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("unsupported repository scheme 'ftp://'"),
+        "{err}"
+    );
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: x, download: {attempts: 0}}\n";
+    let err = Config::parse(yaml).unwrap_err().to_string();
+    assert!(err.contains("attempts"), "{err}");
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: x, download: {backoff_base_s: 20}}\n";
+    let err = Config::parse(yaml).unwrap_err().to_string();
+    assert!(err.contains("backoff_base_s is larger"), "{err}");
+    // Option values may be YAML booleans and numbers.
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: 's3://b/p', options: {allow_http: true, region: us-east-1}}\n";
+    assert!(Config::parse(yaml).unwrap().server().await.is_ok());
+    // A check looks at the disk cache's directory without taking or emptying it.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("precious"), b"x").unwrap();
+    let yaml = format!(
+        "disk_cache: {{path: '{}'}}\napplications:\n  - name: a\n    deployments:\n      - name: d\n        model: {{kind: onnx, repository: 's3://b/p'}}\n",
+        dir.path().display()
+    );
+    let config = Config::parse(&yaml).unwrap();
+    let err = config.check().await.unwrap_err().to_string();
+    assert!(err.contains("not empty"), "{err}");
+    assert!(dir.path().join("precious").exists());
+    let cache = dir.path().join("cache");
+    let yaml = yaml.replace(
+        &dir.path().display().to_string(),
+        &cache.display().to_string(),
+    );
+    let config = Config::parse(&yaml).unwrap();
+    let _running = config.server().await.unwrap();
+    config.check().await.unwrap_err(); // in use by the "running server" above
+    drop(_running);
+}
+
+#[test]
+fn errors_name_the_field_and_the_line() {
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        num_replicas: 0\n        model: {kind: synthetic}\n";
+    let err = Config::parse(yaml).unwrap_err().to_string();
+    assert!(
+        err.contains("num_replicas") && err.contains("line 5"),
+        "{err}"
+    );
+
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic, size_gb: 1}\n";
+    let err = Config::parse(yaml).unwrap_err().to_string();
+    // Inside `model` (a tagged enum, buffered by serde) the line is the deployment's.
+    assert!(
+        err.contains("deployments[0]") && err.contains("size_gb") && err.contains("line 4"),
+        "{err}"
+    );
+
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: pytorch}\n";
+    let err = Config::parse(yaml).unwrap_err().to_string();
+    assert!(
+        err.contains("pytorch") && err.contains("synthetic"),
+        "{err}"
+    );
+
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        max_models_per_replica: 0\n        model: {kind: synthetic}\n";
+    let err = Config::parse(yaml).unwrap_err().to_string();
+    assert!(
+        err.contains("-1 for no limit") && err.contains("line 5"),
+        "{err}"
+    );
+}
+
+#[test]
+fn cross_field_errors_name_the_path() {
+    let yaml = "applications:\n  - name: a\n    ingress: nope\n    deployments:\n      - name: d\n        model: {kind: synthetic}\n";
+    let err = Config::parse(yaml).unwrap_err().to_string();
+    assert!(err.contains("applications[0].ingress"), "{err}");
+    let yaml = "http_options: {host: localhost}\napplications: []\n";
+    assert!(Config::parse(yaml).is_err());
+}
+
+#[test]
+fn eviction_policies_are_named() {
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        eviction_policy: gdsf\n        model: {kind: synthetic}\n";
+    let c = Config::parse(yaml).unwrap();
+    assert!(matches!(
+        c.applications[0].deployments[0].eviction_policy,
+        EvictionPolicyName::Gdsf
+    ));
+    let err = Config::parse(&yaml.replace("gdsf", "fifo"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("fifo") && err.contains("lru") && err.contains("line 5"),
+        "{err}"
+    );
+}
+
+#[test]
+fn what_the_server_would_refuse_is_refused_when_parsing() {
+    let app = |prefix: &str| {
+        format!(
+            "  - name: a{}\n    route_prefix: '{prefix}'\n    deployments:\n      - name: d\n        model: {{kind: synthetic}}\n",
+            prefix.len()
+        )
+    };
+    for (prefix, expect) in [
+        ("api", "must start with '/'"),
+        ("/api/", "must start with '/'"),
+        ("/-/x", "reserved"),
+        ("/metrics", "reserved"),
+    ] {
+        let err = Config::parse(&format!("applications:\n{}", app(prefix)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("route_prefix") && err.contains(expect),
+            "{prefix}: {err}"
+        );
+    }
+    let twice = format!(
+        "applications:\n{}{}",
+        app("/a"),
+        app("/a").replace("name: a2", "name: b2")
+    );
+    assert!(
+        Config::parse(&twice)
+            .unwrap_err()
+            .to_string()
+            .contains("used by another application")
+    );
+    let yaml = "logging: {level: 'info,[['}\napplications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic}\n";
+    assert!(
+        Config::parse(yaml)
+            .unwrap_err()
+            .to_string()
+            .contains("logging.level")
+    );
+}
+
+#[test]
+fn minus_one_means_unbounded() {
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        max_models_per_replica: -1\n        model: {kind: synthetic}\n";
+    let c = Config::parse(yaml).unwrap();
+    assert!(
+        c.applications[0].deployments[0]
+            .max_models_per_replica
+            .0
+            .is_none()
+    );
+}

@@ -1,0 +1,302 @@
+//! `model: {kind: llm, ...}`: the settings of an LLM deployment, shaped like Ray's `LLMConfig`
+//! (`model_loading_config`, `lora_config`, `engine_kwargs`, `experimental_configs`) so a Ray
+//! user recognises them. Unknown fields are refused with their path and line by serde;
+//! [`LlmConfig::validate`] checks what serde cannot (ranges, the fields together).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use modelmux_llm::{EngineConfig, RuntimeOptions, WeightFormat};
+use modelmux_store::RetryPolicy;
+use serde::Deserialize;
+
+/// The whole `kind: llm` model section.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmConfig {
+    /// Which model, from where.
+    pub model_loading_config: ModelLoadingConfig,
+    /// LoRA adapters loaded on demand; none when absent.
+    #[serde(default)]
+    pub lora_config: Option<LoraConfig>,
+    /// The engine's limits.
+    #[serde(default)]
+    pub engine_kwargs: EngineKwargs,
+    /// Streaming.
+    #[serde(default)]
+    pub experimental_configs: ExperimentalConfigs,
+}
+
+/// `model_loading_config`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelLoadingConfig {
+    /// The name clients use for the base model (`model` in requests); adapters are
+    /// `<model_id>:<adapter>`.
+    pub model_id: String,
+    /// The GGUF file: a path, or a URL (`s3://bucket/dir/name/model.gguf`,
+    /// `https://host/dir/name/model.gguf`) downloaded once into the disk cache.
+    pub model_source: String,
+    /// Store options for a remote `model_source` (as for `lora_config.options`).
+    #[serde(default)]
+    pub options: BTreeMap<String, serde_json::Value>,
+}
+
+/// `lora_config`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraConfig {
+    /// The adapter repository: a directory, `s3://bucket/prefix` or `https://host/path`; an
+    /// adapter `a` is `<path>/a/adapter_config.json` + `adapter_model.safetensors` (PEFT).
+    pub dynamic_lora_loading_path: String,
+    /// Adapters held per replica (LRU past it).
+    #[serde(default = "default_max_adapters")]
+    pub max_num_adapters_per_replica: usize,
+    /// Bytes of adapters held per replica, if bounded.
+    #[serde(default)]
+    pub max_adapter_bytes_per_replica: Option<u64>,
+    /// Longest one adapter load may take, download included (seconds).
+    #[serde(default = "default_download_timeout")]
+    pub download_timeout_s: f64,
+    /// Download attempts in all.
+    #[serde(default = "default_download_tries")]
+    pub max_download_tries: u32,
+    /// Store options, as `object_store` names them (for S3: `endpoint`, `region`,
+    /// `access_key_id`, `secret_access_key`, `allow_http`, ...); unset ones come from the
+    /// `AWS_*` environment variables.
+    #[serde(default)]
+    pub options: BTreeMap<String, serde_json::Value>,
+}
+
+fn default_max_adapters() -> usize {
+    8
+}
+fn default_download_timeout() -> f64 {
+    60.0
+}
+fn default_download_tries() -> u32 {
+    3
+}
+
+/// `engine_kwargs`, with vLLM's names where it has them.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineKwargs {
+    /// Sequences decoded together.
+    #[serde(default = "default_max_num_seqs")]
+    pub max_num_seqs: usize,
+    /// Prompt plus generated tokens of one sequence.
+    #[serde(default = "default_max_model_len")]
+    pub max_model_len: usize,
+    /// Bytes of KV cache all sequences of a replica share.
+    #[serde(default = "default_kv_cache_bytes")]
+    pub kv_cache_bytes: u64,
+    /// Tokens one step runs (decode rows plus prompt chunks).
+    #[serde(default = "default_max_num_batched_tokens")]
+    pub max_num_batched_tokens: usize,
+    /// Requests waiting for room in the engine; past it, 503 at once.
+    #[serde(default = "default_max_waiting")]
+    pub max_waiting_seqs: usize,
+    /// Longest a request waits for room in the engine before a 503 (seconds).
+    #[serde(default = "default_queue_timeout")]
+    pub queue_timeout_s: f64,
+    /// How the weights are held: `auto` (default), `q8_0`, `as_stored`, `f32`.
+    #[serde(default)]
+    pub weight_format: WeightFormatName,
+}
+
+fn default_max_num_seqs() -> usize {
+    EngineConfig::default().max_num_seqs
+}
+fn default_max_model_len() -> usize {
+    EngineConfig::default().max_model_len
+}
+fn default_kv_cache_bytes() -> u64 {
+    EngineConfig::default().kv_cache_bytes
+}
+fn default_max_num_batched_tokens() -> usize {
+    EngineConfig::default().max_batch_tokens
+}
+fn default_max_waiting() -> usize {
+    EngineConfig::default().max_waiting
+}
+fn default_queue_timeout() -> f64 {
+    EngineConfig::default().queue_timeout.as_secs_f64()
+}
+
+impl Default for EngineKwargs {
+    fn default() -> Self {
+        Self {
+            max_num_seqs: default_max_num_seqs(),
+            max_model_len: default_max_model_len(),
+            kv_cache_bytes: default_kv_cache_bytes(),
+            max_num_batched_tokens: default_max_num_batched_tokens(),
+            max_waiting_seqs: default_max_waiting(),
+            queue_timeout_s: default_queue_timeout(),
+            weight_format: WeightFormatName::default(),
+        }
+    }
+}
+
+/// `engine_kwargs.weight_format`.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightFormatName {
+    /// See [`WeightFormat::Auto`].
+    #[default]
+    Auto,
+    /// See [`WeightFormat::Q8_0`].
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// See [`WeightFormat::AsStored`].
+    AsStored,
+    /// See [`WeightFormat::F32`].
+    F32,
+}
+
+/// `experimental_configs`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExperimentalConfigs {
+    /// Streamed text is sent at most this often (ms); 0 sends every token as it comes. The
+    /// first text of a stream is always sent at once.
+    #[serde(default = "default_stream_interval")]
+    pub stream_batching_interval_ms: u64,
+}
+
+fn default_stream_interval() -> u64 {
+    50
+}
+
+impl Default for ExperimentalConfigs {
+    fn default() -> Self {
+        Self {
+            stream_batching_interval_ms: default_stream_interval(),
+        }
+    }
+}
+
+fn seconds(field: &str, s: f64) -> Result<Duration, String> {
+    if s.is_finite() && (0.001..1e9).contains(&s) {
+        Ok(Duration::from_secs_f64(s))
+    } else {
+        Err(format!(
+            "{field}: must be a positive number of seconds, got {s}"
+        ))
+    }
+}
+
+/// Store options as strings (YAML booleans and numbers allowed).
+pub(crate) fn option_strings(
+    options: &BTreeMap<String, serde_json::Value>,
+) -> Vec<(String, String)> {
+    options
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (k.clone(), v)
+        })
+        .collect()
+}
+
+impl LlmConfig {
+    /// Checks what serde cannot; the error names the field (relative to `model`).
+    pub fn validate(&self) -> Result<(), String> {
+        let id = &self.model_loading_config.model_id;
+        if id.is_empty() || id.contains(':') || modelmux_cache::ModelId::new(id).is_err() {
+            return Err(format!(
+                "model_loading_config.model_id: '{id}' must be a non-empty model name without ':' \
+                 (adapters are named '<model_id>:<adapter>')"
+            ));
+        }
+        let e = &self.engine_kwargs;
+        for (field, value) in [
+            ("max_num_seqs", e.max_num_seqs),
+            ("max_model_len", e.max_model_len),
+            ("max_num_batched_tokens", e.max_num_batched_tokens),
+            ("max_waiting_seqs", e.max_waiting_seqs),
+        ] {
+            if value == 0 {
+                return Err(format!("engine_kwargs.{field}: must be at least 1"));
+            }
+        }
+        if e.max_num_batched_tokens < e.max_num_seqs {
+            return Err(format!(
+                "engine_kwargs.max_num_batched_tokens ({}) must be at least max_num_seqs ({})",
+                e.max_num_batched_tokens, e.max_num_seqs
+            ));
+        }
+        if e.kv_cache_bytes == 0 {
+            return Err("engine_kwargs.kv_cache_bytes: must be at least 1".into());
+        }
+        seconds("engine_kwargs.queue_timeout_s", e.queue_timeout_s)?;
+        if let Some(lora) = &self.lora_config {
+            if lora.max_num_adapters_per_replica == 0 {
+                return Err("lora_config.max_num_adapters_per_replica: must be at least 1".into());
+            }
+            if lora.max_download_tries == 0 {
+                return Err("lora_config.max_download_tries: must be at least 1".into());
+            }
+            seconds("lora_config.download_timeout_s", lora.download_timeout_s)?;
+        }
+        if self.experimental_configs.stream_batching_interval_ms > 60_000 {
+            return Err("experimental_configs.stream_batching_interval_ms: at most 60000".into());
+        }
+        Ok(())
+    }
+
+    /// The runtime's options.
+    pub fn runtime_options(&self) -> RuntimeOptions {
+        let e = &self.engine_kwargs;
+        let lora = self.lora_config.as_ref();
+        RuntimeOptions {
+            model_id: self.model_loading_config.model_id.clone(),
+            weight_format: match e.weight_format {
+                WeightFormatName::Auto => WeightFormat::Auto,
+                WeightFormatName::Q8_0 => WeightFormat::Q8_0,
+                WeightFormatName::AsStored => WeightFormat::AsStored,
+                WeightFormatName::F32 => WeightFormat::F32,
+            },
+            engine: EngineConfig {
+                max_num_seqs: e.max_num_seqs,
+                max_model_len: e.max_model_len,
+                kv_cache_bytes: e.kv_cache_bytes,
+                max_batch_tokens: e.max_num_batched_tokens,
+                max_waiting: e.max_waiting_seqs,
+                queue_timeout: Duration::from_secs_f64(e.queue_timeout_s),
+            },
+            max_adapters: lora.map_or(8, |l| l.max_num_adapters_per_replica),
+            max_adapter_bytes: lora.and_then(|l| l.max_adapter_bytes_per_replica),
+            adapter_load_timeout: lora.map(|l| Duration::from_secs_f64(l.download_timeout_s)),
+        }
+    }
+
+    /// The retries of adapter downloads.
+    pub(crate) fn adapter_retry(&self) -> RetryPolicy {
+        let mut policy = RetryPolicy::default();
+        if let Some(lora) = &self.lora_config {
+            policy.attempts = lora.max_download_tries;
+            policy.attempt_timeout = Duration::from_secs_f64(lora.download_timeout_s);
+        }
+        policy
+    }
+
+    /// Whether the model or the adapters come from a remote store (and need the disk cache).
+    pub fn needs_disk_cache(&self) -> bool {
+        is_remote(&self.model_loading_config.model_source)
+            || self
+                .lora_config
+                .as_ref()
+                .is_some_and(|l| is_remote(&l.dynamic_lora_loading_path))
+    }
+}
+
+/// Whether a location is a URL other than `file://`.
+pub(crate) fn is_remote(location: &str) -> bool {
+    location
+        .split_once("://")
+        .is_some_and(|(scheme, _)| scheme != "file")
+}

@@ -1,0 +1,213 @@
+//! The OpenAI ingress: parses and checks each request, turns its `model` into an adapter id,
+//! and calls the LLM deployment through a handle with that id as the multiplexed model id, so
+//! the model-aware router sends it to a replica holding the adapter (or places the adapter).
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+use http::{Method, header};
+use modelmux_cache::{BoxError, ModelId};
+use modelmux_serve::{Body, Deployment, DeploymentHandle, Holding, Request, Response, ServeError};
+use modelmux_store::ModelRepository;
+
+use crate::params::{Endpoint, invalid, parse_detokenize, parse_job, parse_tokenize};
+use crate::protocol::ModelCard;
+
+/// Adapters listed by `GET /v1/models` from the repository, at most.
+const MAX_LISTED: usize = 1000;
+
+/// One replica of the ingress deployment.
+pub(crate) struct OpenAiIngress {
+    pub(crate) llm: DeploymentHandle,
+    /// The base model's name.
+    pub(crate) base: String,
+    /// The adapter repository, for listing (the LLM replicas load from their own handle).
+    pub(crate) adapters: Option<ModelRepository>,
+    pub(crate) created: u64,
+    /// The application's route prefix, taken off paths (`/` takes nothing).
+    pub(crate) prefix: String,
+}
+
+impl OpenAiIngress {
+    /// The adapter a request's `model` (and the `serve_multiplexed_model_id` header) names:
+    /// `None` for the base model.
+    fn adapter_for(&self, model: &str) -> Result<Option<ModelId>, ServeError> {
+        let base = &self.base;
+        let named = if model == base {
+            None
+        } else if let Some((b, adapter)) = model.split_once(':') {
+            if b != base {
+                return Err(ServeError::NotFound {
+                    what: format!(
+                        "model '{b}' is not served here: this server serves '{base}' and its adapters as '{base}:<adapter>'"
+                    ),
+                });
+            }
+            Some(adapter)
+        } else {
+            // A bare name that is not the base model's is an adapter's.
+            Some(model)
+        };
+        let named = named
+            .map(|a| {
+                let usable = |e: &dyn std::fmt::Display| {
+                    invalid(
+                        "model",
+                        format!("'{model}' does not name a usable adapter: {e}"),
+                    )
+                };
+                let id = ModelId::new(a).map_err(|e| usable(&e))?;
+                id.as_relative_path().map_err(|e| usable(&e))?;
+                Ok::<_, ServeError>(id)
+            })
+            .transpose()?;
+        let header = modelmux_context::multiplexed_model_id();
+        let adapter = match (named, header) {
+            (None, h) => h,
+            (Some(a), None) => Some(a),
+            (Some(a), Some(h)) if a == h => Some(a),
+            (Some(a), Some(h)) => {
+                return Err(invalid(
+                    "model",
+                    format!(
+                        "model names adapter '{a}' but the serve_multiplexed_model_id header names '{h}'"
+                    ),
+                ));
+            }
+        };
+        if let Some(a) = &adapter
+            && self.adapters.is_none()
+        {
+            return Err(ServeError::NotFound {
+                what: format!(
+                    "adapter '{a}' not found: this server serves '{base}' without an adapter repository (lora_config)"
+                ),
+            });
+        }
+        Ok(adapter)
+    }
+
+    async fn forward(
+        &self,
+        path: &str,
+        body: Bytes,
+        adapter: Option<ModelId>,
+    ) -> Result<Response, ServeError> {
+        let request = http::Request::builder()
+            .method(Method::POST)
+            .uri(path)
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(body))
+            .map_err(|e| ServeError::BadRequest {
+                message: e.to_string(),
+            })?;
+        let handle = match adapter {
+            Some(a) => self.llm.options().multiplexed_model_id(a.as_str())?,
+            None => self.llm.options().no_model_id(),
+        };
+        handle.call(request).await
+    }
+
+    async fn models(&self) -> Response {
+        let held = self.llm.held_models();
+        let replicas: Vec<String> = held.iter().map(|(r, _)| r.clone()).collect();
+        let mut adapters: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        if let Some(repository) = &self.adapters {
+            match repository.list(MAX_LISTED).await {
+                Ok(ids) => adapters.extend(ids.into_iter().map(|id| (id.to_string(), Vec::new()))),
+                Err(e) => tracing::warn!("cannot list the adapter repository: {e}"),
+            }
+        }
+        for (replica, models) in held {
+            for (id, holding) in models {
+                match holding {
+                    Holding::Loaded => adapters
+                        .entry(id.to_string())
+                        .or_default()
+                        .push(replica.clone()),
+                    Holding::Loading => {
+                        adapters.entry(id.to_string()).or_default();
+                    }
+                    Holding::Pending(_) => {}
+                }
+            }
+        }
+        let card = |id: String, parent: Option<String>, loaded_on: Vec<String>| ModelCard {
+            id,
+            object: "model",
+            created: self.created,
+            owned_by: "modelmux",
+            parent,
+            loaded_on,
+        };
+        let mut data = vec![card(self.base.clone(), None, replicas)];
+        data.extend(
+            adapters
+                .into_iter()
+                .map(|(a, on)| card(format!("{}:{a}", self.base), Some(self.base.clone()), on)),
+        );
+        json(&serde_json::json!({"object": "list", "data": data}))
+    }
+}
+
+fn json(value: &serde_json::Value) -> Response {
+    let mut response = Response::new(Body::json(value));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+impl Deployment for OpenAiIngress {
+    async fn call(&self, request: Request) -> Result<Response, BoxError> {
+        let method = request.method().clone();
+        let full = request.uri().path();
+        let path = match full.strip_prefix(self.prefix.trim_end_matches('/')) {
+            Some(rest) if rest.starts_with('/') => rest.to_owned(),
+            _ => full.to_owned(),
+        };
+        let answer = match (&method, path.as_str()) {
+            (&Method::GET, "/v1/models") => Ok(self.models().await),
+            (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
+                let endpoint = if path == "/v1/completions" {
+                    Endpoint::Completion
+                } else {
+                    Endpoint::Chat
+                };
+                let body = request.into_body().to_bytes(usize::MAX).await?;
+                let job = parse_job(endpoint, &body)?;
+                let adapter = self.adapter_for(&job.model)?;
+                self.forward(&path, body, adapter).await
+            }
+            (&Method::POST, "/tokenize" | "/detokenize") => {
+                let body = request.into_body().to_bytes(usize::MAX).await?;
+                let model = if path == "/tokenize" {
+                    parse_tokenize(&body)?.0
+                } else {
+                    parse_detokenize(&body)?.0
+                };
+                // Adapters share the base model's tokenizer: any replica answers.
+                self.adapter_for(&model)?;
+                self.forward(&path, body, None).await
+            }
+            (
+                _,
+                "/v1/models"
+                | "/v1/chat/completions"
+                | "/v1/completions"
+                | "/tokenize"
+                | "/detokenize",
+            ) => Err(ServeError::status(
+                http::StatusCode::METHOD_NOT_ALLOWED,
+                format!("{method} is not allowed on {path}"),
+            )),
+            _ => Err(ServeError::NotFound {
+                what: format!(
+                    "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize)"
+                ),
+            }),
+        };
+        Ok(answer?)
+    }
+}

@@ -1,0 +1,178 @@
+//! `modelmux-openai`: OpenAI-compatible serving of the LLM runtime, composed as Ray's
+//! `LLMServer` is: an ingress deployment parses each request and turns
+//! `model: "<base>:<adapter>"` into the request's multiplexed model id, then calls the LLM
+//! deployment through a handle, so the model-aware router sends the request to a replica
+//! that already holds the adapter, and only when those are saturated (or none has it) does
+//! another replica load it.
+//!
+//! - [`LlmConfig`]: the `kind: llm` settings, shaped like Ray's `LLMConfig`.
+//! - [`llm_deployments`]: the two deployments (LLM replicas and their OpenAI ingress).
+//!
+//! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as Server-Sent
+//! Events when asked), `GET /v1/models`, `POST /tokenize`, `POST /detokenize`.
+
+mod config;
+mod errors;
+mod ingress;
+mod llm_server;
+mod metrics;
+mod params;
+mod protocol;
+mod respond;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use modelmux_cache::ModelId;
+use modelmux_llm::LlmRuntime;
+use modelmux_serve::DeploymentSpec;
+use modelmux_store::{DiskCache, ModelRepository, RepositoryOptions, StoreError};
+
+pub use config::{
+    EngineKwargs, ExperimentalConfigs, LlmConfig, LoraConfig, ModelLoadingConfig, WeightFormatName,
+};
+
+use crate::config::option_strings;
+use crate::llm_server::{GgufSource, LlmServer, longest_token};
+
+/// The deployments serving one LLM: `server` runs the model (its replicas are the ones to
+/// scale), `ingress` takes the HTTP requests (make it the application's ingress).
+pub struct LlmDeployments {
+    /// The LLM replicas, named as asked.
+    pub server: DeploymentSpec,
+    /// The OpenAI ingress, named `<name>-openai`: one replica, many requests at once (it only
+    /// parses and forwards).
+    pub ingress: DeploymentSpec,
+}
+
+/// Requests one ingress replica handles at once: each waits on an LLM replica and holds
+/// little memory.
+const INGRESS_MAX_ONGOING: usize = 4096;
+
+fn repository(
+    location: &str,
+    options: &std::collections::BTreeMap<String, serde_json::Value>,
+    disk_cache: Option<&DiskCache>,
+    retry: modelmux_store::RetryPolicy,
+) -> Result<ModelRepository, StoreError> {
+    ModelRepository::open(
+        location,
+        RepositoryOptions {
+            options: option_strings(options),
+            disk_cache: disk_cache.cloned(),
+            retry,
+            verify_md5: true,
+        },
+    )
+}
+
+/// Where the GGUF file comes from: a path (checked now), or `<repository>/<dir>/<file>` on a
+/// store, downloaded by the first replica that starts.
+fn gguf_source(
+    config: &LlmConfig,
+    disk_cache: Option<&DiskCache>,
+) -> Result<GgufSource, StoreError> {
+    let source = &config.model_loading_config.model_source;
+    if !config::is_remote(source) {
+        let path = PathBuf::from(source.strip_prefix("file://").unwrap_or(source));
+        if !path.is_file() {
+            return Err(StoreError::Config(format!(
+                "model_loading_config.model_source: {} is not a file",
+                path.display()
+            )));
+        }
+        return Ok(GgufSource::Local(path));
+    }
+    let bad = || {
+        StoreError::Config(format!(
+            "model_loading_config.model_source: '{source}' must be <repository>/<directory>/<file>.gguf"
+        ))
+    };
+    let (dir, file) = source.rsplit_once('/').ok_or_else(bad)?;
+    let (location, id) = dir.rsplit_once('/').ok_or_else(bad)?;
+    if file.is_empty() || id.is_empty() || location.ends_with(':') || location.ends_with("//") {
+        return Err(bad());
+    }
+    Ok(GgufSource::Remote {
+        repository: repository(
+            location,
+            &config.model_loading_config.options,
+            disk_cache,
+            modelmux_store::RetryPolicy::default(),
+        )?,
+        id: ModelId::new(id).map_err(|_| bad())?,
+        file: file.to_owned(),
+    })
+}
+
+/// The deployments serving `config` as deployment `name` of an application routed at
+/// `route_prefix`. Repositories are opened now (a malformed location or option is an error
+/// here, not at the first request); the model is loaded by each replica as it starts.
+pub fn llm_deployments(
+    name: &str,
+    config: &LlmConfig,
+    route_prefix: &str,
+    disk_cache: Option<&DiskCache>,
+) -> Result<LlmDeployments, StoreError> {
+    config.validate().map_err(StoreError::Config)?;
+    let gguf = Arc::new(gguf_source(config, disk_cache)?);
+    let adapters = config
+        .lora_config
+        .as_ref()
+        .map(|l| {
+            repository(
+                &l.dynamic_lora_loading_path,
+                &l.options,
+                disk_cache,
+                config.adapter_retry(),
+            )
+        })
+        .transpose()?;
+    let options = config.runtime_options();
+    let interval = Duration::from_millis(config.experimental_configs.stream_batching_interval_ms);
+    let server_adapters = adapters.clone();
+    let server = DeploymentSpec::new(name, move |ctx| {
+        let gguf = gguf.clone();
+        let adapters = server_adapters.clone();
+        let options = options.clone();
+        async move {
+            let (path, _download) = gguf.fetch().await?;
+            let runtime = LlmRuntime::load(&path, adapters, options).await?;
+            if let Some(cache) = runtime.adapters() {
+                ctx.register_multiplexer(cache);
+            }
+            let metrics = Arc::new(metrics::LlmMetrics::new(runtime.engine().clone()));
+            ctx.register_metrics(metrics.clone());
+            let max_prompt_bytes =
+                longest_token(runtime.tokenizer()) * runtime.engine().config().max_model_len;
+            Ok(LlmServer {
+                runtime: Arc::new(runtime),
+                metrics,
+                stream_interval: interval,
+                max_prompt_bytes,
+            })
+        }
+    })
+    .max_ongoing_requests(config.engine_kwargs.max_num_seqs);
+    let base = config.model_loading_config.model_id.clone();
+    let server_name = name.to_owned();
+    let prefix = route_prefix.to_owned();
+    let ingress = DeploymentSpec::new(&format!("{name}-openai"), move |ctx| {
+        let llm = ctx.handle(&server_name);
+        let base = base.clone();
+        let adapters = adapters.clone();
+        let prefix = prefix.clone();
+        async move {
+            Ok(ingress::OpenAiIngress {
+                llm: llm?,
+                base,
+                adapters,
+                created: protocol::unix_now(),
+                prefix,
+            })
+        }
+    })
+    .max_ongoing_requests(INGRESS_MAX_ONGOING);
+    Ok(LlmDeployments { server, ingress })
+}

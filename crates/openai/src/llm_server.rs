@@ -1,0 +1,258 @@
+//! The LLM deployment: one [`LlmRuntime`] per replica (the base model, its engine, its adapter
+//! cache registered with the replica so the router sees which adapters it holds). It answers
+//! what the ingress forwards: the request's multiplexed model id is the adapter (none: the
+//! base model).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use modelmux_cache::BoxError;
+use modelmux_llm::{LlmRuntime, TextTokenizer};
+use modelmux_serve::{Body, Deployment, Request, Response, ServeError};
+use serde_json::json;
+use tokio::time::Instant;
+
+use crate::errors::serve_error;
+use crate::metrics::LlmMetrics;
+use crate::params::{
+    Endpoint, Prompt, TokenizeInput, invalid, parse_detokenize, parse_job, parse_tokenize,
+};
+use crate::respond::{Answer, Timing, streamed, whole};
+
+/// One replica of the LLM deployment.
+pub(crate) struct LlmServer {
+    pub(crate) runtime: Arc<LlmRuntime>,
+    pub(crate) metrics: Arc<LlmMetrics>,
+    pub(crate) stream_interval: Duration,
+    /// The longest text that can still fit in the context: `max_model_len` tokens of the
+    /// vocabulary's longest token. Longer prompts are refused before tokenizing them.
+    pub(crate) max_prompt_bytes: usize,
+}
+
+/// The bytes of the vocabulary's longest token.
+pub(crate) fn longest_token(tokenizer: &TextTokenizer) -> usize {
+    (0..tokenizer.vocab_size() as u32)
+        .map(|id| tokenizer.token_bytes(id).len())
+        .max()
+        .unwrap_or(1)
+        .max(1)
+}
+
+fn json_response(value: &serde_json::Value) -> Response {
+    let mut response = Response::new(Body::json(value));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+impl LlmServer {
+    fn context(&self) -> usize {
+        self.runtime.engine().config().max_model_len
+    }
+
+    /// Tokens of a prompt, on the blocking pool (a long prompt takes milliseconds).
+    async fn tokens(&self, prompt: Prompt) -> Result<Vec<u32>, ServeError> {
+        let bytes = match &prompt {
+            Prompt::Chat(m) => m.iter().map(|m| m.content.len()).sum(),
+            Prompt::Text(t) => t.len(),
+            Prompt::Tokens(ids) => ids.len(),
+        };
+        let param = match &prompt {
+            Prompt::Chat(_) => "messages",
+            _ => "prompt",
+        };
+        if bytes > self.max_prompt_bytes {
+            return Err(invalid(
+                param,
+                format!(
+                    "the prompt ({bytes} bytes) cannot fit in the context of {} tokens",
+                    self.context()
+                ),
+            ));
+        }
+        let runtime = self.runtime.clone();
+        let ids = tokio::task::spawn_blocking(move || match prompt {
+            Prompt::Chat(messages) => runtime.chat_prompt(&messages),
+            Prompt::Text(text) => runtime.tokenizer().encode_prompt(&text, true),
+            Prompt::Tokens(ids) => {
+                let vocab = runtime.tokenizer().vocab_size();
+                match ids.iter().find(|&&t| t as usize >= vocab) {
+                    Some(t) => Err(modelmux_llm::LlmError::InvalidRequest(format!(
+                        "prompt: token id {t} is outside the vocabulary of {vocab}"
+                    ))),
+                    None => Ok(ids),
+                }
+            }
+        })
+        .await
+        .map_err(|e| ServeError::status(http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| serve_error(&e))?;
+        if ids.len() >= self.context() {
+            return Err(invalid(
+                param,
+                format!(
+                    "the prompt has {} tokens, but the context holds {} (prompt and output together)",
+                    ids.len(),
+                    self.context()
+                ),
+            ));
+        }
+        Ok(ids)
+    }
+
+    async fn generate(&self, endpoint: Endpoint, body: &[u8]) -> Result<Response, ServeError> {
+        let started = Instant::now();
+        let job = parse_job(endpoint, body)?;
+        let request_id = modelmux_context::request_id()
+            .map(|r| r.as_str().to_owned())
+            .unwrap_or_default();
+        let adapter = modelmux_context::multiplexed_model_id();
+        let prompt = self.tokens(job.prompt).await?;
+        let mut params = job.params;
+        params.max_tokens = job
+            .max_tokens
+            .unwrap_or_else(|| self.context() - prompt.len());
+        let lease = match &adapter {
+            Some(id) => Some(
+                self.runtime
+                    .adapter(id.as_str())
+                    .await
+                    .map_err(|e| serve_error(&e))?,
+            ),
+            None => None,
+        };
+        let prompt_tokens = prompt.len();
+        let stream = self
+            .runtime
+            .generate(prompt, params, lease)
+            .map_err(|e| serve_error(&e))?;
+        let model = adapter
+            .as_ref()
+            .map_or(&self.runtime.options().model_id[..], |a| a.as_str());
+        self.metrics.request(model);
+        tracing::info!(
+            request_id = %request_id,
+            model,
+            prompt_tokens,
+            stream = job.stream,
+            "generation started"
+        );
+        let answer = Answer::new(endpoint, &request_id, job.model, job.include_usage);
+        let timing = Timing {
+            started,
+            first: None,
+            metrics: self.metrics.clone(),
+        };
+        if job.stream {
+            Ok(streamed(answer, stream, timing, self.stream_interval))
+        } else {
+            whole(answer, stream, timing).await
+        }
+    }
+
+    async fn tokenize(&self, body: &[u8]) -> Result<Response, ServeError> {
+        let (_, input) = parse_tokenize(body)?;
+        let runtime = self.runtime.clone();
+        let max_bytes = self.max_prompt_bytes;
+        let ids = tokio::task::spawn_blocking(move || match input {
+            TokenizeInput::Chat(messages) => runtime.chat_prompt(&messages),
+            TokenizeInput::Text { text, .. } if text.len() > max_bytes * 4 => {
+                Err(modelmux_llm::LlmError::InvalidRequest(format!(
+                    "prompt: {} bytes is far longer than any context this model holds",
+                    text.len()
+                )))
+            }
+            TokenizeInput::Text { text, add_special } => {
+                if add_special {
+                    runtime.tokenizer().encode_prompt(&text, true)
+                } else {
+                    runtime.tokenizer().encode(&text, true)
+                }
+            }
+        })
+        .await
+        .map_err(|e| ServeError::status(http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| serve_error(&e))?;
+        Ok(json_response(&json!({
+            "count": ids.len(),
+            "max_model_len": self.context(),
+            "tokens": ids,
+        })))
+    }
+
+    fn detokenize(&self, body: &[u8]) -> Result<Response, ServeError> {
+        let (_, ids) = parse_detokenize(body)?;
+        let vocab = self.runtime.tokenizer().vocab_size();
+        if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(invalid(
+                "tokens",
+                format!("token id {t} is outside the vocabulary of {vocab}"),
+            ));
+        }
+        Ok(json_response(&json!({
+            "prompt": self.runtime.tokenizer().decode(&ids),
+        })))
+    }
+}
+
+impl Deployment for LlmServer {
+    async fn call(&self, request: Request) -> Result<Response, BoxError> {
+        let path = request.uri().path().to_owned();
+        let body = request.into_body().to_bytes(usize::MAX).await?;
+        let answer = match path.as_str() {
+            "/v1/chat/completions" => self.generate(Endpoint::Chat, &body).await,
+            "/v1/completions" => self.generate(Endpoint::Completion, &body).await,
+            "/tokenize" => self.tokenize(&body).await,
+            "/detokenize" => self.detokenize(&body),
+            other => Err(ServeError::NotFound {
+                what: format!("the LLM deployment has no endpoint {other}"),
+            }),
+        };
+        Ok(answer?)
+    }
+
+    async fn check_health(&self) -> Result<(), BoxError> {
+        if self.runtime.engine().is_running() {
+            Ok(())
+        } else {
+            Err("the engine thread stopped".into())
+        }
+    }
+}
+
+/// Where a replica reads the GGUF file from: a local path, or a file downloaded once into the
+/// disk cache (kept alive by the returned guard while the replica loads it).
+pub(crate) enum GgufSource {
+    Local(PathBuf),
+    Remote {
+        repository: modelmux_store::ModelRepository,
+        id: modelmux_cache::ModelId,
+        file: String,
+    },
+}
+
+impl GgufSource {
+    /// The local path, downloading first if the source is remote.
+    pub(crate) async fn fetch(
+        &self,
+    ) -> Result<(PathBuf, Option<modelmux_store::ModelFile>), BoxError> {
+        match self {
+            GgufSource::Local(path) => Ok((path.clone(), None)),
+            GgufSource::Remote {
+                repository,
+                id,
+                file,
+            } => {
+                let fetched = repository.fetch(id, file).await?;
+                let path = fetched
+                    .path()
+                    .ok_or("the downloaded model file has no path on disk")?
+                    .to_path_buf();
+                Ok((path, Some(fetched)))
+            }
+        }
+    }
+}

@@ -1,0 +1,429 @@
+//! From a request body to what the engine runs, checking every field and naming the one at
+//! fault (OpenAI's `param`). The ingress runs these checks before routing, so a bad request
+//! never makes a replica load an adapter; the replica runs them again on what it receives.
+
+use modelmux_llm::{ChatMessage, MAX_STOP_BYTES, MAX_STOP_STRINGS, SamplingParams};
+use modelmux_serve::ServeError;
+use serde::de::DeserializeOwned;
+
+use crate::protocol::{
+    CHAT_ONLY, COMPLETION_ONLY, Content, ContentPart, DetokenizeRequest, GenerateBody, Message,
+    OneOrMany, PromptInput, TokenizeRequest,
+};
+
+/// Which generation endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `/v1/chat/completions`
+    Chat,
+    /// `/v1/completions`
+    Completion,
+}
+
+/// The prompt, before tokenizing.
+#[derive(Debug)]
+pub(crate) enum Prompt {
+    Chat(Vec<ChatMessage>),
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+/// A checked generation request.
+#[derive(Debug)]
+pub(crate) struct Job {
+    /// `model` as the client wrote it (echoed in answers).
+    pub(crate) model: String,
+    pub(crate) prompt: Prompt,
+    /// Sampling; `max_tokens` is filled in once the prompt's length is known if the request
+    /// left it out.
+    pub(crate) params: SamplingParams,
+    pub(crate) max_tokens: Option<usize>,
+    pub(crate) stream: bool,
+    pub(crate) include_usage: bool,
+}
+
+/// A 400 naming `param`.
+pub(crate) fn invalid(param: &str, message: impl Into<String>) -> ServeError {
+    ServeError::InvalidParameter {
+        param: param.to_owned(),
+        message: message.into(),
+    }
+}
+
+/// Parses JSON into `T`, naming the path of a bad value.
+pub(crate) fn parse_body<T: DeserializeOwned>(body: &[u8]) -> Result<T, ServeError> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let parsed: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() || path == "." {
+            ServeError::BadRequest {
+                message: format!("the body is not a valid JSON request: {inner}"),
+            }
+        } else {
+            invalid(&path, format!("{path}: {inner}"))
+        }
+    })?;
+    de.end().map_err(|e| ServeError::BadRequest {
+        message: format!("the body is not a valid JSON request: {e}"),
+    })?;
+    Ok(parsed)
+}
+
+fn whole(param: &str, n: &serde_json::Number, min: i64) -> Result<usize, ServeError> {
+    match n.as_i64() {
+        Some(v) if v >= min => usize::try_from(v).map_err(|_| invalid(param, "too large")),
+        _ => Err(invalid(
+            param,
+            format!("{param} must be a whole number of at least {min}, got {n}"),
+        )),
+    }
+}
+
+fn token_ids(param: &str, ids: &[i64]) -> Result<Vec<u32>, ServeError> {
+    ids.iter()
+        .map(|&t| {
+            u32::try_from(t).map_err(|_| invalid(param, format!("{param}: {t} is not a token id")))
+        })
+        .collect()
+}
+
+fn unsupported(param: &str, what: &str) -> ServeError {
+    invalid(
+        param,
+        format!("{param}: {what} is not supported by this server"),
+    )
+}
+
+fn messages(list: Vec<Message>) -> Result<Vec<ChatMessage>, ServeError> {
+    if list.is_empty() {
+        return Err(invalid(
+            "messages",
+            "messages must hold at least one message",
+        ));
+    }
+    list.into_iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let role = match m.role.as_str() {
+                "system" | "user" | "assistant" => m.role,
+                // OpenAI's newer name for system instructions.
+                "developer" => "system".to_owned(),
+                other => {
+                    return Err(invalid(
+                        &format!("messages[{i}].role"),
+                        format!(
+                            "messages[{i}].role: '{other}' is not supported (use system, developer, user or assistant)"
+                        ),
+                    ));
+                }
+            };
+            let content = match m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t,
+                Some(Content::Parts(parts)) => {
+                    let mut text = String::new();
+                    for (j, part) in parts.into_iter().enumerate() {
+                        let param = format!("messages[{i}].content[{j}]");
+                        match serde_json::from_value::<ContentPart>(part) {
+                            Ok(ContentPart::Text { text: t }) => text.push_str(&t),
+                            Err(e) => {
+                                return Err(invalid(
+                                    &param,
+                                    format!("{param}: only text parts are supported: {e}"),
+                                ));
+                            }
+                        }
+                    }
+                    text
+                }
+            };
+            Ok(ChatMessage::new(role, content))
+        })
+        .collect()
+}
+
+/// Parses and checks a chat or completion request.
+pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeError> {
+    let keys: serde_json::Map<String, serde_json::Value> = parse_body(body)?;
+    let other = match endpoint {
+        Endpoint::Chat => COMPLETION_ONLY,
+        Endpoint::Completion => CHAT_ONLY,
+    };
+    if let Some(k) = keys.keys().find(|k| other.contains(&k.as_str())) {
+        let (this, that) = match endpoint {
+            Endpoint::Chat => ("chat completions", "/v1/completions"),
+            Endpoint::Completion => ("completions", "/v1/chat/completions"),
+        };
+        return Err(invalid(
+            k,
+            format!("{k} is not a field of {this} requests (it belongs to {that})"),
+        ));
+    }
+    let b: GenerateBody = parse_body(body)?;
+    let prompt = match endpoint {
+        Endpoint::Chat => Prompt::Chat(messages(
+            b.messages
+                .ok_or_else(|| invalid("messages", "messages is required"))?,
+        )?),
+        Endpoint::Completion => {
+            match b
+                .prompt
+                .ok_or_else(|| invalid("prompt", "prompt is required"))?
+            {
+                PromptInput::Text(t) => Prompt::Text(t),
+                PromptInput::Tokens(ids) => Prompt::Tokens(token_ids("prompt", &ids)?),
+                PromptInput::Texts(mut many) if many.len() == 1 => {
+                    Prompt::Text(many.pop().unwrap_or_default())
+                }
+                PromptInput::TokenLists(mut many) if many.len() == 1 => {
+                    Prompt::Tokens(token_ids("prompt", &many.pop().unwrap_or_default())?)
+                }
+                _ => {
+                    return Err(unsupported(
+                        "prompt",
+                        "a batch of several prompts (send one request per prompt)",
+                    ));
+                }
+            }
+        }
+    };
+    if let Prompt::Tokens(ids) = &prompt
+        && ids.is_empty()
+    {
+        return Err(invalid("prompt", "prompt must hold at least one token"));
+    }
+    if let Some(n) = &b.n
+        && whole("n", n, 1)? != 1
+    {
+        return Err(unsupported("n", "more than one choice per request"));
+    }
+    if let Some(n) = &b.best_of
+        && whole("best_of", n, 1)? != 1
+    {
+        return Err(unsupported("best_of", "more than one candidate"));
+    }
+    if b.echo == Some(true) {
+        return Err(unsupported("echo", "echoing the prompt"));
+    }
+    if b.suffix.is_some() {
+        return Err(unsupported("suffix", "a suffix (fill-in-the-middle)"));
+    }
+    for (param, value) in [
+        ("frequency_penalty", b.frequency_penalty),
+        ("presence_penalty", b.presence_penalty),
+    ] {
+        if value.is_some_and(|v| v != 0.0) {
+            return Err(unsupported(param, "a penalty other than 0"));
+        }
+    }
+    let wants_logprobs = |v: &Option<serde_json::Value>| {
+        v.as_ref()
+            .is_some_and(|v| !(v.is_null() || v.as_bool() == Some(false) || v.as_i64() == Some(0)))
+    };
+    if wants_logprobs(&b.logprobs) || wants_logprobs(&b.top_logprobs) {
+        return Err(unsupported("logprobs", "returning log probabilities"));
+    }
+    if b.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err(unsupported("logit_bias", "a logit bias"));
+    }
+    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) || b.tool_choice.is_some() {
+        return Err(unsupported("tools", "tool calling"));
+    }
+    let _ = b.parallel_tool_calls;
+    if let Some(format) = &b.response_format
+        && format.get("type").and_then(|t| t.as_str()) != Some("text")
+    {
+        return Err(unsupported(
+            "response_format",
+            "a response format other than {\"type\": \"text\"}",
+        ));
+    }
+    let max_tokens = match (&b.max_completion_tokens, &b.max_tokens) {
+        (Some(n), _) => Some(whole("max_completion_tokens", n, 1)?),
+        (None, Some(n)) => Some(whole("max_tokens", n, 1)?),
+        // OpenAI's default for completions; chat defaults to the rest of the context.
+        (None, None) if endpoint == Endpoint::Completion => Some(16),
+        (None, None) => None,
+    };
+    let temperature = b.temperature.unwrap_or(1.0);
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(invalid(
+            "temperature",
+            format!("temperature must be between 0 and 2, got {temperature}"),
+        ));
+    }
+    let top_p = b.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(invalid(
+            "top_p",
+            format!("top_p must be greater than 0 and at most 1, got {top_p}"),
+        ));
+    }
+    let top_k = match b.top_k.unwrap_or(0) {
+        -1 | 0 => 0,
+        k if k > 0 => k as usize,
+        k => {
+            return Err(invalid(
+                "top_k",
+                format!("top_k must be -1 or 0 (all) or positive, got {k}"),
+            ));
+        }
+    };
+    let stop = match b.stop {
+        None => Vec::new(),
+        Some(OneOrMany::One(s)) => vec![s],
+        Some(OneOrMany::Many(v)) => v,
+    };
+    if stop.len() > MAX_STOP_STRINGS {
+        return Err(invalid(
+            "stop",
+            format!(
+                "at most {MAX_STOP_STRINGS} stop strings, got {}",
+                stop.len()
+            ),
+        ));
+    }
+    if stop
+        .iter()
+        .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
+    {
+        return Err(invalid(
+            "stop",
+            format!("stop strings must be 1 to {MAX_STOP_BYTES} bytes long"),
+        ));
+    }
+    let stream = b.stream.unwrap_or(false);
+    if b.stream_options.is_some() && !stream {
+        return Err(invalid(
+            "stream_options",
+            "stream_options is only allowed when stream is true",
+        ));
+    }
+    Ok(Job {
+        model: b.model,
+        prompt,
+        params: SamplingParams {
+            temperature: temperature as f32,
+            top_k,
+            top_p: top_p as f32,
+            // Negative seeds are accepted (Python clients send them) and reinterpreted.
+            seed: b.seed.map(|s| s as u64),
+            max_tokens: max_tokens.unwrap_or(1),
+            stop,
+            stop_token_ids: token_ids("stop_token_ids", &b.stop_token_ids.unwrap_or_default())?,
+            ignore_eos: b.ignore_eos.unwrap_or(false),
+        },
+        max_tokens,
+        stream,
+        include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+    })
+}
+
+/// What `/tokenize` tokenizes.
+pub(crate) enum TokenizeInput {
+    Text { text: String, add_special: bool },
+    Chat(Vec<ChatMessage>),
+}
+
+/// Parses `/tokenize`.
+pub(crate) fn parse_tokenize(body: &[u8]) -> Result<(String, TokenizeInput), ServeError> {
+    let r: TokenizeRequest = parse_body(body)?;
+    let input = match (r.prompt, r.messages) {
+        (Some(text), None) => TokenizeInput::Text {
+            text,
+            add_special: r.add_special_tokens.unwrap_or(true),
+        },
+        (None, Some(m)) => TokenizeInput::Chat(messages(m)?),
+        _ => {
+            return Err(invalid(
+                "prompt",
+                "give either prompt or messages (one of them)",
+            ));
+        }
+    };
+    Ok((r.model, input))
+}
+
+/// Parses `/detokenize`.
+pub(crate) fn parse_detokenize(body: &[u8]) -> Result<(String, Vec<u32>), ServeError> {
+    let r: DetokenizeRequest = parse_body(body)?;
+    Ok((r.model, token_ids("tokens", &r.tokens)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(endpoint: Endpoint, body: &str) -> (String, String) {
+        match parse_job(endpoint, body.as_bytes()).unwrap_err() {
+            ServeError::InvalidParameter { param, message } => (param, message),
+            other => ("".into(), other.to_string()),
+        }
+    }
+
+    #[test]
+    fn a_chat_request_becomes_a_job() {
+        let job = parse_job(
+            Endpoint::Chat,
+            br#"{"model": "m:a", "messages": [{"role": "developer", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
+                "max_tokens": 5, "temperature": 0, "stop": "x", "seed": -1, "stream": true,
+                "stream_options": {"include_usage": true}, "user": "u1"}"#,
+        )
+        .unwrap();
+        assert_eq!(job.model, "m:a");
+        let Prompt::Chat(m) = &job.prompt else {
+            panic!()
+        };
+        assert_eq!(m[0], ChatMessage::new("system", "be brief"));
+        assert_eq!(m[1].content, "hi there");
+        assert_eq!(job.max_tokens, Some(5));
+        assert_eq!(job.params.stop, vec!["x".to_string()]);
+        assert_eq!(job.params.seed, Some(u64::MAX));
+        assert!(job.stream && job.include_usage);
+        let job = parse_job(Endpoint::Completion, br#"{"model": "m", "prompt": [1, 2]}"#).unwrap();
+        assert!(matches!(job.prompt, Prompt::Tokens(ref t) if t == &[1, 2]));
+        assert_eq!(job.max_tokens, Some(16));
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let chat = |extra: &str| {
+            format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": "x"}}]{extra}}}"#)
+        };
+        for (body, param, says) in [
+            (chat(r#", "max_tokens": -1"#), "max_tokens", "at least 1"),
+            (chat(r#", "max_tokens": 0"#), "max_tokens", "at least 1"),
+            (chat(r#", "temperature": 5"#), "temperature", "between 0 and 2"),
+            (chat(r#", "top_p": 0"#), "top_p", "greater than 0"),
+            (chat(r#", "n": 2"#), "n", "not supported"),
+            (chat(r#", "prompt": "x""#), "prompt", "belongs to /v1/completions"),
+            (chat(r#", "colour": "red""#), ".", "unknown field `colour`"),
+            (chat(r#", "temperature": "hot""#), "temperature", "invalid type"),
+            (chat(r#", "logprobs": true"#), "logprobs", "not supported"),
+            (chat(r#", "presence_penalty": 0.5"#), "presence_penalty", "not supported"),
+            (chat(r#", "stream_options": {"include_usage": true}"#), "stream_options", "stream is true"),
+            (r#"{"model": "m", "messages": []}"#.into(), "messages", "at least one"),
+            (r#"{"model": "m", "messages": [{"role": "tool", "content": "x"}]}"#.into(), "messages[0].role", "not supported"),
+            (r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}"#.into(), "messages[0].content[0]", "only text"),
+            (r#"{"messages": [{"role": "user", "content": "x"}]}"#.into(), ".", "missing field `model`"),
+        ] {
+            let (p, message) = err(Endpoint::Chat, &body);
+            assert!(message.contains(says), "{body}: {message}");
+            if param != "." {
+                assert_eq!(p, param, "{body}: {message}");
+            }
+        }
+        let (p, m) = err(
+            Endpoint::Completion,
+            r#"{"model": "m", "prompt": ["a", "b"]}"#,
+        );
+        assert_eq!((p.as_str(), m.contains("batch")), ("prompt", true));
+        let (_, m) = err(
+            Endpoint::Completion,
+            r#"{"model": "m", "prompt": "a"} trailing"#,
+        );
+        assert!(m.contains("not a valid JSON"), "{m}");
+    }
+}

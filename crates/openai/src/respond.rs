@@ -1,0 +1,313 @@
+//! Answers in OpenAI's shapes: a whole completion, or Server-Sent Events streaming it (text
+//! coalesced every `stream_batching_interval_ms`, ending with `data: [DONE]`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderValue, header};
+use modelmux_llm::{FinishReason, GenerationEvent, GenerationStream, Usage};
+use modelmux_serve::{Body, BodySender, Response};
+use serde_json::{Value, json};
+use tokio::time::Instant;
+
+use crate::errors::serve_error;
+use crate::metrics::LlmMetrics;
+use crate::params::Endpoint;
+use crate::protocol::{UsageBody, unix_now};
+
+/// What every answer of one request repeats.
+pub(crate) struct Answer {
+    pub(crate) endpoint: Endpoint,
+    /// `chatcmpl-<request id>` or `cmpl-<request id>`.
+    pub(crate) id: String,
+    /// `model` as the client wrote it.
+    pub(crate) model: String,
+    pub(crate) created: u64,
+    pub(crate) include_usage: bool,
+}
+
+impl Answer {
+    pub(crate) fn new(
+        endpoint: Endpoint,
+        request_id: &str,
+        model: String,
+        include_usage: bool,
+    ) -> Self {
+        let prefix = match endpoint {
+            Endpoint::Chat => "chatcmpl",
+            Endpoint::Completion => "cmpl",
+        };
+        Self {
+            endpoint,
+            id: format!("{prefix}-{request_id}"),
+            model,
+            created: unix_now(),
+            include_usage,
+        }
+    }
+
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completion, _) => "text_completion",
+        }
+    }
+
+    /// The whole answer.
+    pub(crate) fn complete(&self, text: String, reason: FinishReason, usage: Usage) -> Value {
+        let choice = match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": null,
+                "finish_reason": reason.as_str(),
+            }),
+            Endpoint::Completion => json!({
+                "index": 0,
+                "text": text,
+                "logprobs": null,
+                "finish_reason": reason.as_str(),
+            }),
+        };
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": UsageBody::from(usage),
+        })
+    }
+
+    /// One streamed chunk: `text` (and the assistant's role on a chat's first chunk), or the
+    /// finish reason.
+    fn chunk(&self, text: Option<&str>, first: bool, reason: Option<FinishReason>) -> Value {
+        let reason = reason.map(FinishReason::as_str);
+        let choice = match self.endpoint {
+            Endpoint::Chat => {
+                let mut delta = serde_json::Map::new();
+                if first {
+                    delta.insert("role".into(), "assistant".into());
+                }
+                if let Some(t) = text {
+                    delta.insert("content".into(), t.into());
+                }
+                json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": reason})
+            }
+            Endpoint::Completion => {
+                json!({"index": 0, "text": text.unwrap_or(""), "logprobs": null, "finish_reason": reason})
+            }
+        };
+        let mut chunk = json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+        });
+        if self.include_usage {
+            chunk["usage"] = Value::Null;
+        }
+        chunk
+    }
+
+    fn usage_chunk(&self, usage: Usage) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": UsageBody::from(usage),
+        })
+    }
+}
+
+/// Timing of one sequence for the latency metrics.
+pub(crate) struct Timing {
+    pub(crate) started: Instant,
+    pub(crate) first: Option<Instant>,
+    pub(crate) metrics: Arc<LlmMetrics>,
+}
+
+impl Timing {
+    fn token(&mut self) {
+        if self.first.is_none() {
+            let now = Instant::now();
+            self.first = Some(now);
+            self.metrics.first_token(now - self.started);
+        }
+    }
+
+    fn finished(&self, reason: FinishReason, usage: Usage) {
+        let decoding = self.first.map_or(Duration::ZERO, |f| f.elapsed());
+        self.metrics
+            .finished(reason, usage.completion_tokens, decoding);
+    }
+}
+
+/// Waits for the whole generation and answers it as one JSON document.
+pub(crate) async fn whole(
+    answer: Answer,
+    mut stream: GenerationStream,
+    mut timing: Timing,
+) -> Result<Response, modelmux_serve::ServeError> {
+    let mut text = String::new();
+    while let Some(event) = stream.next().await {
+        match event {
+            GenerationEvent::Token { text: t, .. } => {
+                timing.token();
+                text.push_str(&t);
+            }
+            GenerationEvent::Finished {
+                reason,
+                rest,
+                usage,
+            } => {
+                text.push_str(&rest);
+                timing.finished(reason, usage);
+                let mut response = Response::new(Body::json(&answer.complete(text, reason, usage)));
+                response.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
+                return Ok(response);
+            }
+            GenerationEvent::Error(e) => return Err(serve_error(&e)),
+        }
+    }
+    Err(serve_error(&modelmux_llm::LlmError::EngineStopped(
+        "the engine ended the sequence without finishing it".into(),
+    )))
+}
+
+fn event(value: &Value) -> String {
+    format!("data: {value}\n\n")
+}
+
+/// Streams the generation as Server-Sent Events. The body is fed by a task that ends (and
+/// drops the stream, which cancels the sequence) when the client goes away.
+pub(crate) fn streamed(
+    answer: Answer,
+    stream: GenerationStream,
+    timing: Timing,
+    interval: Duration,
+) -> Response {
+    let (tx, body) = Body::channel(16);
+    let span = tracing::Span::current();
+    tokio::spawn(tracing::Instrument::instrument(
+        async move {
+            if let Err(gone) = feed(&tx, &answer, stream, timing, interval).await {
+                tracing::info!(id = %answer.id, "stream ended early: {gone}");
+            }
+        },
+        span,
+    ));
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    response
+}
+
+async fn feed(
+    tx: &BodySender,
+    answer: &Answer,
+    mut stream: GenerationStream,
+    mut timing: Timing,
+    interval: Duration,
+) -> Result<(), modelmux_serve::BoxError> {
+    let mut first = true;
+    let mut pending = String::new();
+    // When the text gathered so far must go out; none while nothing waits.
+    let mut deadline: Option<Instant> = None;
+    if answer.endpoint == Endpoint::Chat {
+        tx.send(event(&answer.chunk(Some(""), true, None))).await?;
+        first = false;
+    }
+    loop {
+        let next = match deadline {
+            Some(at) => match tokio::time::timeout_at(at, stream.next()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    tx.send(event(&answer.chunk(Some(&pending), first, None)))
+                        .await?;
+                    pending.clear();
+                    first = false;
+                    deadline = None;
+                    continue;
+                }
+            },
+            None => stream.next().await,
+        };
+        match next {
+            Some(GenerationEvent::Token { text, .. }) => {
+                let first_token = timing.first.is_none();
+                timing.token();
+                pending.push_str(&text);
+                if pending.is_empty() {
+                    continue;
+                }
+                // The first text goes out at once (time to first token is not coalesced).
+                if first_token || interval.is_zero() {
+                    tx.send(event(&answer.chunk(Some(&pending), first, None)))
+                        .await?;
+                    pending.clear();
+                    first = false;
+                } else if deadline.is_none() {
+                    deadline = Some(Instant::now() + interval);
+                }
+            }
+            Some(GenerationEvent::Finished {
+                reason,
+                rest,
+                usage,
+            }) => {
+                pending.push_str(&rest);
+                timing.finished(reason, usage);
+                if !pending.is_empty() {
+                    tx.send(event(&answer.chunk(Some(&pending), first, None)))
+                        .await?;
+                    first = false;
+                }
+                tx.send(event(&answer.chunk(None, first, Some(reason))))
+                    .await?;
+                if answer.include_usage {
+                    tx.send(event(&answer.usage_chunk(usage))).await?;
+                }
+                tx.send("data: [DONE]\n\n").await?;
+                return Ok(());
+            }
+            Some(GenerationEvent::Error(e)) => {
+                return fail(tx, &serve_error(&e)).await;
+            }
+            None => {
+                let e = serve_error(&modelmux_llm::LlmError::EngineStopped(
+                    "the engine ended the sequence without finishing it".into(),
+                ));
+                return fail(tx, &e).await;
+            }
+        }
+    }
+}
+
+/// An error after the stream began: one `error` event (the status cannot change any more),
+/// then the end.
+async fn fail(
+    tx: &BodySender,
+    e: &modelmux_serve::ServeError,
+) -> Result<(), modelmux_serve::BoxError> {
+    let body = json!({"error": {
+        "message": e.to_string(),
+        "type": e.error_type(),
+        "param": e.param(),
+        "code": e.http_status().as_u16(),
+    }});
+    tx.send(event(&body)).await?;
+    tx.send("data: [DONE]\n\n").await?;
+    Err(e.to_string().into())
+}

@@ -1,0 +1,321 @@
+//! The OpenAI-compatible API over SmolLM2 and its test adapters, in process: answers equal
+//! the engine's own, streaming equals the whole answer, errors have OpenAI's shape and the
+//! right status, adapters are routed to the replicas holding them.
+
+mod common;
+
+use common::*;
+use serde_json::json;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_and_completion_answer_as_the_engine_does_with_and_without_an_adapter() {
+    let server = serve(&config(json!({})), 1).await;
+    let addr = server.local_addr();
+    let question = "What is the capital of France?";
+
+    let base = post(
+        addr,
+        "/v1/chat/completions",
+        chat("smollm2", question, 12, false),
+    )
+    .await;
+    assert_eq!(base.status, 200, "{}", String::from_utf8_lossy(&base.body));
+    let request_id = base.headers["x-request-id"].to_str().unwrap().to_owned();
+    let body = base.json();
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["id"], format!("chatcmpl-{request_id}"));
+    assert_eq!(body["model"], "smollm2");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["usage"]["completion_tokens"], 12);
+    let base_text = body["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(base_text, direct(question, None, 12).await);
+
+    let pirate = post(
+        addr,
+        "/v1/chat/completions",
+        chat("smollm2:pirate", question, 12, false),
+    )
+    .await;
+    assert_eq!(
+        pirate.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&pirate.body)
+    );
+    let pirate_text = pirate.json()["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(pirate_text, direct(question, Some("pirate"), 12).await);
+    let pirate_reason = pirate.json()["choices"][0]["finish_reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_ne!(pirate_text, base_text, "the adapter changes the answer");
+    // A bare adapter name, and the header, name the same adapter.
+    let bare = post(
+        addr,
+        "/v1/chat/completions",
+        chat("pirate", question, 12, false),
+    )
+    .await;
+    assert_eq!(
+        bare.json()["choices"][0]["message"]["content"],
+        pirate_text.as_str()
+    );
+    let header = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("serve_multiplexed_model_id", "pirate")],
+        serde_json::to_vec(&chat("smollm2", question, 12, false)).unwrap(),
+    )
+    .await;
+    assert_eq!(
+        header.json()["choices"][0]["message"]["content"],
+        pirate_text.as_str()
+    );
+
+    // Streaming gives the same text, in chunks, ending with [DONE]; usage when asked.
+    let mut request = chat("smollm2:pirate", question, 12, true);
+    request["stream_options"] = json!({"include_usage": true});
+    let streamed = post(addr, "/v1/chat/completions", request).await;
+    assert_eq!(streamed.status, 200);
+    assert_eq!(streamed.headers["content-type"], "text/event-stream");
+    let (text, reason) = streamed_text(&streamed);
+    assert_eq!(
+        (text.as_str(), reason.as_str()),
+        (pirate_text.as_str(), pirate_reason.as_str())
+    );
+    let events = streamed.events();
+    let usage: serde_json::Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"], pirate.json()["usage"]);
+    let first: serde_json::Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(first["object"], "chat.completion.chunk");
+
+    // Completions: a prompt with special tokens, answered as text_completion.
+    // The chat's prompt as token ids (the template adds a default system turn).
+    let prompt = post(
+        addr,
+        "/tokenize",
+        json!({"model": "smollm2", "messages": [{"role": "user", "content": question}]}),
+    )
+    .await
+    .json()["tokens"]
+        .clone();
+    let completion = post(
+        addr,
+        "/v1/completions",
+        json!({"model": "smollm2", "prompt": prompt, "max_tokens": 12, "temperature": 0}),
+    )
+    .await;
+    let body = completion.json();
+    assert_eq!(body["object"], "text_completion");
+    assert_eq!(
+        body["choices"][0]["text"],
+        base_text.as_str(),
+        "same prompt as the chat"
+    );
+    let streamed = post(
+        addr,
+        "/v1/completions",
+        json!({"model": "smollm2", "prompt": prompt, "max_tokens": 12, "temperature": 0, "stream": true}),
+    )
+    .await;
+    assert_eq!(streamed_text(&streamed).0, base_text);
+
+    // Stop strings end the answer early, with finish_reason stop.
+    let word = base_text.split_whitespace().nth(1).unwrap().to_owned();
+    let mut request = chat("smollm2", question, 12, false);
+    request["stop"] = json!([word]);
+    let stopped = post(addr, "/v1/chat/completions", request).await.json();
+    assert_eq!(stopped["choices"][0]["finish_reason"], "stop");
+    let cut = stopped["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap();
+    assert!(
+        base_text.starts_with(cut) && !cut.contains(&word),
+        "{cut:?} / {base_text:?}"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_tokenize_and_detokenize() {
+    let server = serve(&config(json!({})), 1).await;
+    let addr = server.local_addr();
+    post(
+        addr,
+        "/v1/chat/completions",
+        chat("smollm2:tutor", "Hi", 2, false),
+    )
+    .await;
+    let models = get(addr, "/v1/models").await.json();
+    assert_eq!(models["object"], "list");
+    let data = models["data"].as_array().unwrap();
+    assert_eq!(data[0]["id"], "smollm2");
+    assert!(data[0]["parent"].is_null());
+    for adapter in ["chef", "patterns", "pirate", "poet", "tutor", "zero"] {
+        let card = data
+            .iter()
+            .find(|c| c["id"] == format!("smollm2:{adapter}"))
+            .unwrap_or_else(|| panic!("{adapter} is listed: {models}"));
+        assert_eq!(card["parent"], "smollm2");
+        assert_eq!(card["object"], "model");
+        let loaded = !card["loaded_on"].as_array().unwrap().is_empty();
+        assert_eq!(loaded, adapter == "tutor", "{card}");
+    }
+
+    let tokens = post(
+        addr,
+        "/tokenize",
+        json!({"model": "smollm2", "prompt": "Hello world", "add_special_tokens": false}),
+    )
+    .await
+    .json();
+    assert_eq!(tokens["count"], 2, "{tokens}");
+    let text = post(
+        addr,
+        "/detokenize",
+        json!({"model": "smollm2", "tokens": tokens["tokens"]}),
+    )
+    .await
+    .json();
+    assert_eq!(text["prompt"], "Hello world");
+    let chat_tokens = post(
+        addr,
+        "/tokenize",
+        json!({"model": "smollm2:pirate", "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await
+    .json();
+    assert!(chat_tokens["count"].as_u64().unwrap() > 5, "{chat_tokens}");
+    let bad = post(
+        addr,
+        "/detokenize",
+        json!({"model": "smollm2", "tokens": [1, 999999]}),
+    )
+    .await;
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["param"], "tokens");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_with_openai_errors() {
+    let server = serve(&config(json!({})), 1).await;
+    let addr = server.local_addr();
+    let with = |extra: serde_json::Value| {
+        let mut r = chat("smollm2", "Hi", 4, false);
+        for (k, v) in extra.as_object().unwrap() {
+            r[k] = v.clone();
+        }
+        r
+    };
+    for (body, param) in [
+        (with(json!({"max_tokens": -1})), "max_tokens"),
+        (with(json!({"temperature": 5})), "temperature"),
+        (with(json!({"messages": []})), "messages"),
+        (with(json!({"n": 3})), "n"),
+        (with(json!({"max_tokens": 100000})), "max_tokens"),
+        (with(json!({"model": "smollm2:"})), "model"),
+        (with(json!({"model": "smollm2:../etc"})), "model"),
+    ] {
+        let reply = post(addr, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(
+            reply.status,
+            400,
+            "{body}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        let error = &reply.json()["error"];
+        assert_eq!(error["param"], param, "{body}: {error}");
+        assert_eq!(error["code"], 400);
+        assert!(error["message"].as_str().unwrap().len() > 5);
+    }
+    // A 2 MB prompt is refused without tokenizing it.
+    let huge = "word ".repeat(400_000);
+    let started = tokio::time::Instant::now();
+    let reply = post(
+        addr,
+        "/v1/chat/completions",
+        chat("smollm2", &huge, 4, false),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.json()["error"]["param"], "messages");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+
+    let unknown = post(
+        addr,
+        "/v1/chat/completions",
+        chat("smollm2:nobody", "Hi", 4, false),
+    )
+    .await;
+    assert_eq!(unknown.status, 404);
+    let message = unknown.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let repository = env_path("MODELMUX_TEST_ADAPTERS");
+    assert!(
+        message.contains("nobody") && message.contains(repository.to_str().unwrap()),
+        "{message}"
+    );
+    let other_base = post(
+        addr,
+        "/v1/chat/completions",
+        chat("llama:pirate", "Hi", 4, false),
+    )
+    .await;
+    assert_eq!(other_base.status, 404);
+    assert!(
+        other_base.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("smollm2")
+    );
+    let not_json = send(addr, "POST", "/v1/chat/completions", &[], b"{nope".to_vec()).await;
+    assert_eq!(not_json.status, 400);
+    let wrong_method = get(addr, "/v1/chat/completions").await;
+    assert_eq!(wrong_method.status, 405);
+    let nowhere = get(addr, "/v2/anything").await;
+    assert_eq!(nowhere.status, 404);
+    // Header and model disagreeing is refused.
+    let clash = send(
+        addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("serve_multiplexed_model_id", "poet")],
+        serde_json::to_vec(&chat("smollm2:pirate", "Hi", 4, false)).unwrap(),
+    )
+    .await;
+    assert_eq!(clash.status, 400);
+    // Nothing leaked: no sequence left running, no KV reserved.
+    let metrics = String::from_utf8(get(addr, "/metrics").await.body.to_vec()).unwrap();
+    assert!(
+        metric(&metrics, "modelmux_llm_sequences_running") == 0.0,
+        "{metrics}"
+    );
+    assert!(metric(&metrics, "modelmux_llm_kv_cache_used_bytes") == 0.0);
+    server.shutdown().await;
+}
+
+/// The sum of a metric's samples.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
