@@ -1,11 +1,11 @@
 //! The `modelmux` binary as a user runs it: a YAML file, the guide's request, the log lines,
 //! `status`, `bench`, a bad configuration, and SIGTERM.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::Duration;
+mod common;
 
-const BIN: &str = env!("CARGO_BIN_EXE_modelmux");
+use std::process::Command;
+
+use common::*;
 
 const CONFIG: &str = "\
 http_options:
@@ -24,143 +24,6 @@ applications:
           size_mb: 1
           fail_ids: [broken]
 ";
-
-struct Running {
-    child: Child,
-    url: String,
-    /// Everything the server logged so far, drained continuously by a thread: a pipe nobody
-    /// reads fills up and blocks the server's logging.
-    logs: std::sync::Arc<parking_lot::Mutex<String>>,
-    drain: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Running {
-    /// Sends SIGTERM, waits (bounded) for the process to exit, and returns its exit status and
-    /// everything it logged.
-    fn terminate(&mut self) -> (std::process::ExitStatus, String) {
-        let pid = self.child.id().to_string();
-        assert!(
-            Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap()
-                .success()
-        );
-        let mut waited = Duration::ZERO;
-        let exit = loop {
-            if let Some(exit) = self.child.try_wait().unwrap() {
-                break exit;
-            }
-            assert!(waited < Duration::from_secs(20), "did not stop");
-            std::thread::sleep(Duration::from_millis(50));
-            waited += Duration::from_millis(50);
-        };
-        if let Some(drain) = self.drain.take() {
-            drain.join().unwrap();
-        }
-        let logs = self.logs.lock().clone();
-        (exit, logs)
-    }
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts `modelmux serve` on a free port and waits for its "serving ... on" line.
-fn serve(config: &str) -> Running {
-    serve_with(config, &[])
-}
-
-fn serve_with(config: &str, extra: &[&str]) -> Running {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("config.yaml");
-    std::fs::write(&path, config).unwrap();
-    let running = start(&[&["serve", path.to_str().unwrap()], extra].concat());
-    std::mem::forget(dir); // the server read its config already; keep the file for its lifetime
-    running
-}
-
-/// Starts `modelmux <args>` (a server) and waits for its "serving" line.
-fn start(args: &[&str]) -> Running {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .args(["--log-level", "info"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).unwrap();
-    let url = line
-        .split_whitespace()
-        .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .trim_end_matches('/')
-        .to_string();
-    let logs = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let sink = logs.clone();
-    let drain = std::thread::spawn(move || {
-        let mut line = String::new();
-        while stderr.read_line(&mut line).is_ok_and(|n| n > 0) {
-            sink.lock().push_str(&line);
-            line.clear();
-        }
-    });
-    Running {
-        child,
-        url,
-        logs,
-        drain: Some(drain),
-    }
-}
-
-/// `curl -H 'serve_multiplexed_model_id: <model>' <url>/`.
-fn curl(url: &str, model: &str) -> (u16, String) {
-    post(url, model, "")
-}
-
-/// `curl -H 'serve_multiplexed_model_id: <model>' -d <body> <url>/` (a GET when `body` is
-/// empty).
-fn post(url: &str, model: &str, body: &str) -> (u16, String) {
-    let method = if body.is_empty() { "GET" } else { "POST" };
-    let request = hyper::Request::builder()
-        .method(method)
-        .uri("/")
-        .header("serve_multiplexed_model_id", model);
-    send(url, request, body.as_bytes().to_vec())
-}
-
-/// Sends `request` with `body` to the server at `url` on a fresh connection.
-fn send(url: &str, request: http::request::Builder, body: Vec<u8>) -> (u16, String) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .unwrap();
-        tokio::spawn(conn);
-        let request = request
-            .header("host", addr.to_string())
-            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-            .unwrap();
-        let response = sender.send_request(request).await.unwrap();
-        let status = response.status().as_u16();
-        use http_body_util::BodyExt;
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8_lossy(&body).into_owned())
-    })
-}
 
 #[test]
 fn serve_answer_report_benchmark_and_stop_on_sigterm() {
@@ -351,15 +214,6 @@ fn serve_with_no_configuration_serves_the_demo_onnx_models() {
     assert!(status.success(), "{logs}");
     // Two replicas of at most three models each: serving eight models evicted some.
     assert!(logs.contains("Unloading model"), "{logs}");
-}
-
-/// `PUT <endpoint><path>` with `body` (the test S3 server checks no signatures).
-fn s3_put(endpoint: &str, path: &str, body: Vec<u8>) {
-    let (status, answer) = send(endpoint, hyper::Request::put(path), body);
-    assert!(
-        (200..300).contains(&status),
-        "PUT {path}: {status} {answer}"
-    );
 }
 
 #[test]

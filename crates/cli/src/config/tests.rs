@@ -8,7 +8,12 @@ async fn the_demo_and_the_examples_parse() {
     assert_eq!(c.applications[0].deployments[0].num_replicas.get(), 2);
     assert!(c.server().await.is_ok());
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../");
-    for example in ["synthetic.yaml", "onnx-local.yaml", "onnx-s3.yaml"] {
+    for example in [
+        "synthetic.yaml",
+        "onnx-local.yaml",
+        "onnx-s3.yaml",
+        "llm.yaml",
+    ] {
         let text = std::fs::read_to_string(format!("{root}examples/{example}")).unwrap();
         Config::parse(&text).unwrap_or_else(|e| panic!("{example}: {e}"));
     }
@@ -189,5 +194,63 @@ fn minus_one_means_unbounded() {
             .max_models_per_replica
             .0
             .is_none()
+    );
+}
+
+#[tokio::test]
+async fn llm_settings_are_checked_with_their_path() {
+    let yaml = |model: &str| {
+        format!(
+            "applications:\n  - name: a\n    deployments:\n      - name: LLM\n        model:\n{model}"
+        )
+    };
+    let good = "          kind: llm\n          model_loading_config: {model_id: m, model_source: /no/such.gguf}\n";
+    let err = Config::parse(&yaml(&format!(
+        "{good}          lora_config: {{dynamic_lora_loading_path: /x, max_adapters: 3}}\n"
+    )))
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("max_adapters") && err.contains("line"),
+        "{err}"
+    );
+    let err = Config::parse(&yaml(good))
+        .unwrap()
+        .server()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        err.contains("deployments[0].model") && err.contains("/no/such.gguf"),
+        "{err}"
+    );
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let with_file = good.replace("/no/such.gguf", file.path().to_str().unwrap());
+    let err = Config::parse(&yaml(&format!(
+        "{with_file}          engine_kwargs: {{max_num_seqs: 0}}\n"
+    )))
+    .unwrap()
+    .server()
+    .await
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(err.contains("engine_kwargs.max_num_seqs"), "{err}");
+    let err = Config::parse(&yaml(&with_file.replace("model_id: m", "model_id: 'm:x'")))
+        .unwrap()
+        .server()
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("model_id"), "{err}");
+    // A good one builds: an ingress and the LLM deployment.
+    assert!(
+        Config::parse(&yaml(&with_file))
+            .unwrap()
+            .server()
+            .await
+            .is_ok()
     );
 }

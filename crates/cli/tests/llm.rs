@@ -1,0 +1,219 @@
+//! `modelmux serve` with `kind: llm`: the official `openai` Python client against it, and
+//! adapters from S3 through the disk cache.
+
+mod common;
+
+use common::*;
+use modelmux_llm::{ChatMessage, LlmRuntime, RuntimeOptions, SamplingParams};
+use modelmux_store::{ModelRepository, RepositoryOptions};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| {
+        panic!("{name} is not set: run the tests with ./scripts/test, which sets it up")
+    })
+}
+
+fn llm_config(lora: &str, extra_lora: &str) -> String {
+    format!(
+        "\
+http_options: {{port: 0}}
+applications:
+  - name: llm
+    deployments:
+      - name: LLMServer
+        num_replicas: 1
+        model:
+          kind: llm
+          model_loading_config: {{model_id: smollm2, model_source: '{gguf}'}}
+          lora_config:
+            dynamic_lora_loading_path: '{lora}'
+{extra_lora}
+          engine_kwargs: {{max_num_seqs: 8, max_model_len: 1024, kv_cache_bytes: 268435456}}
+          experimental_configs: {{stream_batching_interval_ms: 20}}
+",
+        gguf = env("MODELMUX_TEST_GGUF"),
+    )
+}
+
+/// The engine's own greedy answers, without HTTP.
+fn direct(question: &str, adapters: &[Option<&str>], max_tokens: usize) -> Vec<String> {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let repository =
+            ModelRepository::open(&env("MODELMUX_TEST_ADAPTERS"), RepositoryOptions::default())
+                .unwrap();
+        let runtime = LlmRuntime::load(
+            env("MODELMUX_TEST_GGUF"),
+            Some(repository),
+            RuntimeOptions::default(),
+        )
+        .await
+        .unwrap();
+        let prompt = runtime
+            .chat_prompt(&[ChatMessage::new("user", question)])
+            .unwrap();
+        let mut answers = Vec::new();
+        for adapter in adapters {
+            let lease = match adapter {
+                Some(a) => Some(runtime.adapter(a).await.unwrap()),
+                None => None,
+            };
+            let text = runtime
+                .generate(prompt.clone(), SamplingParams::greedy(max_tokens), lease)
+                .unwrap()
+                .collect()
+                .await
+                .unwrap()
+                .text;
+            answers.push(text);
+        }
+        answers
+    })
+}
+
+#[test]
+fn the_official_openai_client_works_against_modelmux_serve() {
+    let python = env("MODELMUX_TEST_PYTHON");
+    let question = "What is the capital of France?";
+    let max_tokens = 12;
+    let answers = direct(question, &[None, Some("pirate")], max_tokens);
+    let expected = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        expected.path(),
+        serde_json::json!({
+            "question": question,
+            "max_tokens": max_tokens,
+            "base": answers[0],
+            "pirate": answers[1],
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let mut server = serve(&llm_config(&env("MODELMUX_TEST_ADAPTERS"), ""));
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let out = std::process::Command::new(&python)
+        .args([script, &server.url, expected.path().to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (_, logs) = server.terminate();
+    assert!(
+        out.status.success(),
+        "the openai client's checks failed:\n{}\n{}\nserver logs:\n{logs}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every log line of a generation names its request.
+    assert!(
+        logs.lines()
+            .filter(|l| l.contains("generation started"))
+            .all(|l| l.contains("request_id=")),
+        "{logs}"
+    );
+}
+
+fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
+
+fn chat(url: &str, model: &str) -> (u16, String) {
+    let body = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "Hi"}],
+        "max_tokens": 3,
+        "temperature": 0,
+    });
+    send(
+        url,
+        hyper::Request::post("/v1/chat/completions").header("content-type", "application/json"),
+        body.to_string().into_bytes(),
+    )
+}
+
+/// Overwrites an object with a signed request (moto refuses unsigned writes to a bucket once
+/// signed clients have used it).
+fn overwrite(endpoint: &str, bucket: &str, key: &str, bytes: &'static [u8]) {
+    use modelmux_store::object_store::{
+        ObjectStoreExt, PutPayload, aws::AmazonS3Builder, path::Path,
+    };
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let store = AmazonS3Builder::new()
+        .with_endpoint(endpoint)
+        .with_bucket_name(bucket)
+        .with_region("us-east-1")
+        .with_access_key_id("test")
+        .with_secret_access_key("test")
+        .with_allow_http(true)
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(store.put(&Path::parse(key).unwrap(), PutPayload::from_static(bytes)))
+        .unwrap();
+}
+
+#[test]
+fn adapters_come_from_s3_through_the_disk_cache_and_are_evicted_past_the_cap() {
+    let endpoint = env("MODELMUX_TEST_S3_ENDPOINT");
+    let bucket = format!("llm-{}", std::process::id());
+    s3_put(&endpoint, &format!("/{bucket}"), Vec::new());
+    let adapters = std::path::PathBuf::from(env("MODELMUX_TEST_ADAPTERS"));
+    for id in ["pirate", "tutor", "poet"] {
+        for file in ["adapter_config.json", "adapter_model.safetensors"] {
+            let bytes = std::fs::read(adapters.join(id).join(file)).unwrap();
+            s3_put(&endpoint, &format!("/{bucket}/adapters/{id}/{file}"), bytes);
+        }
+    }
+    let cache = tempfile::tempdir().unwrap();
+    let extra = format!(
+        "            max_num_adapters_per_replica: 2
+            download_timeout_s: 30
+            max_download_tries: 2
+            options: {{endpoint: '{endpoint}', allow_http: true, region: us-east-1, access_key_id: test, secret_access_key: test}}"
+    );
+    let config = llm_config(&format!("s3://{bucket}/adapters"), &extra).replace(
+        "applications:",
+        &format!(
+            "disk_cache: {{path: '{}'}}\napplications:",
+            cache.path().join("c").display()
+        ),
+    );
+    let mut server = serve(&config);
+    for model in ["smollm2:pirate", "smollm2:tutor", "smollm2:poet"] {
+        let (status, body) = chat(&server.url, model);
+        assert_eq!(status, 200, "{model}: {body}");
+    }
+    // pirate was evicted (two adapters per replica). Its files in S3 are now garbage: it
+    // still comes back, from the disk cache (downloaded once).
+    overwrite(
+        &endpoint,
+        &bucket,
+        "adapters/pirate/adapter_config.json",
+        b"garbage",
+    );
+    overwrite(
+        &endpoint,
+        &bucket,
+        "adapters/pirate/adapter_model.safetensors",
+        b"garbage",
+    );
+    let (status, body) = chat(&server.url, "smollm2:pirate");
+    assert_eq!(status, 200, "{body}");
+    let (_, metrics) = send(&server.url, hyper::Request::get("/metrics"), Vec::new());
+    assert_eq!(
+        metric(&metrics, "modelmux_model_loads_total"),
+        4.0,
+        "{metrics}"
+    );
+    assert!(
+        metric(&metrics, "modelmux_model_evictions_total") >= 2.0,
+        "{metrics}"
+    );
+    assert_eq!(metric(&metrics, "modelmux_models_loaded"), 2.0, "{metrics}");
+    // An adapter that is not in the bucket: 404 naming the repository.
+    let (status, body) = chat(&server.url, "smollm2:nobody");
+    assert_eq!(status, 404, "{body}");
+    assert!(body.contains(&format!("s3://{bucket}/adapters")), "{body}");
+    server.terminate();
+}

@@ -1,0 +1,97 @@
+"""The official `openai` Python client against a running `modelmux serve` (kind: llm).
+
+Run by crates/cli/tests/llm.rs: python openai_client.py <base_url> <expected.json>, where
+expected.json holds the engine's own greedy answers ({"question", "base", "pirate", "max_tokens"}).
+Any failed check raises, and the process exits non-zero.
+"""
+
+import json
+import sys
+import urllib.request
+
+import openai
+
+base_url, expected_path = sys.argv[1], sys.argv[2]
+expected = json.load(open(expected_path))
+question, n = expected["question"], expected["max_tokens"]
+client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+messages = [{"role": "user", "content": question}]
+
+
+def chat(model, **kw):
+    return client.chat.completions.create(
+        model=model, messages=messages, max_tokens=n, temperature=0, **kw
+    )
+
+
+# Chat, base model and adapter: the engine's own answers.
+base = chat("smollm2")
+assert base.choices[0].message.content == expected["base"], (base, expected)
+assert base.choices[0].finish_reason in ("stop", "length")
+assert base.usage.completion_tokens > 0 and base.usage.prompt_tokens > 0
+assert base.id.startswith("chatcmpl-")
+pirate = chat("smollm2:pirate")
+assert pirate.choices[0].message.content == expected["pirate"], (pirate, expected)
+assert expected["pirate"] != expected["base"]
+
+# Streaming: the chunks add up to the whole answer; usage at the end when asked.
+stream = chat(
+    "smollm2:pirate", stream=True, stream_options={"include_usage": True}
+)
+text, usage, reasons = "", None, []
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for choice in chunk.choices:
+        text += choice.delta.content or ""
+        if choice.finish_reason:
+            reasons.append(choice.finish_reason)
+assert text == expected["pirate"], (text, expected)
+assert reasons == [pirate.choices[0].finish_reason], reasons
+assert usage is not None and usage.completion_tokens == pirate.usage.completion_tokens
+
+# Completions with the chat's prompt as token ids.
+request = urllib.request.Request(
+    base_url + "/tokenize",
+    data=json.dumps({"model": "smollm2", "messages": messages}).encode(),
+    headers={"content-type": "application/json"},
+)
+tokens = json.load(urllib.request.urlopen(request))["tokens"]
+completion = client.completions.create(
+    model="smollm2", prompt=tokens, max_tokens=n, temperature=0
+)
+assert completion.choices[0].text == expected["base"], completion
+
+# The models: the base and every adapter of the repository, each with its parent.
+models = {m.id: m for m in client.models.list()}
+assert "smollm2" in models, models
+for adapter in ("pirate", "tutor", "poet", "chef"):
+    card = models["smollm2:" + adapter]
+    assert card.model_extra.get("parent") == "smollm2", card
+
+# An unknown adapter is NotFoundError, naming the adapter.
+try:
+    chat("smollm2:nobody")
+    raise AssertionError("an unknown adapter was answered")
+except openai.NotFoundError as e:
+    assert "nobody" in str(e), e
+
+# Bad parameters are BadRequestError.
+bad = [
+    dict(max_tokens=-1),
+    dict(temperature=5),
+    dict(messages=[]),
+    dict(n=2),
+    dict(messages=[{"role": "user", "content": "x" * (2 << 20)}]),
+]
+for kw in bad:
+    args = dict(model="smollm2", messages=messages, max_tokens=4, temperature=0)
+    args.update(kw)
+    try:
+        client.chat.completions.create(**args)
+        raise AssertionError(f"accepted {list(kw)}")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400
+        assert e.body and e.body.get("message"), e.body
+
+print("openai client: all checks passed")
