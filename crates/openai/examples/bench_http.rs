@@ -1,0 +1,245 @@
+//! The OpenAI API over HTTP against the engine called directly, in one process;
+//! `scripts/bench-llm` runs it beside llama.cpp's server.
+//!
+//! ```sh
+//! cargo run --release -p modelmux-openai --example bench_http -- --gguf MODEL.gguf \
+//!     --adapters DIR [--tokens 64] [--runs 2] [--interval-ms 50]
+//! ```
+//!
+//! Prints JSON lines. Every stream completes the same chat prompt (as token ids) greedily with
+//! EOS ignored, so each generates exactly `--tokens` tokens; adapters are `DIR/bench-00`, ...
+//!
+//! - `engine8`: 8 concurrent sequences on 8 adapters through `LlmRuntime::generate` (no HTTP):
+//!   aggregate tok/s, median of `--runs`.
+//! - `http8`: the same 8 streams as `POST /v1/completions` with `stream: true` through a
+//!   server in this process (ingress, handle, router, one LLM replica): aggregate tok/s, and
+//!   its ratio to `engine8`.
+//! - `ttft_http_N` for N = 1, 8, 32 concurrent streams (adapters cycling over 16, all loaded
+//!   beforehand): p50 and p99 time from sending the request to the first streamed text.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use modelmux_llm::{ChatMessage, LlmRuntime, RuntimeOptions, SamplingParams};
+use modelmux_openai::{LlmConfig, llm_deployments};
+use modelmux_serve::{Application, Server};
+use modelmux_store::{ModelRepository, RepositoryOptions};
+use serde_json::json;
+use tokio::time::Instant;
+
+type Res<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+const QUESTION: &str =
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.";
+
+struct Args {
+    gguf: String,
+    adapters: String,
+    tokens: usize,
+    runs: usize,
+    interval_ms: u64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        gguf: String::new(),
+        adapters: String::new(),
+        tokens: 64,
+        runs: 2,
+        interval_ms: 50,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--gguf" => a.gguf = value,
+            "--adapters" => a.adapters = value,
+            "--tokens" => a.tokens = value.parse().expect("--tokens: a number"),
+            "--runs" => a.runs = value.parse().expect("--runs: a number"),
+            "--interval-ms" => a.interval_ms = value.parse().expect("--interval-ms: a number"),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    assert!(
+        !a.gguf.is_empty() && !a.adapters.is_empty(),
+        "--gguf and --adapters are required"
+    );
+    a
+}
+
+fn pct(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(((p * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1)) - 1)
+        .copied()
+        .unwrap_or(0.0)
+}
+
+fn options(max_seqs: usize) -> RuntimeOptions {
+    let mut o = RuntimeOptions {
+        max_adapters: 16,
+        ..RuntimeOptions::default()
+    };
+    o.engine.max_num_seqs = max_seqs;
+    o.engine.max_batch_tokens = 256.max(max_seqs);
+    o
+}
+
+/// 8 sequences on 8 adapters through the runtime: aggregate tok/s.
+async fn engine8(a: &Args, prompt: &[u32]) -> Res<f64> {
+    let repo = ModelRepository::open(&a.adapters, RepositoryOptions::default())?;
+    let runtime = LlmRuntime::load(&a.gguf, Some(repo), options(16)).await?;
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(a.tokens)
+    };
+    let mut rates = Vec::new();
+    for run in 0..=a.runs {
+        let started = Instant::now();
+        let mut streams = Vec::new();
+        for i in 0..8 {
+            let lease = runtime.adapter(&format!("bench-{i:02}")).await?;
+            streams.push(runtime.generate(prompt.to_vec(), params.clone(), Some(lease))?);
+        }
+        let mut tokens = 0;
+        for s in streams {
+            tokens += s
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .usage
+                .completion_tokens;
+        }
+        if run > 0 {
+            rates.push(tokens as f64 / started.elapsed().as_secs_f64());
+        }
+    }
+    Ok(pct(rates, 0.5))
+}
+
+/// One streamed completion over HTTP: (time to first text, completion tokens).
+async fn stream(addr: SocketAddr, body: &serde_json::Value) -> Res<(Duration, usize)> {
+    let started = Instant::now();
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let request = hyper::Request::post("/v1/completions")
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(serde_json::to_vec(body)?)))?;
+    let mut response = sender.send_request(request).await?;
+    if response.status() != 200 {
+        let body = response.into_body().collect().await?.to_bytes();
+        return Err(format!("status: {}", String::from_utf8_lossy(&body)).into());
+    }
+    let (mut first, mut tokens, mut buffer) = (None, 0, String::new());
+    while let Some(frame) = response.body_mut().frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        buffer.push_str(std::str::from_utf8(&data)?);
+        while let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            let payload = event.trim().trim_start_matches("data: ");
+            if payload == "[DONE]" {
+                let first = first.ok_or("no text was streamed")?;
+                return Ok((first, tokens));
+            }
+            let v: serde_json::Value = serde_json::from_str(payload)?;
+            if first.is_none()
+                && v["choices"][0]["text"]
+                    .as_str()
+                    .is_some_and(|t| !t.is_empty())
+            {
+                first = Some(started.elapsed());
+            }
+            if let Some(n) = v["usage"]["completion_tokens"].as_u64() {
+                tokens = n as usize;
+            }
+        }
+    }
+    Err("the stream ended without [DONE]".into())
+}
+
+/// `models.len()` concurrent streams: their results and the wall time.
+async fn batch(
+    addr: SocketAddr,
+    models: &[String],
+    prompt: &[u32],
+    tokens: usize,
+) -> Res<(Vec<(Duration, usize)>, Duration)> {
+    let started = Instant::now();
+    let tasks: Vec<_> = models
+        .iter()
+        .map(|m| {
+            let body = json!({"model": m, "prompt": prompt, "max_tokens": tokens, "temperature": 0,
+                "ignore_eos": true, "stream": true, "stream_options": {"include_usage": true}});
+            tokio::spawn(async move { stream(addr, &body).await })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await??);
+    }
+    Ok((out, started.elapsed()))
+}
+
+#[tokio::main]
+async fn main() -> Res<()> {
+    let a = args();
+    let prompt = {
+        let runtime = LlmRuntime::load(&a.gguf, None, RuntimeOptions::default()).await?;
+        runtime.chat_prompt(&[ChatMessage::new("user", QUESTION)])?
+    };
+    let direct = engine8(&a, &prompt).await?;
+    println!(
+        "{}",
+        json!({"scenario": "engine8", "aggregate_tok_s": direct})
+    );
+
+    let config: LlmConfig = serde_json::from_value(json!({
+        "model_loading_config": {"model_id": "smollm2", "model_source": a.gguf},
+        "lora_config": {"dynamic_lora_loading_path": a.adapters, "max_num_adapters_per_replica": 16},
+        "engine_kwargs": {"max_num_seqs": 32},
+        "experimental_configs": {"stream_batching_interval_ms": a.interval_ms},
+    }))?;
+    let both = llm_deployments("llm", &config, "/", None)?;
+    let server = Server::builder()
+        .bind("127.0.0.1:0".parse()?)
+        .application(
+            Application::new("llm")
+                .ingress(both.ingress)
+                .deployment(both.server),
+        )
+        .start()
+        .await?;
+    let addr = server.local_addr();
+    let adapters: Vec<String> = (0..16).map(|i| format!("smollm2:bench-{i:02}")).collect();
+    batch(addr, &adapters, &prompt, 2).await?; // warm-up: every adapter loaded
+    let mut rates = Vec::new();
+    for _ in 0..a.runs {
+        let (out, wall) = batch(addr, &adapters[..8], &prompt, a.tokens).await?;
+        rates.push(out.iter().map(|o| o.1).sum::<usize>() as f64 / wall.as_secs_f64());
+    }
+    let http = pct(rates, 0.5);
+    println!(
+        "{}",
+        json!({"scenario": "http8", "aggregate_tok_s": http, "vs_engine8": http / direct})
+    );
+    for n in [1usize, 8, 32] {
+        let mut ttfts = Vec::new();
+        for run in 0..a.runs.max(2) {
+            let models: Vec<String> = (0..n).map(|i| adapters[(i + run) % 16].clone()).collect();
+            let (out, _) = batch(addr, &models, &prompt, a.tokens.min(32)).await?;
+            ttfts.extend(out.iter().map(|o| o.0.as_secs_f64() * 1e3));
+        }
+        println!(
+            "{}",
+            json!({"scenario": format!("ttft_http_{n}"), "ttft_p50_ms": pct(ttfts.clone(), 0.5), "ttft_p99_ms": pct(ttfts, 0.99)})
+        );
+    }
+    server.shutdown().await;
+    Ok(())
+}
