@@ -26,6 +26,16 @@ pub(crate) struct OpenAiIngress {
     pub(crate) created: u64,
     /// The application's route prefix, taken off paths (`/` takes nothing).
     pub(crate) prefix: String,
+    /// The admin API's bearer token, which the adapter controls require when set.
+    pub(crate) admin_token: Option<String>,
+}
+
+/// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's shape).
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AdapterControl {
+    lora_name: String,
+    lora_path: Option<String>,
 }
 
 impl OpenAiIngress {
@@ -108,6 +118,78 @@ impl OpenAiIngress {
         handle.call(request).await
     }
 
+    fn authorize(&self, request: &Request) -> Result<(), ServeError> {
+        let Some(token) = &self.admin_token else {
+            return Ok(());
+        };
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given == Some(token.as_str()) {
+            Ok(())
+        } else {
+            Err(ServeError::Unauthorized)
+        }
+    }
+
+    /// vLLM's adapter controls, with the adapter repository as the only source: a load is
+    /// placed by the router like a first request (so it lands where that adapter's traffic
+    /// will go); an unload evicts it from every replica.
+    async fn adapter_control(&self, request: Request, load: bool) -> Result<Response, ServeError> {
+        self.authorize(&request)?;
+        let body = request
+            .into_body()
+            .to_bytes(usize::MAX)
+            .await
+            .map_err(|e| ServeError::BadRequest {
+                message: e.to_string(),
+            })?;
+        let control: AdapterControl = crate::params::parse_body(&body)?;
+        let adapter = self
+            .adapter_for(&control.lora_name)?
+            .ok_or_else(|| invalid("lora_name", "the base model cannot be loaded or unloaded"))?;
+        if let Some(path) = &control.lora_path {
+            let repository = self.adapters.as_ref().map(|r| r.url()).unwrap_or_default();
+            let expected = format!("{repository}/{adapter}");
+            if path.trim_end_matches('/') != expected {
+                return Err(invalid(
+                    "lora_path",
+                    format!(
+                        "adapters load from the configured repository only: lora_path must be absent or '{expected}'"
+                    ),
+                ));
+            }
+        }
+        if load {
+            let response = self
+                .forward("/v1/load_lora_adapter", Bytes::new(), Some(adapter.clone()))
+                .await?;
+            let body = response.into_body().to_bytes(1 << 16).await.map_err(|e| {
+                ServeError::BadRequest {
+                    message: e.to_string(),
+                }
+            })?;
+            let answer: serde_json::Value =
+                serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+            Ok(json(&serde_json::json!({
+                "lora_name": adapter.as_str(),
+                "loaded_on": answer["replica"],
+            })))
+        } else {
+            let evicted = self.llm.evict_model(adapter.as_str());
+            if evicted.is_empty() {
+                return Err(ServeError::NotFound {
+                    what: format!("adapter '{adapter}' is not loaded on any replica"),
+                });
+            }
+            Ok(json(
+                &serde_json::json!({"lora_name": adapter.as_str(), "unloaded_from": evicted}),
+            ))
+        }
+    }
+
     async fn models(&self) -> Response {
         let held = self.llm.held_models();
         let replicas: Vec<String> = held.iter().map(|(r, _)| r.clone()).collect();
@@ -169,6 +251,10 @@ impl Deployment for OpenAiIngress {
         };
         let answer = match (&method, path.as_str()) {
             (&Method::GET, "/v1/models") => Ok(self.models().await),
+            (&Method::POST, "/v1/load_lora_adapter") => self.adapter_control(request, true).await,
+            (&Method::POST, "/v1/unload_lora_adapter") => {
+                self.adapter_control(request, false).await
+            }
             (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
                 let endpoint = if path == "/v1/completions" {
                     Endpoint::Completion

@@ -28,6 +28,8 @@ pub(crate) struct LlmServer {
     /// The longest text that can still fit in the context: `max_model_len` tokens of the
     /// vocabulary's longest token. Longer prompts are refused before tokenizing them.
     pub(crate) max_prompt_bytes: usize,
+    /// This replica's id (answers of adapter loads name it).
+    pub(crate) replica: String,
 }
 
 /// The bytes of the vocabulary's longest token.
@@ -183,6 +185,19 @@ impl LlmServer {
         })))
     }
 
+    /// Loads the request's adapter (placed here by the router) and lets it go: it stays cached.
+    async fn load_adapter(&self) -> Result<Response, ServeError> {
+        let id = modelmux_context::multiplexed_model_id()
+            .ok_or_else(|| invalid("lora_name", "no adapter named"))?;
+        self.runtime
+            .adapter(id.as_str())
+            .await
+            .map_err(|e| serve_error(&e))?;
+        Ok(json_response(
+            &json!({"lora_name": id.as_str(), "replica": self.replica}),
+        ))
+    }
+
     fn detokenize(&self, body: &[u8]) -> Result<Response, ServeError> {
         let (_, ids) = parse_detokenize(body)?;
         let vocab = self.runtime.tokenizer().vocab_size();
@@ -207,6 +222,7 @@ impl Deployment for LlmServer {
             "/v1/completions" => self.generate(Endpoint::Completion, &body).await,
             "/tokenize" => self.tokenize(&body).await,
             "/detokenize" => self.detokenize(&body),
+            "/v1/load_lora_adapter" => self.load_adapter().await,
             other => Err(ServeError::NotFound {
                 what: format!("the LLM deployment has no endpoint {other}"),
             }),

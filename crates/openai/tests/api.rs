@@ -319,3 +319,108 @@ pub fn metric(text: &str, name: &str) -> f64 {
         .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
         .sum()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adapters_are_loaded_and_unloaded_with_vllms_controls_behind_the_admin_token() {
+    let config = config(json!({}));
+    let both = modelmux_openai::llm_deployments("llm", &config, "/", None, Some("secret")).unwrap();
+    let server = modelmux_serve::Server::builder()
+        .bind("127.0.0.1:0".parse().unwrap())
+        .application(
+            modelmux_serve::Application::new("llm")
+                .ingress(both.ingress)
+                .deployment(both.server),
+        )
+        .start()
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let control = |path: &'static str, body: serde_json::Value, token: Option<&'static str>| async move {
+        let auth = token.map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> =
+            auth.iter().map(|a| ("authorization", a.as_str())).collect();
+        send(
+            addr,
+            "POST",
+            path,
+            &headers,
+            serde_json::to_vec(&body).unwrap(),
+        )
+        .await
+    };
+    let loaded = |models: &serde_json::Value, id: &str| {
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .map(|c| !c["loaded_on"].as_array().unwrap().is_empty())
+            .unwrap()
+    };
+    let no_token = control("/v1/load_lora_adapter", json!({"lora_name": "poet"}), None).await;
+    assert_eq!(no_token.status, 401);
+    let wrong = control(
+        "/v1/load_lora_adapter",
+        json!({"lora_name": "poet"}),
+        Some("guess"),
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    assert!(!loaded(
+        &get(addr, "/v1/models").await.json(),
+        "smollm2:poet"
+    ));
+
+    let ok = control(
+        "/v1/load_lora_adapter",
+        json!({"lora_name": "poet"}),
+        Some("secret"),
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
+    assert!(
+        ok.json()["loaded_on"].as_str().unwrap().starts_with("llm#"),
+        "{}",
+        ok.json()
+    );
+    assert!(loaded(
+        &get(addr, "/v1/models").await.json(),
+        "smollm2:poet"
+    ));
+    let elsewhere = control(
+        "/v1/load_lora_adapter",
+        json!({"lora_name": "smollm2:chef", "lora_path": "/tmp/anything"}),
+        Some("secret"),
+    )
+    .await;
+    assert_eq!(elsewhere.status, 400);
+    assert_eq!(elsewhere.json()["error"]["param"], "lora_path");
+    let missing = control(
+        "/v1/load_lora_adapter",
+        json!({"lora_name": "nobody"}),
+        Some("secret"),
+    )
+    .await;
+    assert_eq!(missing.status, 404);
+
+    let gone = control(
+        "/v1/unload_lora_adapter",
+        json!({"lora_name": "poet"}),
+        Some("secret"),
+    )
+    .await;
+    assert_eq!(gone.status, 200, "{}", String::from_utf8_lossy(&gone.body));
+    assert_eq!(gone.json()["unloaded_from"].as_array().unwrap().len(), 1);
+    assert!(!loaded(
+        &get(addr, "/v1/models").await.json(),
+        "smollm2:poet"
+    ));
+    let again = control(
+        "/v1/unload_lora_adapter",
+        json!({"lora_name": "poet"}),
+        Some("secret"),
+    )
+    .await;
+    assert_eq!(again.status, 404);
+    server.shutdown().await;
+}

@@ -100,6 +100,18 @@ impl DeploymentHandle {
             .collect()
     }
 
+    /// Evicts model `id` from every replica of the deployment (as `DELETE /-/models/...` does):
+    /// new requests no longer find it, and each copy is unloaded when its last user is done.
+    /// Returns the replicas that held it.
+    pub fn evict_model(&self, id: &str) -> Vec<String> {
+        self.router
+            .replicas()
+            .iter()
+            .filter(|r| r.caches.iter().fold(false, |any, c| c.evict(id) | any))
+            .map(|r| r.id.to_string())
+            .collect()
+    }
+
     /// Starts setting options; the handle itself is not changed.
     pub fn options(&self) -> HandleOptions {
         HandleOptions {

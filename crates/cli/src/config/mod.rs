@@ -369,6 +369,7 @@ impl Config {
                         llm,
                         &app.route_prefix,
                         disk_cache.as_ref(),
+                        self.http_options.admin_token.as_deref(),
                     )
                     .map_err(invalid)?;
                     let server = settings(both.server, d, None);
