@@ -230,6 +230,47 @@ impl Deployment for LlmServer {
         Ok(answer?)
     }
 
+    async fn control(
+        &self,
+        name: &str,
+        _body: bytes::Bytes,
+    ) -> Result<serde_json::Value, BoxError> {
+        let engine = self.runtime.engine();
+        match name {
+            "pause" => engine.pause(),
+            "resume" => engine.resume(),
+            "health" => {}
+            other => {
+                return Err(ServeError::NotFound {
+                    what: format!(
+                        "the LLM deployment has no control '{other}' (it has pause, resume, health)"
+                    ),
+                }
+                .into());
+            }
+        }
+        let s = engine.snapshot();
+        let adapters = self
+            .runtime
+            .adapters()
+            .map(|a| {
+                a.models()
+                    .into_iter()
+                    .map(|m| m.id.to_string())
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default();
+        Ok(json!({
+            "running": engine.is_running(),
+            "paused": engine.is_paused(),
+            "sequences_running": s.running,
+            "sequences_waiting": s.waiting,
+            "kv_cache_used_bytes": s.kv_reserved_bytes,
+            "kv_cache_capacity_bytes": s.kv_capacity_bytes,
+            "adapters": adapters,
+        }))
+    }
+
     async fn check_health(&self) -> Result<(), BoxError> {
         if self.runtime.engine().is_running() {
             Ok(())

@@ -424,3 +424,56 @@ async fn adapters_are_loaded_and_unloaded_with_vllms_controls_behind_the_admin_t
     assert_eq!(again.status, 404);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generation_pauses_and_resumes_through_the_admin_api() {
+    let server = serve(&config(json!({})), 2).await;
+    let addr = server.local_addr();
+    let control = |name: &'static str| async move {
+        send(
+            addr,
+            "POST",
+            &format!("/-/deployments/llm/controls/{name}"),
+            &[],
+            Vec::new(),
+        )
+        .await
+    };
+    let paused = control("pause").await;
+    assert_eq!(
+        paused.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&paused.body)
+    );
+    let replicas = paused.json()["replicas"].as_object().unwrap().clone();
+    assert_eq!(replicas.len(), 2);
+    assert!(
+        replicas.values().all(|r| r["paused"] == true),
+        "{replicas:?}"
+    );
+    let request = tokio::spawn(async move {
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat("smollm2", "Hi", 4, false),
+        )
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!request.is_finished(), "answered while paused");
+    let health = control("health").await.json();
+    let waiting: u64 = health["replicas"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|r| {
+            r["sequences_waiting"].as_u64().unwrap() + r["sequences_running"].as_u64().unwrap()
+        })
+        .sum();
+    assert_eq!(waiting, 1, "{health}");
+    assert_eq!(control("resume").await.status, 200);
+    assert_eq!(request.await.unwrap().status, 200);
+    assert_eq!(control("sleep").await.status, 404);
+    server.shutdown().await;
+}

@@ -8,14 +8,17 @@
 //! | `POST /-/models/{deployment}/{model_id}/load[?pin=true]` | prewarm (and pin) a model |
 //! | `DELETE /-/models/{deployment}/{model_id}` | evict a model from every replica |
 //! | `POST /-/models/{deployment}/{model_id}/unpin` | unpin it everywhere |
+//! | `POST /-/deployments/{deployment}/controls/{name}` | a deployment's own control (an LLM's `pause`), on every replica |
 //! | `GET /metrics` | Prometheus text format |
 //!
-//! `/-/models*` need `Authorization: Bearer <token>` when an admin token is configured.
+//! `/-/models*` and `/-/deployments*` need `Authorization: Bearer <token>` when an admin token
+//! is configured.
 //! Model ids may contain `/`; percent-encode other reserved characters.
 
 use std::sync::Arc;
 
 use http::{HeaderValue, Method, StatusCode, header};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use modelmux_cache::ModelId;
 use modelmux_context::RequestId;
@@ -32,10 +35,62 @@ pub(crate) async fn handle(
     request: http::Request<Incoming>,
     request_id: &RequestId,
 ) -> Response {
-    match route(state, &request).await {
+    let result = match control_path(&request) {
+        Some((deployment, name)) => control(state, request, &deployment, &name).await,
+        None => route(state, &request).await,
+    };
+    match result {
         Ok(response) => response,
         Err(e) => e.into_response(Some(request_id.as_str())),
     }
+}
+
+/// `POST /-/deployments/{deployment}/controls/{name}`: its deployment and control.
+fn control_path(request: &http::Request<Incoming>) -> Option<(String, String)> {
+    let rest = request.uri().path().strip_prefix("/-/deployments/")?;
+    let (deployment, name) = rest.split_once("/controls/")?;
+    (request.method() == Method::POST && !name.is_empty() && !name.contains('/'))
+        .then(|| (deployment.to_owned(), name.to_owned()))
+}
+
+/// Runs a deployment's control on every replica at once; 200 when every replica did it, else
+/// the first failure's status, with each replica's answer or error.
+async fn control(
+    state: &ServerState,
+    request: http::Request<Incoming>,
+    deployment: &str,
+    name: &str,
+) -> Result<Response, ServeError> {
+    authorize(state, &request)?;
+    let router = find_deployment(state, deployment)?;
+    let limit = state.config.max_body_bytes;
+    let body = http_body_util::Limited::new(request.into_body(), limit)
+        .collect()
+        .await
+        .map_err(|_| ServeError::PayloadTooLarge { limit })?
+        .to_bytes();
+    let replicas = router.replicas();
+    let results =
+        futures_util::future::join_all(replicas.iter().map(|r| r.control(name, body.clone())))
+            .await;
+    let mut answers = serde_json::Map::new();
+    let mut failure = None;
+    for (replica, result) in replicas.iter().zip(results) {
+        let answer = match result {
+            Ok(value) => value,
+            Err(e) => {
+                let value = json!({"error": {"message": e.to_string(), "type": e.error_type()}});
+                failure.get_or_insert(e);
+                value
+            }
+        };
+        answers.insert(replica.id.to_string(), answer);
+    }
+    let status = failure.map_or(StatusCode::OK, |e| e.http_status());
+    Ok(json_response(
+        status,
+        &json!({"deployment": deployment, "control": name, "replicas": answers}),
+    ))
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
@@ -75,6 +130,12 @@ async fn route(
         (_, p) if p == "/-/models" || p.starts_with("/-/models/") => {
             authorize(state, request)?;
             models(state, method, p, request.uri().query()).await
+        }
+        (_, p) if p.starts_with("/-/deployments/") => {
+            authorize(state, request)?;
+            Err(ServeError::NotFound {
+                what: format!("no admin endpoint {method} {p}"),
+            })
         }
         _ => Err(ServeError::NotFound {
             what: format!("no admin endpoint {method} {path}"),

@@ -41,12 +41,31 @@ pub trait Deployment: Send + Sync + 'static {
     fn check_health(&self) -> impl Future<Output = Result<(), BoxError>> + Send {
         async { Ok(()) }
     }
+
+    /// An operator's command to this replica, from the admin API
+    /// (`POST /-/deployments/{deployment}/controls/{name}`, sent to every replica, behind the
+    /// admin token): pause generation, say. `body` is the request's body. The answer is the
+    /// replica's part of the response. The default knows no control (a 404).
+    fn control(
+        &self,
+        name: &str,
+        body: bytes::Bytes,
+    ) -> impl Future<Output = Result<serde_json::Value, BoxError>> + Send {
+        let _ = body;
+        let what = format!("this deployment has no control '{name}'");
+        async move { Err(ServeError::NotFound { what }.into()) }
+    }
 }
 
 /// The object-safe form of [`Deployment`].
 pub(crate) trait DynDeployment: Send + Sync + 'static {
     fn call_boxed(&self, request: Request) -> BoxFuture<'_, Result<Response, BoxError>>;
     fn check_health_boxed(&self) -> BoxFuture<'_, Result<(), BoxError>>;
+    fn control_boxed<'a>(
+        &'a self,
+        name: &'a str,
+        body: bytes::Bytes,
+    ) -> BoxFuture<'a, Result<serde_json::Value, BoxError>>;
 }
 
 impl<D: Deployment> DynDeployment for D {
@@ -56,6 +75,14 @@ impl<D: Deployment> DynDeployment for D {
 
     fn check_health_boxed(&self) -> BoxFuture<'_, Result<(), BoxError>> {
         Box::pin(self.check_health())
+    }
+
+    fn control_boxed<'a>(
+        &'a self,
+        name: &'a str,
+        body: bytes::Bytes,
+    ) -> BoxFuture<'a, Result<serde_json::Value, BoxError>> {
+        Box::pin(self.control(name, body))
     }
 }
 

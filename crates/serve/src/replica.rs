@@ -201,6 +201,25 @@ impl Replica {
     }
 
     /// Runs the deployment's health check with a timeout.
+    /// Runs an operator's control on this replica, containing a panic.
+    pub(crate) async fn control(
+        &self,
+        name: &str,
+        body: bytes::Bytes,
+    ) -> Result<serde_json::Value, ServeError> {
+        let instance = self.instance.clone();
+        let run = AssertUnwindSafe(async move { instance.control_boxed(name, body).await })
+            .catch_unwind();
+        match run.await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(e)) => Err(ServeError::from_deployment(&self.deployment, e)),
+            Err(panic) => Err(ServeError::Panicked {
+                deployment: self.deployment.to_string(),
+                message: modelmux_cache::panic_message(&*panic),
+            }),
+        }
+    }
+
     pub(crate) async fn check_health(&self, timeout: Duration) -> Result<(), String> {
         let instance = self.instance.clone();
         let check =

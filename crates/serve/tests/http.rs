@@ -736,3 +736,83 @@ async fn route_prefixes_under_the_admin_api_are_refused() {
         .expect("refused");
     assert!(err.to_string().contains("reserved"), "{err}");
 }
+
+/// A deployment with one control: `bump` adds the body's number to a counter of its replica.
+struct Bumped(std::sync::atomic::AtomicU64);
+
+impl Deployment for Bumped {
+    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
+        Ok(Response::new(Body::from(
+            self.0.load(Ordering::SeqCst).to_string(),
+        )))
+    }
+
+    async fn control(&self, name: &str, body: bytes::Bytes) -> Result<serde_json::Value, BoxError> {
+        match name {
+            "bump" => {
+                let by: u64 = std::str::from_utf8(&body)?.trim().parse()?;
+                Ok(serde_json::json!({"now": self.0.fetch_add(by, Ordering::SeqCst) + by}))
+            }
+            "explode" => panic!("control exploded"),
+            other => Err(format!("no control {other}").into()),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployment_controls_run_on_every_replica_behind_the_admin_token() {
+    let spec = DeploymentSpec::new("Bumped", |_ctx| async {
+        Ok(Bumped(std::sync::atomic::AtomicU64::new(0)))
+    })
+    .num_replicas(3);
+    let server = Server::builder()
+        .bind(localhost())
+        .admin_token("s3cret")
+        .application(Application::new("default").ingress(spec))
+        .start()
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let auth = [("authorization", "Bearer s3cret")];
+    let path = "/-/deployments/Bumped/controls/bump";
+    let r = send(addr, Method::POST, path, &[], b"2").await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    let r = send(addr, Method::POST, path, &auth, b"2").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let replicas = r.json()["replicas"].as_object().unwrap().clone();
+    assert_eq!(replicas.len(), 3);
+    assert!(replicas.values().all(|v| v["now"] == 2), "{replicas:?}");
+    // Every replica was bumped: whichever serves the next request says 2.
+    assert_eq!(get(addr, "/", &[]).await.text(), "2");
+    let r = send(
+        addr,
+        Method::POST,
+        "/-/deployments/Bumped/controls/bump",
+        &auth,
+        b"x",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let r = send(
+        addr,
+        Method::POST,
+        "/-/deployments/Bumped/controls/explode",
+        &auth,
+        b"",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(r.text().contains("control exploded"), "{}", r.text());
+    let r = send(
+        addr,
+        Method::POST,
+        "/-/deployments/Nobody/controls/bump",
+        &auth,
+        b"1",
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // The replicas survived the panic.
+    assert_eq!(get(addr, "/", &[]).await.status, StatusCode::OK);
+    server.shutdown().await;
+}

@@ -205,6 +205,8 @@ pub(crate) struct EngineStats {
     generated_tokens: AtomicU64,
     /// Set when the engine thread ends, however it ends (a panic outside a step included).
     stopped: std::sync::atomic::AtomicBool,
+    /// While set, the engine runs no step and admits nothing (requests still queue).
+    paused: std::sync::atomic::AtomicBool,
 }
 
 /// Marks the engine stopped when dropped: held by the engine thread for its whole life.
@@ -379,6 +381,23 @@ impl Engine {
     /// if it dies of a bug outside a step, which health checks then catch).
     pub fn is_running(&self) -> bool {
         !self.inner.stats.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Stops generating: no step runs and nothing is admitted until [`resume`](Self::resume);
+    /// running sequences keep their KV memory, new requests queue (bounded by `max_waiting`),
+    /// and cancelled ones are still freed. Ray's and vLLM's `pause_generation`.
+    pub fn pause(&self) {
+        self.inner.stats.paused.store(true, Ordering::SeqCst);
+    }
+
+    /// Generates again after [`pause`](Self::pause).
+    pub fn resume(&self) {
+        self.inner.stats.paused.store(false, Ordering::SeqCst);
+    }
+
+    /// Whether the engine is paused.
+    pub fn is_paused(&self) -> bool {
+        self.inner.stats.paused.load(Ordering::SeqCst)
     }
 
     /// Live figures.

@@ -75,6 +75,13 @@ impl EngineLoop {
                 break;
             }
             self.drop_abandoned();
+            if self.stats.paused.load(Ordering::SeqCst) {
+                self.publish();
+                if !self.wait_paused() {
+                    break;
+                }
+                continue;
+            }
             self.admit();
             self.publish();
             if self.running.is_empty() {
@@ -104,6 +111,25 @@ impl EngineLoop {
 
     /// Moves submitted sequences into the queue. Blocks while there is nothing to do.
     /// Returns false once every handle is gone.
+    /// While paused: takes new requests for a little while (so cancellations and resumes are
+    /// noticed within it) and runs nothing. False when every handle is gone.
+    fn wait_paused(&mut self) -> bool {
+        let pause = Duration::from_millis(20);
+        if self.waiting.len() >= self.config.max_waiting {
+            // Full: leave the rest in the channel (its bound refuses the next ones).
+            std::thread::sleep(pause);
+            return true;
+        }
+        match self.commands.recv_timeout(pause) {
+            Ok(Command::Submit(s)) => {
+                self.waiting.push_back(*s);
+                true
+            }
+            Err(RecvTimeoutError::Timeout) => true,
+            Err(RecvTimeoutError::Disconnected) => false,
+        }
+    }
+
     fn intake(&mut self) -> bool {
         loop {
             let idle = self.running.is_empty();
