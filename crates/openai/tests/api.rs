@@ -312,14 +312,6 @@ async fn bad_requests_are_refused_with_openai_errors() {
     server.shutdown().await;
 }
 
-/// The sum of a metric's samples.
-pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adapters_are_loaded_and_unloaded_with_vllms_controls_behind_the_admin_token() {
     let config = config(json!({}));

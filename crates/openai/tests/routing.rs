@@ -10,13 +10,6 @@ use common::*;
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
-}
-
 async fn metrics(addr: std::net::SocketAddr) -> String {
     String::from_utf8(get(addr, "/metrics").await.body.to_vec()).unwrap()
 }

@@ -2,6 +2,17 @@
 
 use super::*;
 
+/// Why building the server for `yaml` (which parses) fails.
+async fn build_error(yaml: &str) -> String {
+    Config::parse(yaml)
+        .unwrap()
+        .server()
+        .await
+        .err()
+        .expect("the server must not build")
+        .to_string()
+}
+
 #[tokio::test]
 async fn the_demo_and_the_examples_parse() {
     let c = Config::parse(DEMO).unwrap();
@@ -22,34 +33,16 @@ async fn the_demo_and_the_examples_parse() {
 #[tokio::test]
 async fn repositories_are_opened_when_the_server_is_built() {
     let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: /no/such/dir}\n";
-    let err = Config::parse(yaml)
-        .unwrap()
-        .server()
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = build_error(yaml).await;
     assert!(
         err.contains("deployments[0].model") && err.contains("/no/such/dir"),
         "{err}"
     );
     let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: 's3://b/p', options: {colour: red}}\n";
-    let err = Config::parse(yaml)
-        .unwrap()
-        .server()
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = build_error(yaml).await;
     assert!(err.contains("unknown S3 option 'colour'"), "{err}");
     let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: 'ftp://x/y'}\n";
-    let err = Config::parse(yaml)
-        .unwrap()
-        .server()
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = build_error(yaml).await;
     assert!(
         err.contains("unsupported repository scheme 'ftp://'"),
         "{err}"
@@ -214,36 +207,19 @@ async fn llm_settings_are_checked_with_their_path() {
         err.contains("max_adapters") && err.contains("line"),
         "{err}"
     );
-    let err = Config::parse(&yaml(good))
-        .unwrap()
-        .server()
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = build_error(&yaml(good)).await;
     assert!(
         err.contains("deployments[0].model") && err.contains("/no/such.gguf"),
         "{err}"
     );
     let file = tempfile::NamedTempFile::new().unwrap();
     let with_file = good.replace("/no/such.gguf", file.path().to_str().unwrap());
-    let err = Config::parse(&yaml(&format!(
+    let err = build_error(&yaml(&format!(
         "{with_file}          engine_kwargs: {{max_num_seqs: 0}}\n"
     )))
-    .unwrap()
-    .server()
-    .await
-    .err()
-    .unwrap()
-    .to_string();
+    .await;
     assert!(err.contains("engine_kwargs.max_num_seqs"), "{err}");
-    let err = Config::parse(&yaml(&with_file.replace("model_id: m", "model_id: 'm:x'")))
-        .unwrap()
-        .server()
-        .await
-        .err()
-        .unwrap()
-        .to_string();
+    let err = build_error(&yaml(&with_file.replace("model_id: m", "model_id: 'm:x'"))).await;
     assert!(err.contains("model_id"), "{err}");
     // A good one builds: an ingress and the LLM deployment.
     assert!(

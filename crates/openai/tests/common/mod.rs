@@ -204,3 +204,11 @@ pub async fn direct(content: &str, adapter: Option<&str>, max_tokens: usize) -> 
         .unwrap()
         .text
 }
+
+/// The sum of a metric's samples in Prometheus text.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+        .sum()
+}
