@@ -187,7 +187,20 @@ impl LlmRuntime {
         .map_err(|e| LlmError::Internal(format!("model loading task: {e}")))??;
         let weight_bytes = model.weights().size_bytes();
         let base = model.config().clone();
-        let engine = Engine::start(Arc::new(model), Arc::new(tokenizer), options.engine.clone())?;
+        // After a sleep, the weights are read again from the same file in the same format.
+        let reload_path = path.clone();
+        let reload: crate::ModelReloader = Arc::new(move || {
+            let mut file = GgufFile::open(&reload_path)?;
+            let config = file.llama_config()?;
+            let weights = LlamaWeights::from_gguf(&mut file, config, format)?;
+            Ok(LlamaModel::new(weights, max_len))
+        });
+        let engine = Engine::start_with_reload(
+            Arc::new(model),
+            Some(reload),
+            Arc::new(tokenizer),
+            options.engine.clone(),
+        )?;
         let adapters = adapters.map(|repository| {
             let mut builder = Multiplexer::builder()
                 .max_models(options.max_adapters)

@@ -29,7 +29,7 @@ pub use adapters::{AdapterLoader, LlmRuntime, RuntimeOptions};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{
     AdapterLease, Engine, EngineConfig, EngineSnapshot, FinishReason, Generation, GenerationEvent,
-    GenerationRequest, GenerationStream, Usage,
+    GenerationRequest, GenerationStream, ModelReloader, Usage,
 };
 pub use error::{ErrorKind, LlmError, Result};
 pub use gguf::{GgufFile, LlamaConfig};

@@ -239,11 +239,37 @@ impl Deployment for LlmServer {
         match name {
             "pause" => engine.pause(),
             "resume" => engine.resume(),
+            "sleep" => {
+                engine.sleep().map_err(|e| serve_error(&e))?;
+                // Answer once the weights are released (between two steps).
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !engine.is_asleep() && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+            "wakeup" | "wake_up" => {
+                engine.wake_up();
+                // Answer once the weights are back (or the reload failed).
+                let deadline = Instant::now() + Duration::from_secs(600);
+                while engine.is_asleep() && engine.wake_error().is_none() {
+                    if Instant::now() > deadline {
+                        return Err("the weights did not load within 10 minutes".into());
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                if let Some(e) = engine.wake_error() {
+                    return Err(ServeError::status(
+                        http::StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("the weights could not be loaded again: {e}"),
+                    )
+                    .into());
+                }
+            }
             "health" => {}
             other => {
                 return Err(ServeError::NotFound {
                     what: format!(
-                        "the LLM deployment has no control '{other}' (it has pause, resume, health)"
+                        "the LLM deployment has no control '{other}' (it has pause, resume, sleep, wakeup, health)"
                     ),
                 }
                 .into());
@@ -263,6 +289,7 @@ impl Deployment for LlmServer {
         Ok(json!({
             "running": engine.is_running(),
             "paused": engine.is_paused(),
+            "asleep": engine.is_asleep(),
             "sequences_running": s.running,
             "sequences_waiting": s.waiting,
             "kv_cache_used_bytes": s.kv_reserved_bytes,

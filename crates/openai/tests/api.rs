@@ -465,7 +465,58 @@ async fn generation_pauses_and_resumes_through_the_admin_api() {
         .sum();
     assert_eq!(waiting, 1, "{health}");
     assert_eq!(control("resume").await.status, 200);
-    assert_eq!(request.await.unwrap().status, 200);
-    assert_eq!(control("sleep").await.status, 404);
+    let answer = request.await.unwrap();
+    assert_eq!(answer.status, 200);
+
+    // Asleep, the weights are gone and requests wait; awake, they are answered the same.
+    let asleep = control("sleep").await;
+    assert_eq!(
+        asleep.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&asleep.body)
+    );
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let health = control("health").await.json();
+        let replicas = health["replicas"].as_object().unwrap();
+        if replicas.values().all(|r| r["asleep"] == true) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{health}");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let request = tokio::spawn(async move {
+        post(
+            addr,
+            "/v1/chat/completions",
+            chat("smollm2", "Hi", 4, false),
+        )
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!request.is_finished(), "answered while asleep");
+    let awake = control("wakeup").await;
+    assert_eq!(
+        awake.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&awake.body)
+    );
+    assert!(
+        awake.json()["replicas"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|r| r["asleep"] == false)
+    );
+    let again = request.await.unwrap();
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        again.json()["choices"],
+        answer.json()["choices"],
+        "same weights, same answer"
+    );
+    assert_eq!(control("reset_prefix_cache").await.status, 404);
     server.shutdown().await;
 }

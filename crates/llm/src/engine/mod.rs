@@ -207,6 +207,12 @@ pub(crate) struct EngineStats {
     stopped: std::sync::atomic::AtomicBool,
     /// While set, the engine runs no step and admits nothing (requests still queue).
     paused: std::sync::atomic::AtomicBool,
+    /// Asked to release the weights (set) or to have them (clear).
+    want_sleep: std::sync::atomic::AtomicBool,
+    /// Whether the weights are released now.
+    asleep: std::sync::atomic::AtomicBool,
+    /// Why the last wake-up failed, if it did.
+    wake_error: parking_lot::Mutex<Option<String>>,
 }
 
 /// Marks the engine stopped when dropped: held by the engine thread for its whole life.
@@ -239,6 +245,8 @@ pub struct EngineSnapshot {
 
 pub(crate) enum Command {
     Submit(Box<sequence::Sequence>),
+    /// Look at the flags (sleep, wake up) now, even if idle.
+    Poke,
 }
 
 /// The handle to an engine thread; cloning shares it. The thread stops when the last
@@ -255,12 +263,27 @@ struct Inner {
     config: EngineConfig,
     tokenizer: Arc<TextTokenizer>,
     model_config: crate::LlamaConfig,
+    can_reload: bool,
 }
+
+/// Builds the model again (from its file) when a sleeping engine wakes up.
+pub type ModelReloader = Arc<dyn Fn() -> Result<LlamaModel> + Send + Sync>;
 
 impl Engine {
     /// Starts the engine thread for `model`.
     pub fn start(
         model: Arc<LlamaModel>,
+        tokenizer: Arc<TextTokenizer>,
+        config: EngineConfig,
+    ) -> Result<Self> {
+        Self::start_with_reload(model, None, tokenizer, config)
+    }
+
+    /// Starts the engine thread for `model`; `reload` builds the model again after a
+    /// [`sleep`](Self::sleep) (without it, the engine cannot sleep).
+    pub fn start_with_reload(
+        model: Arc<LlamaModel>,
+        reload: Option<ModelReloader>,
         tokenizer: Arc<TextTokenizer>,
         config: EngineConfig,
     ) -> Result<Self> {
@@ -281,8 +304,10 @@ impl Engine {
         let stats = Arc::new(EngineStats::default());
         let (commands, receiver) = std::sync::mpsc::sync_channel(config.max_waiting.max(1));
         let model_config = model.config().clone();
+        let can_reload = reload.is_some();
         let state = run::EngineLoop::new(
             model,
+            reload,
             tokenizer.clone(),
             config.clone(),
             budget.clone(),
@@ -301,6 +326,7 @@ impl Engine {
                 config,
                 tokenizer,
                 model_config,
+                can_reload,
             }),
         })
     }
@@ -381,6 +407,40 @@ impl Engine {
     /// if it dies of a bug outside a step, which health checks then catch).
     pub fn is_running(&self) -> bool {
         !self.inner.stats.stopped.load(Ordering::SeqCst)
+    }
+
+    /// Releases the weights' memory (Ray's and vLLM's `sleep`): generation stops as with
+    /// [`pause`](Self::pause) until [`wake_up`](Self::wake_up) loads them again; sequences keep
+    /// their KV caches and go on afterwards. Only an engine started with a way to reload its
+    /// weights ([`start_with_reload`](Self::start_with_reload)) can sleep.
+    pub fn sleep(&self) -> Result<()> {
+        if !self.inner.can_reload {
+            return Err(LlmError::InvalidRequest(
+                "this engine cannot load its weights again, so it cannot sleep".into(),
+            ));
+        }
+        self.inner.stats.want_sleep.store(true, Ordering::SeqCst);
+        // An idle engine waits for a command: give it one. A full channel means it is busy
+        // and will see the flag between steps anyway.
+        let _ = self.inner.commands.try_send(Command::Poke);
+        Ok(())
+    }
+
+    /// Loads the weights again after [`sleep`](Self::sleep) (on the engine's thread, at its
+    /// next turn); [`is_asleep`](Self::is_asleep) turns false when they are back.
+    pub fn wake_up(&self) {
+        self.inner.stats.want_sleep.store(false, Ordering::SeqCst);
+        let _ = self.inner.commands.try_send(Command::Poke);
+    }
+
+    /// Whether the weights are released now.
+    pub fn is_asleep(&self) -> bool {
+        self.inner.stats.asleep.load(Ordering::SeqCst)
+    }
+
+    /// Why the last wake-up failed (the engine then stays asleep), if it did.
+    pub fn wake_error(&self) -> Option<String> {
+        self.inner.stats.wake_error.lock().clone()
     }
 
     /// Stops generating: no step runs and nothing is admitted until [`resume`](Self::resume);

@@ -19,7 +19,10 @@ use crate::model::{LlamaModel, Segment};
 use crate::tokenizer::TextTokenizer;
 
 pub(super) struct EngineLoop {
-    model: Arc<LlamaModel>,
+    /// `None` while asleep (the weights' memory released).
+    model: Option<Arc<LlamaModel>>,
+    model_config: crate::LlamaConfig,
+    reload: Option<super::ModelReloader>,
     tokenizer: Arc<TextTokenizer>,
     config: EngineConfig,
     budget: KvBudget,
@@ -34,6 +37,7 @@ pub(super) struct EngineLoop {
 impl EngineLoop {
     pub(super) fn new(
         model: Arc<LlamaModel>,
+        reload: Option<super::ModelReloader>,
         tokenizer: Arc<TextTokenizer>,
         config: EngineConfig,
         budget: KvBudget,
@@ -56,7 +60,9 @@ impl EngineLoop {
             }
         }
         Self {
-            model,
+            model_config: model.config().clone(),
+            model: Some(model),
+            reload,
             tokenizer,
             config,
             budget,
@@ -75,7 +81,8 @@ impl EngineLoop {
                 break;
             }
             self.drop_abandoned();
-            if self.stats.paused.load(Ordering::SeqCst) {
+            self.sleep_or_wake();
+            if self.stats.paused.load(Ordering::SeqCst) || self.model.is_none() {
                 self.publish();
                 if !self.wait_paused() {
                     break;
@@ -111,6 +118,41 @@ impl EngineLoop {
 
     /// Moves submitted sequences into the queue. Blocks while there is nothing to do.
     /// Returns false once every handle is gone.
+    /// Releases the weights when asked to sleep, loads them again when asked to wake up
+    /// (between steps, on this thread: sequences keep their KV caches and go on afterwards).
+    fn sleep_or_wake(&mut self) {
+        let want_sleep = self.stats.want_sleep.load(Ordering::SeqCst);
+        match (&self.model, &self.reload) {
+            (Some(_), Some(_)) if want_sleep => {
+                self.model = None;
+                self.stats.asleep.store(true, Ordering::SeqCst);
+                tracing::info!("engine asleep: weights released");
+            }
+            (None, Some(reload)) if !want_sleep => {
+                let started = Instant::now();
+                match std::panic::catch_unwind(AssertUnwindSafe(|| reload())) {
+                    Ok(Ok(model)) => {
+                        self.model = Some(Arc::new(model));
+                        self.stats.asleep.store(false, Ordering::SeqCst);
+                        *self.stats.wake_error.lock() = None;
+                        tracing::info!(took = ?started.elapsed(), "engine awake: weights loaded");
+                    }
+                    failed => {
+                        let message = match failed {
+                            Ok(Err(e)) => e.to_string(),
+                            Err(panic) => modelmux_cache::panic_message(&*panic),
+                            Ok(Ok(_)) => unreachable!(),
+                        };
+                        tracing::error!(%message, "engine cannot load its weights again; staying asleep");
+                        *self.stats.wake_error.lock() = Some(message);
+                        self.stats.want_sleep.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
     /// While paused: takes new requests for a little while (so cancellations and resumes are
     /// noticed within it) and runs nothing. False when every handle is gone.
     fn wait_paused(&mut self) -> bool {
@@ -125,6 +167,7 @@ impl EngineLoop {
                 self.waiting.push_back(*s);
                 true
             }
+            Ok(Command::Poke) => true,
             Err(RecvTimeoutError::Timeout) => true,
             Err(RecvTimeoutError::Disconnected) => false,
         }
@@ -165,6 +208,7 @@ impl EngineLoop {
             };
             match command {
                 Command::Submit(s) => self.waiting.push_back(*s),
+                Command::Poke => return true,
             }
             if self.waiting.len() >= self.config.max_waiting {
                 return true;
@@ -206,7 +250,7 @@ impl EngineLoop {
                 break;
             };
             let mut s = self.waiting.pop_front().expect("front exists");
-            s.admit(self.model.config(), Some(reservation));
+            s.admit(&self.model_config, Some(reservation));
             self.running.push(s);
         }
     }
@@ -271,7 +315,10 @@ impl EngineLoop {
                     want_logits: *completes,
                 });
             }
-            self.model.forward(&mut segments)?
+            let model = self.model.as_ref().ok_or_else(|| {
+                LlmError::Internal("a step ran while the weights were released".into())
+            })?;
+            model.forward(&mut segments)?
         };
         self.stats
             .prompt_tokens
