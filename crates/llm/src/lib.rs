@@ -19,6 +19,7 @@ mod error;
 mod gguf;
 mod kv;
 mod lora;
+mod matmul;
 mod model;
 mod ops;
 mod sampling;

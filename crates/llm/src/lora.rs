@@ -9,6 +9,7 @@
 //! - The scale is `lora_alpha / r`, or `lora_alpha / sqrt(r)` with `use_rslora`, per module
 //!   when `rank_pattern` / `alpha_pattern` say so. It is folded into `B` once, at load.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rayon::prelude::*;
@@ -36,9 +37,19 @@ pub(crate) struct LoraPair {
 }
 
 impl LoraPair {
-    /// Adds this projection's delta for `rows` rows of `x` (`rows x in`) to `y` (`rows x out`).
-    pub(crate) fn apply(&self, x: &[f32], y: &mut [f32], in_dim: usize, out_dim: usize) {
+    /// Adds this projection's delta for the rows of `x` (`rows x in_dim`) to `columns` of
+    /// `y` (rows of `y_width` values: the projection's output may be stacked with others').
+    pub(crate) fn apply(
+        &self,
+        x: &[f32],
+        in_dim: usize,
+        y: &mut [f32],
+        y_width: usize,
+        columns: Range<usize>,
+    ) {
+        let out_dim = columns.len();
         let one_row = |(x, y): (&[f32], &mut [f32])| {
+            let y = &mut y[columns.clone()];
             let mut u = [0.0f32; 64];
             let mut big = Vec::new();
             let u: &mut [f32] = if self.rank <= 64 {
@@ -57,12 +68,12 @@ impl LoraPair {
         let rows = x.len() / in_dim;
         if rows * self.rank * (in_dim + out_dim) < 1 << 20 {
             x.chunks_exact(in_dim)
-                .zip(y.chunks_exact_mut(out_dim))
+                .zip(y.chunks_exact_mut(y_width))
                 .for_each(one_row);
         } else {
             candle_core::utils::with_threadpool(|| {
                 x.par_chunks_exact(in_dim)
-                    .zip(y.par_chunks_exact_mut(out_dim))
+                    .zip(y.par_chunks_exact_mut(y_width))
                     .for_each(one_row)
             });
         }

@@ -7,8 +7,14 @@ use rayon::prelude::*;
 
 /// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
 pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let d = weight.len();
     let mut out = vec![0.0; x.len()];
+    rms_norm_into(x, weight, eps, &mut out);
+    out
+}
+
+/// [`rms_norm`] into `out` (as long as `x`).
+pub(crate) fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
     for (row, out) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         let mean_square = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
         let scale = 1.0 / (mean_square + eps).sqrt();
@@ -16,7 +22,6 @@ pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
             *o = v * scale * w;
         }
     }
-    out
 }
 
 /// Rotary position embeddings in GGUF's interleaved layout (pairs `(2i, 2i+1)` of each
@@ -67,10 +72,17 @@ impl Rope {
     }
 }
 
-/// `gate = silu(gate) * up`, in place.
-pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+/// `out = silu(gate) * up` for rows of `gate_up` that hold `gate` then `up`, each `width`
+/// values, into rows of `width` values of `out`.
+pub(crate) fn silu_mul_stacked(gate_up: &[f32], width: usize, out: &mut [f32]) {
+    for (row, out) in gate_up
+        .chunks_exact(2 * width)
+        .zip(out.chunks_exact_mut(width))
+    {
+        let (gate, up) = row.split_at(width);
+        for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g / (1.0 + (-g).exp()) * u;
+        }
     }
 }
 
