@@ -41,6 +41,7 @@ mod columns;
 mod matrix;
 mod rows;
 mod scalar;
+pub mod vector;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 

@@ -3,6 +3,7 @@
 
 use half::f16;
 
+use crate::rows::round_to_i8;
 use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL};
 
 /// 4-byte groups per block.
@@ -106,7 +107,7 @@ impl Int8Matrix {
                 let pb = panel * blocks + b;
                 self.scales[pb * PANEL + lane] = d.to_bits();
                 for (c, v) in w.iter().enumerate() {
-                    let q = (v * inverse).round_ties_even().clamp(-127.0, 127.0) as i8;
+                    let q = round_to_i8(v * inverse);
                     let line = &mut self.lines[pb * GROUPS + c / 4];
                     line.0[lane * 4 + c % 4] = q as u8 ^ 0x80;
                 }

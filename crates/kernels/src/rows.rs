@@ -79,17 +79,49 @@ fn quantize_block(x: &[f32], q: &mut [i8; BLOCK]) -> (f32, i32) {
     let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
     let mut sum = 0;
     for (q, v) in q.iter_mut().zip(x) {
-        // `as` saturates (and maps NaN to 0), so odd inputs give odd numbers, never UB.
-        let r = (v * inverse).round_ties_even().clamp(-127.0, 127.0) as i8;
+        let r = round_to_i8(v * inverse);
         *q = r;
         sum += r as i32;
     }
     (d, sum)
 }
 
+/// `v` rounded to the nearest integer, ties to even, clamped to `-127..=127`.
+/// `f32::round_ties_even` is a libm call on baseline x86-64 (no SSE4.1); adding and
+/// subtracting 1.5 * 2^23 rounds the same way (the FPU's default mode) for `|v| < 2^22`
+/// and vectorises. `as` saturates (and maps NaN to 0): odd inputs give odd numbers, not UB.
+#[inline]
+pub(crate) fn round_to_i8(v: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    let v = v.clamp(-127.0, 127.0);
+    ((v + MAGIC) - MAGIC) as i8
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounding_is_to_nearest_with_ties_to_even() {
+        for (v, want) in [
+            (0.5, 0),
+            (1.5, 2),
+            (2.5, 2),
+            (-0.5, 0),
+            (-1.5, -2),
+            (0.49, 0),
+            (126.6, 127),
+            (300.0, 127),
+            (-300.0, -127),
+            (f32::NAN, 0),
+        ] {
+            assert_eq!(round_to_i8(v), want, "{v}");
+        }
+        for i in -1270..=1270 {
+            let v = i as f32 / 10.0 + 0.013;
+            assert_eq!(round_to_i8(v), v.round_ties_even() as i8, "{v}");
+        }
+    }
 
     #[test]
     fn values_come_back_within_half_a_step() {

@@ -22,6 +22,7 @@ mod lora;
 mod matmul;
 mod model;
 mod ops;
+mod parallel;
 mod sampling;
 mod tokenizer;
 mod weights;

@@ -12,14 +12,14 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rayon::prelude::*;
+use modelmux_kernels::vector;
 use regex::Regex;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Map, Value};
 
 use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
-use crate::ops::{axpy, dot};
+use crate::parallel;
 use crate::weights::Target;
 
 /// The configuration file of an adapter directory.
@@ -58,25 +58,21 @@ impl LoraPair {
                 big.resize(self.rank, 0.0);
                 &mut big
             };
-            for (j, uj) in u.iter_mut().enumerate() {
-                *uj = dot(x, &self.a[j * in_dim..(j + 1) * in_dim]);
-            }
-            for (j, uj) in u.iter().enumerate() {
-                axpy(y, *uj, &self.bt[j * out_dim..(j + 1) * out_dim]);
-            }
+            vector::dots(x, &self.a, in_dim, u);
+            vector::axpys(y, u, &self.bt, out_dim);
         };
         let rows = x.len() / in_dim;
-        if rows * self.rank * (in_dim + out_dim) < 1 << 20 {
+        let chunk_rows = if rows * self.rank * (in_dim + out_dim) < 1 << 20 {
+            rows
+        } else {
+            rows.div_ceil(4 * parallel::threads())
+        };
+        parallel::for_each_chunk(y, chunk_rows * y_width, |chunk, y| {
+            let x = &x[chunk * chunk_rows * in_dim..];
             x.chunks_exact(in_dim)
                 .zip(y.chunks_exact_mut(y_width))
-                .for_each(one_row);
-        } else {
-            candle_core::utils::with_threadpool(|| {
-                x.par_chunks_exact(in_dim)
-                    .zip(y.par_chunks_exact_mut(y_width))
-                    .for_each(one_row)
-            });
-        }
+                .for_each(&one_row);
+        });
     }
 }
 

@@ -1,5 +1,5 @@
 //! The weight matrices of the forward pass and how a product by one runs: the int8 kernel of
-//! `modelmux-kernels` with its columns split over candle's persistent thread pool, or, for
+//! `modelmux-kernels` with its columns split over the thread pool (`parallel`), or, for
 //! the reference formats, candle's `QMatMul`. Slices in, slices out; no allocation per
 //! product on the int8 path (the quantized activations live in a buffer the caller reuses).
 
@@ -8,9 +8,10 @@ use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor, ggml_file::qtensor_from_ggml};
 use candle_core::{Device, Module, Tensor};
-use modelmux_kernels::{BLOCK, ColumnChunks, ColumnsMut, Int8Matrix, Int8Rows, PANEL};
+use modelmux_kernels::{BLOCK, Int8Matrix, Int8Rows, PANEL};
 
 use crate::error::Result;
+use crate::parallel;
 
 /// Products smaller than this (multiply-adds) run on the calling thread: waking the pool
 /// costs more than it saves.
@@ -153,25 +154,17 @@ fn stacked_dims(parts: &[&QTensor]) -> Result<(usize, usize)> {
     Ok((out_dim, in_dim.unwrap_or(0)))
 }
 
-/// The product with its output columns split in chunks of whole panels that candle's
-/// barrier pool threads (the caller among them) take in turn: a thread slowed by another
-/// process on its core takes fewer chunks instead of holding everyone at the barrier.
+/// The product with its output columns split in chunks of whole panels that the pool's
+/// threads take in turn (`parallel`).
 fn parallel_matmul(m: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
     let n = m.out_dim();
-    let pool = candle_core::utils::barrier_pool();
-    let threads = pool.n_workers() + 1;
-    if threads == 1 || x.rows() * n * m.in_dim() < PARALLEL_MIN_WORK {
-        m.matmul(x, ColumnsMut::new(out, n));
-        return;
-    }
-    let panels = n.div_ceil(PANEL);
-    let chunk = panels.div_ceil(threads * 4).max(1) * PANEL;
-    let chunks = ColumnChunks::new(ColumnsMut::new(out, n), chunk);
-    pool.execute(|_| {
-        while let Some(columns) = chunks.next() {
-            m.matmul(x, columns);
-        }
-    });
+    let threads = parallel::threads();
+    let chunk = if x.rows() * n * m.in_dim() < PARALLEL_MIN_WORK {
+        n
+    } else {
+        n.div_ceil(PANEL).div_ceil(threads * 4).max(1) * PANEL
+    };
+    parallel::for_each_column_chunk(out, n, chunk, |columns| m.matmul(x, columns));
 }
 
 /// Column ranges of a stacked output: `ranges(&[a, b, c])` is `[0..a, a..a+b, a+b..a+b+c]`.

@@ -106,6 +106,10 @@ impl LlamaModel {
     /// Runs one step. Returns, for each segment, the logits after its last token when it
     /// asked for them.
     pub fn forward(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
+        crate::parallel::run(|| self.step(segments))
+    }
+
+    fn step(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
         let config = &self.weights.config;
         let (d, kv_dim, vocab) = (config.d_model, config.kv_dim(), config.vocab_size);
         let mut tokens = Vec::new();
