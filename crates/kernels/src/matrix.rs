@@ -6,6 +6,8 @@ use half::f16;
 use crate::rows::round_to_i8;
 use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL};
 
+/// Activation rows multiplied by every panel of a call before the next rows start.
+const ROW_BLOCK: usize = 64;
 /// 4-byte groups per block.
 pub(crate) const GROUPS: usize = BLOCK / 4;
 
@@ -189,26 +191,31 @@ impl Int8Matrix {
         let blocks = self.k / BLOCK;
         let tile_rows = isa.tile_rows();
         let mut tile = [[0.0f32; PANEL]; 8];
-        for panel in columns.start / PANEL..columns.end.div_ceil(PANEL) {
-            let weights = Panel {
-                lines: &self.lines[panel * blocks * GROUPS..(panel + 1) * blocks * GROUPS],
-                scales: &self.scales[panel * blocks * PANEL..(panel + 1) * blocks * PANEL],
-            };
-            let first = panel * PANEL - columns.start;
-            let width = PANEL.min(self.n - panel * PANEL);
-            let mut row = 0;
-            while row < x.rows() {
-                let rows = tile_rows.min(x.rows() - row);
-                let t = Tile {
-                    q: &x.q[row * self.k..(row + rows) * self.k],
-                    scales: &x.scales[row * blocks..(row + rows) * blocks],
-                    bias: &x.bias[row * blocks..(row + rows) * blocks],
+        // Rows in blocks, so a prefill's output rows being written stay in L2 across panels.
+        for first_row in (0..x.rows()).step_by(ROW_BLOCK) {
+            let end_row = x.rows().min(first_row + ROW_BLOCK);
+            for panel in columns.start / PANEL..columns.end.div_ceil(PANEL) {
+                let weights = Panel {
+                    lines: &self.lines[panel * blocks * GROUPS..(panel + 1) * blocks * GROUPS],
+                    scales: &self.scales[panel * blocks * PANEL..(panel + 1) * blocks * PANEL],
                 };
-                run_tile(isa, weights, t, &mut tile[..rows]);
-                for (i, values) in tile[..rows].iter().enumerate() {
-                    out.row_mut(row + i)[first..first + width].copy_from_slice(&values[..width]);
+                let first = panel * PANEL - columns.start;
+                let width = PANEL.min(self.n - panel * PANEL);
+                let mut row = first_row;
+                while row < end_row {
+                    let rows = tile_rows.min(end_row - row);
+                    let t = Tile {
+                        q: &x.q[row * self.k..(row + rows) * self.k],
+                        scales: &x.scales[row * blocks..(row + rows) * blocks],
+                        bias: &x.bias[row * blocks..(row + rows) * blocks],
+                    };
+                    run_tile(isa, weights, t, &mut tile[..rows]);
+                    for (i, values) in tile[..rows].iter().enumerate() {
+                        out.row_mut(row + i)[first..first + width]
+                            .copy_from_slice(&values[..width]);
+                    }
+                    row += rows;
                 }
-                row += rows;
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Activations quantized to int8 per block of 32 values, once per matrix product.
 
-use crate::BLOCK;
+use crate::{BLOCK, Isa};
 
 /// `rows x k` activations as int8, one f32 scale per block of [`BLOCK`] values: value `c` of
 /// row `r` is about `scale(r, c / BLOCK) * q[r * k + c]`, `q` in `-127..=127`. Reused across
@@ -27,6 +27,15 @@ impl Int8Rows {
     /// # Panics
     /// When `k` is not a positive multiple of [`BLOCK`] or does not divide `x.len()`.
     pub fn quantize(&mut self, x: &[f32], k: usize) {
+        self.quantize_with(Isa::detect(), x, k);
+    }
+
+    /// [`Int8Rows::quantize`] with the code for `isa` (for tests; the result is the same).
+    ///
+    /// # Panics
+    /// As `quantize`, and when this CPU cannot run `isa`.
+    pub fn quantize_with(&mut self, isa: Isa, x: &[f32], k: usize) {
+        assert!(isa.is_available(), "this CPU cannot run {isa:?} code");
         assert!(
             k > 0 && k.is_multiple_of(BLOCK) && x.len().is_multiple_of(k),
             "{} values are not rows of {k}, a multiple of {BLOCK}",
@@ -38,6 +47,11 @@ impl Int8Rows {
         self.q.resize(x.len(), 0);
         self.scales.resize(blocks, 0.0);
         self.bias.resize(blocks, 0);
+        #[cfg(target_arch = "x86_64")]
+        if isa == Isa::Avx512Vnni {
+            crate::x86::quantize_avx512(x, &mut self.q, &mut self.scales, &mut self.bias);
+            return;
+        }
         for (((x, q), scale), bias) in x
             .chunks_exact(BLOCK)
             .zip(self.q.chunks_exact_mut(BLOCK))
@@ -120,6 +134,24 @@ mod tests {
         for i in -1270..=1270 {
             let v = i as f32 / 10.0 + 0.013;
             assert_eq!(round_to_i8(v), v.round_ties_even() as i8, "{v}");
+        }
+    }
+
+    #[test]
+    fn every_isa_quantizes_alike() {
+        let x: Vec<f32> = (0..7 * 96)
+            .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * if i % 96 < 32 { 1e-3 } else { 0.37 })
+            .chain([0.0; 96])
+            .collect();
+        let mut want = Int8Rows::new();
+        want.quantize_with(Isa::Scalar, &x, 96);
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+            let mut got = Int8Rows::new();
+            got.quantize_with(isa, &x, 96);
+            assert_eq!(
+                (&got.q, &got.scales, &got.bias),
+                (&want.q, &want.scales, &want.bias)
+            );
         }
     }
 

@@ -12,6 +12,9 @@ use std::arch::x86_64::*;
 use crate::matrix::{GROUPS, Panel, Tile};
 use crate::{BLOCK, PANEL};
 
+/// How many blocks (of 512 bytes) ahead the VNNI kernel prefetches weights.
+const PREFETCH_BLOCKS: usize = 8;
+
 pub(crate) fn has_avx2() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
@@ -69,7 +72,7 @@ pub(crate) fn tile_avx2(panel: Panel<'_>, x: Tile<'_>, out: &mut [[f32; PANEL]])
 
 /// `vpdpbusd` multiplies the weights (`q + 128`, unsigned) by 4 activation bytes (signed)
 /// broadcast to all 16 lanes (rows); each block's sum starts at `-128 * sum(a)` (`bias`), so
-/// it ends as the exact `sum(q * a)`. Two accumulators per block halve the dependency chain.
+/// it ends as the exact `sum(q * a)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 fn vnni<const R: usize>(panel: Panel<'_>, x: Tile<'_>, blocks: usize, out: &mut [[f32; PANEL]; R]) {
     let k = blocks * BLOCK;
@@ -85,24 +88,45 @@ fn vnni<const R: usize>(panel: Panel<'_>, x: Tile<'_>, blocks: usize, out: &mut 
         for (g, w) in w.iter_mut().enumerate() {
             // SAFETY: as above, `b * GROUPS + g < blocks * GROUPS`.
             *w = unsafe { _mm512_load_si512(lines.add(b * GROUPS + g)) };
+            if R >= 4 {
+                // Computing several rows, the kernel reads weights slower than the hardware
+                // prefetcher expects: ask for them a few blocks ahead (past the panel's end,
+                // the next panel's, which the caller usually takes next). A prefetch never
+                // faults, and `wrapping_add` claims nothing about the address. Streaming one
+                // row, the hardware does better alone (measured).
+                let ahead = lines.wrapping_add((b + PREFETCH_BLOCKS) * GROUPS + g);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            }
         }
         for (r, acc) in acc.iter_mut().enumerate() {
             let a = x.q[r * k + b * BLOCK..][..BLOCK].as_ptr();
-            let mut even = _mm512_set1_epi32(x.bias[r * blocks + b]);
-            let mut odd = _mm512_setzero_si512();
-            for g in (0..GROUPS).step_by(2) {
-                // SAFETY: `a` points at a block of BLOCK bytes (the slice above), and
-                // `4 * (g + 1) + 4 <= BLOCK`.
-                let (a0, a1) = unsafe {
-                    (
-                        a.add(4 * g).cast::<i32>().read_unaligned(),
-                        a.add(4 * g + 4).cast::<i32>().read_unaligned(),
-                    )
-                };
-                even = _mm512_dpbusd_epi32(even, w[g], _mm512_set1_epi32(a0));
-                odd = _mm512_dpbusd_epi32(odd, w[g + 1], _mm512_set1_epi32(a1));
+            let mut sum = _mm512_set1_epi32(x.bias[r * blocks + b]);
+            if R >= 4 {
+                // Enough rows interleave to hide `vpdpbusd`'s latency: one chain per row.
+                for (g, w) in w.iter().enumerate() {
+                    // SAFETY: `a` points at a block of BLOCK bytes (the slice above), and
+                    // `4 * g + 4 <= BLOCK`.
+                    let a = unsafe { a.add(4 * g).cast::<i32>().read_unaligned() };
+                    sum = _mm512_dpbusd_epi32(sum, *w, _mm512_set1_epi32(a));
+                }
+            } else {
+                // Few rows: two chains per row halve the latency each block waits for.
+                let mut odd = _mm512_setzero_si512();
+                for g in (0..GROUPS).step_by(2) {
+                    // SAFETY: `a` points at a block of BLOCK bytes (the slice above), and
+                    // `4 * (g + 1) + 4 <= BLOCK`.
+                    let (a0, a1) = unsafe {
+                        (
+                            a.add(4 * g).cast::<i32>().read_unaligned(),
+                            a.add(4 * g + 4).cast::<i32>().read_unaligned(),
+                        )
+                    };
+                    sum = _mm512_dpbusd_epi32(sum, w[g], _mm512_set1_epi32(a0));
+                    odd = _mm512_dpbusd_epi32(odd, w[g + 1], _mm512_set1_epi32(a1));
+                }
+                sum = _mm512_add_epi32(sum, odd);
             }
-            let sum = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
+            let sum = _mm512_cvtepi32_ps(sum);
             let scale = _mm512_mul_ps(ws, _mm512_set1_ps(x.scales[r * blocks + b]));
             *acc = _mm512_fmadd_ps(sum, scale, *acc);
         }
@@ -162,6 +186,60 @@ fn avx2<const R: usize>(panel: Panel<'_>, x: Tile<'_>, blocks: usize, out: &mut 
         for (h, acc) in acc.into_iter().enumerate() {
             // SAFETY: `out` is 16 f32s; this stores 8 of them at `8 * h`, `h < 2`.
             unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), acc) };
+        }
+    }
+}
+
+/// `Int8Rows::quantize`'s blocks with AVX-512: the same `d`, `q` (`vcvtps2dq` rounds to
+/// nearest even, as the scalar code does) and sums.
+pub(crate) fn quantize_avx512(x: &[f32], q: &mut [i8], scales: &mut [f32], bias: &mut [i32]) {
+    assert!(has_avx512_vnni(), "the CPU has no AVX-512");
+    let blocks = x.len() / BLOCK;
+    assert!(
+        x.len() == blocks * BLOCK
+            && q.len() == x.len()
+            && scales.len() == blocks
+            && bias.len() == blocks,
+        "{} values into {} bytes, {} scales and {} sums",
+        x.len(),
+        q.len(),
+        scales.len(),
+        bias.len()
+    );
+    // SAFETY: the CPU has AVX-512 F (checked above); the lengths are checked above.
+    unsafe { quantize_blocks_avx512(x, q, scales, bias) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn quantize_blocks_avx512(x: &[f32], q: &mut [i8], scales: &mut [f32], bias: &mut [i32]) {
+    let limit = _mm512_set1_epi32(127);
+    for b in 0..scales.len() {
+        let block = &x[b * BLOCK..(b + 1) * BLOCK];
+        // SAFETY: `block` is 32 f32s: two unaligned 16-value loads.
+        let (lo, hi) = unsafe {
+            (
+                _mm512_loadu_ps(block.as_ptr()),
+                _mm512_loadu_ps(block.as_ptr().add(16)),
+            )
+        };
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let inverse = _mm512_set1_ps(inverse);
+        let round = |v: __m512| {
+            let r = _mm512_cvtps_epi32(_mm512_mul_ps(v, inverse));
+            _mm512_max_epi32(
+                _mm512_min_epi32(r, limit),
+                _mm512_sub_epi32(_mm512_setzero_si512(), limit),
+            )
+        };
+        let (lo, hi) = (round(lo), round(hi));
+        scales[b] = amax / 127.0;
+        bias[b] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi));
+        let out = &mut q[b * BLOCK..(b + 1) * BLOCK];
+        // SAFETY: `out` is 32 bytes: two 16-byte unaligned stores.
+        unsafe {
+            _mm_storeu_si128(out.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(lo));
+            _mm_storeu_si128(out.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(hi));
         }
     }
 }

@@ -16,6 +16,7 @@ use crate::ops::{
     AttentionShape, AttentionSpan, Rope, add_assign, attention, rms_norm, rms_norm_into,
     silu_mul_stacked,
 };
+use crate::parallel;
 use crate::weights::{LlamaWeights, Target};
 
 /// One sequence's part of a step: the tokens it adds (one to decode, or a chunk of its
@@ -87,19 +88,23 @@ impl LlamaModel {
         matrix.forward(x, out, scratch)?;
         let rows = out.len() / matrix.out_dim();
         let (in_dim, width) = (x.len() / rows, matrix.out_dim());
+        // Each adapter's rows of `out`, apart, so the adapters run on all threads at once.
+        let mut pieces: Vec<(&AdapterRun<'_>, &mut [f32])> = Vec::with_capacity(runs.len());
+        let (mut rest, mut offset) = (&mut out[..], 0);
         for run in runs {
+            let (_, tail) = rest.split_at_mut((run.start - offset) * width);
+            let (rows, tail) = tail.split_at_mut((run.end - run.start) * width);
+            pieces.push((run, rows));
+            (rest, offset) = (tail, run.end);
+        }
+        parallel::for_each(&mut pieces, |(run, y)| {
             for (target, columns) in targets {
                 if let Some(pair) = run.adapter.pair(layer, *target) {
-                    pair.apply(
-                        &x[run.start * in_dim..run.end * in_dim],
-                        in_dim,
-                        &mut out[run.start * width..run.end * width],
-                        width,
-                        columns.clone(),
-                    );
+                    let x = &x[run.start * in_dim..run.end * in_dim];
+                    pair.apply(x, in_dim, y, width, columns.clone());
                 }
             }
-        }
+        });
         Ok(())
     }
 

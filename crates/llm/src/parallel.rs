@@ -63,3 +63,12 @@ pub(crate) fn for_each_column_chunk(
         }
     });
 }
+
+/// Calls `f` on every item, on the pool's threads when there are several.
+pub(crate) fn for_each<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
+    if threads() == 1 || items.len() < 2 {
+        items.iter_mut().for_each(f);
+    } else {
+        items.par_iter_mut().for_each(&f);
+    }
+}
