@@ -31,8 +31,8 @@
 //!   against weight + adapter + KV bytes (prompt + output tokens x `kv_bytes_per_token`, what
 //!   the engine reserves).
 //! - `forward`: where a step's time goes, `LlamaModel::forward` alone (no engine): the
-//!   prompt's prefill, and decode steps of 1 row, `--streams` rows, and `--streams` rows on as
-//!   many adapters; medians.
+//!   prompt's prefill, a 256-token prefill, and decode steps of 1 row, `--streams` rows, and
+//!   `--streams` rows on as many adapters; medians.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -54,6 +54,8 @@ type Res<T> = Result<T, BoxError>;
 /// The user message of every stream's chat prompt (~40 tokens with SmolLM2's template).
 const QUESTION: &str =
     "Write a short story about a lighthouse keeper who finds a message in a bottle.";
+/// Tokens of the long prefill in the `forward` scenario.
+const PREFILL_TOKENS: usize = 256;
 /// Tokens per sequence (prompt + output) in the `memory` scenario.
 const MEMORY_SEQ_TOKENS: usize = 1024;
 
@@ -400,6 +402,27 @@ async fn forward(args: &Args) -> Res<Value> {
         model.forward(&mut [segment])?;
         prefill.push(ms(t.elapsed()));
     }
+    // A 256-token prefill in one segment (the prompt repeated), as the engine's
+    // max_batch_tokens chunk: the prefill throughput.
+    let long: Vec<u32> = prompt
+        .iter()
+        .copied()
+        .cycle()
+        .take(PREFILL_TOKENS)
+        .collect();
+    let mut prefill_long = Vec::new();
+    for _ in 0..args.runs.max(3) {
+        let mut cache = KvCache::new(model.config(), long.len(), None);
+        let t = Instant::now();
+        let segment = Segment {
+            tokens: &long,
+            cache: &mut cache,
+            adapter: None,
+            want_logits: true,
+        };
+        model.forward(&mut [segment])?;
+        prefill_long.push(ms(t.elapsed()));
+    }
     let token = [prompt[prompt.len() - 1]];
     let mut step = |rows: usize, with_adapters: bool| -> Res<f64> {
         let mut times = Vec::new();
@@ -425,7 +448,8 @@ async fn forward(args: &Args) -> Res<Value> {
     );
     Ok(json!({
         "scenario": "forward", "rows": args.streams, "prompt_tokens": prompt.len(),
-        "prefill_ms": pct(&prefill, 0.5), "step1_ms": one, "step_base_ms": base,
+        "prefill_ms": pct(&prefill, 0.5),
+        "prefill256_ms": pct(&prefill_long, 0.5), "step1_ms": one, "step_base_ms": base,
         "step_adapters_ms": lora, "steps": steps,
     }))
 }

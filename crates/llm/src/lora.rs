@@ -9,16 +9,17 @@
 //! - The scale is `lora_alpha / r`, or `lora_alpha / sqrt(r)` with `use_rslora`, per module
 //!   when `rank_pattern` / `alpha_pattern` say so. It is folded into `B` once, at load.
 
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rayon::prelude::*;
+use modelmux_kernels::vector;
 use regex::Regex;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Map, Value};
 
 use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
-use crate::ops::{axpy, dot};
+use crate::parallel;
 use crate::weights::Target;
 
 /// The configuration file of an adapter directory.
@@ -36,9 +37,19 @@ pub(crate) struct LoraPair {
 }
 
 impl LoraPair {
-    /// Adds this projection's delta for `rows` rows of `x` (`rows x in`) to `y` (`rows x out`).
-    pub(crate) fn apply(&self, x: &[f32], y: &mut [f32], in_dim: usize, out_dim: usize) {
+    /// Adds this projection's delta for the rows of `x` (`rows x in_dim`) to `columns` of
+    /// `y` (rows of `y_width` values: the projection's output may be stacked with others').
+    pub(crate) fn apply(
+        &self,
+        x: &[f32],
+        in_dim: usize,
+        y: &mut [f32],
+        y_width: usize,
+        columns: Range<usize>,
+    ) {
+        let out_dim = columns.len();
         let one_row = |(x, y): (&[f32], &mut [f32])| {
+            let y = &mut y[columns.clone()];
             let mut u = [0.0f32; 64];
             let mut big = Vec::new();
             let u: &mut [f32] = if self.rank <= 64 {
@@ -47,25 +58,21 @@ impl LoraPair {
                 big.resize(self.rank, 0.0);
                 &mut big
             };
-            for (j, uj) in u.iter_mut().enumerate() {
-                *uj = dot(x, &self.a[j * in_dim..(j + 1) * in_dim]);
-            }
-            for (j, uj) in u.iter().enumerate() {
-                axpy(y, *uj, &self.bt[j * out_dim..(j + 1) * out_dim]);
-            }
+            vector::dots(x, &self.a, in_dim, u);
+            vector::axpys(y, u, &self.bt, out_dim);
         };
         let rows = x.len() / in_dim;
-        if rows * self.rank * (in_dim + out_dim) < 1 << 20 {
-            x.chunks_exact(in_dim)
-                .zip(y.chunks_exact_mut(out_dim))
-                .for_each(one_row);
+        let chunk_rows = if rows * self.rank * (in_dim + out_dim) < 1 << 20 {
+            rows
         } else {
-            candle_core::utils::with_threadpool(|| {
-                x.par_chunks_exact(in_dim)
-                    .zip(y.par_chunks_exact_mut(out_dim))
-                    .for_each(one_row)
-            });
-        }
+            rows.div_ceil(4 * parallel::threads())
+        };
+        parallel::for_each_chunk(y, chunk_rows * y_width, |chunk, y| {
+            let x = &x[chunk * chunk_rows * in_dim..];
+            x.chunks_exact(in_dim)
+                .zip(y.chunks_exact_mut(y_width))
+                .for_each(&one_row);
+        });
     }
 }
 

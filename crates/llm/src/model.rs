@@ -7,8 +7,17 @@ use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
 use crate::kv::KvCache;
 use crate::lora::LoraAdapter;
-use crate::ops::{AttentionShape, AttentionSpan, Rope, add_assign, attention, rms_norm, silu_mul};
-use crate::weights::{Block, LlamaWeights, Target};
+use std::ops::Range;
+
+use modelmux_kernels::Int8Rows;
+
+use crate::matmul::{Matrix, ranges};
+use crate::ops::{
+    AttentionShape, AttentionSpan, Rope, add_assign, attention, rms_norm, rms_norm_into,
+    silu_mul_stacked,
+};
+use crate::parallel;
+use crate::weights::{LlamaWeights, Target};
 
 /// One sequence's part of a step: the tokens it adds (one to decode, or a chunk of its
 /// prompt), its cache (holding every token before them) and its adapter.
@@ -63,34 +72,49 @@ impl LlamaModel {
         self.rope.max_positions()
     }
 
+    /// `out = x W^T` for `matrix`, plus each adapter's delta on its rows, for each of the
+    /// stacked `targets` in its columns of `out`.
+    #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
-        block: &Block,
+        matrix: &Matrix,
         layer: usize,
-        target: Target,
+        targets: &[(Target, Range<usize>)],
         x: &[f32],
-        rows: usize,
+        out: &mut [f32],
         runs: &[AdapterRun<'_>],
-    ) -> Result<Vec<f32>> {
-        let matrix = &block.projections[target.index()];
-        let mut y = matrix.forward(x, rows)?;
-        let (out_dim, in_dim) = target.dims(&self.weights.config);
+        scratch: &mut Int8Rows,
+    ) -> Result<()> {
+        matrix.forward(x, out, scratch)?;
+        let rows = out.len() / matrix.out_dim();
+        let (in_dim, width) = (x.len() / rows, matrix.out_dim());
+        // Each adapter's rows of `out`, apart, so the adapters run on all threads at once.
+        let mut pieces: Vec<(&AdapterRun<'_>, &mut [f32])> = Vec::with_capacity(runs.len());
+        let (mut rest, mut offset) = (&mut out[..], 0);
         for run in runs {
-            if let Some(pair) = run.adapter.pair(layer, target) {
-                pair.apply(
-                    &x[run.start * in_dim..run.end * in_dim],
-                    &mut y[run.start * out_dim..run.end * out_dim],
-                    in_dim,
-                    out_dim,
-                );
-            }
+            let (_, tail) = rest.split_at_mut((run.start - offset) * width);
+            let (rows, tail) = tail.split_at_mut((run.end - run.start) * width);
+            pieces.push((run, rows));
+            (rest, offset) = (tail, run.end);
         }
-        Ok(y)
+        parallel::for_each(&mut pieces, |(run, y)| {
+            for (target, columns) in targets {
+                if let Some(pair) = run.adapter.pair(layer, *target) {
+                    let x = &x[run.start * in_dim..run.end * in_dim];
+                    pair.apply(x, in_dim, y, width, columns.clone());
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Runs one step. Returns, for each segment, the logits after its last token when it
     /// asked for them.
     pub fn forward(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
+        crate::parallel::run(|| self.step(segments))
+    }
+
+    fn step(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
         let config = &self.weights.config;
         let (d, kv_dim, vocab) = (config.d_model, config.kv_dim(), config.vocab_size);
         let mut tokens = Vec::new();
@@ -137,12 +161,47 @@ impl LlamaModel {
             n_kv_head: config.n_kv_head,
             head_dim: config.head_dim,
         };
+        let ffn = config.ffn_dim;
+        let [q_columns, k_columns, v_columns] = ranges([d, kv_dim, kv_dim]);
+        let qkv_targets = [
+            (Target::Q, q_columns.clone()),
+            (Target::K, k_columns.clone()),
+            (Target::V, v_columns.clone()),
+        ];
+        let [gate_columns, up_columns] = ranges([ffn, ffn]);
+        let gate_up_targets = [(Target::Gate, gate_columns), (Target::Up, up_columns)];
+        let o_targets = [(Target::O, 0..d)];
+        let down_targets = [(Target::Down, 0..d)];
+        // Buffers for the whole step, reused by every layer.
+        let mut scratch = Int8Rows::new();
+        let mut h = vec![0.0; rows * d];
+        let mut qkv = vec![0.0; rows * (d + 2 * kv_dim)];
+        let (mut q, mut k, mut v) = (
+            vec![0.0; rows * d],
+            vec![0.0; rows * kv_dim],
+            vec![0.0; rows * kv_dim],
+        );
+        let mut projected = vec![0.0; rows * d];
+        let mut gate_up = vec![0.0; rows * 2 * ffn];
+        let mut gated = vec![0.0; rows * ffn];
         let mut x = self.weights.embed(&tokens)?;
         for (layer, block) in self.weights.blocks.iter().enumerate() {
-            let h = rms_norm(&x, &block.attn_norm, config.rms_eps);
-            let mut q = self.project(block, layer, Target::Q, &h, rows, &runs)?;
-            let mut k = self.project(block, layer, Target::K, &h, rows, &runs)?;
-            let v = self.project(block, layer, Target::V, &h, rows, &runs)?;
+            rms_norm_into(&x, &block.attn_norm, config.rms_eps, &mut h);
+            self.project(
+                &block.qkv,
+                layer,
+                &qkv_targets,
+                &h,
+                &mut qkv,
+                &runs,
+                &mut scratch,
+            )?;
+            let width = d + 2 * kv_dim;
+            for (r, row) in qkv.chunks_exact(width).enumerate() {
+                q[r * d..(r + 1) * d].copy_from_slice(&row[q_columns.clone()]);
+                k[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[k_columns.clone()]);
+                v[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[v_columns.clone()]);
+            }
             self.rope.apply(&mut q, &positions, d);
             self.rope.apply(&mut k, &positions, kv_dim);
             let mut row = 0;
@@ -173,14 +232,40 @@ impl LlamaModel {
                 .collect();
             let attended = attention(&q, &spans, shape);
             drop(spans);
-            let o = self.project(block, layer, Target::O, &attended, rows, &runs)?;
-            add_assign(&mut x, &o);
-            let h = rms_norm(&x, &block.ffn_norm, config.rms_eps);
-            let mut gate = self.project(block, layer, Target::Gate, &h, rows, &runs)?;
-            let up = self.project(block, layer, Target::Up, &h, rows, &runs)?;
-            silu_mul(&mut gate, &up);
-            let down = self.project(block, layer, Target::Down, &gate, rows, &runs)?;
-            add_assign(&mut x, &down);
+            let o = &mut projected;
+            self.project(
+                &block.o,
+                layer,
+                &o_targets,
+                &attended,
+                o,
+                &runs,
+                &mut scratch,
+            )?;
+            add_assign(&mut x, o);
+            rms_norm_into(&x, &block.ffn_norm, config.rms_eps, &mut h);
+            let gu = &mut gate_up;
+            self.project(
+                &block.gate_up,
+                layer,
+                &gate_up_targets,
+                &h,
+                gu,
+                &runs,
+                &mut scratch,
+            )?;
+            silu_mul_stacked(gu, ffn, &mut gated);
+            let down = &mut projected;
+            self.project(
+                &block.down,
+                layer,
+                &down_targets,
+                &gated,
+                down,
+                &runs,
+                &mut scratch,
+            )?;
+            add_assign(&mut x, down);
         }
         let mut last_rows = Vec::new();
         let mut row = 0;
@@ -191,12 +276,13 @@ impl LlamaModel {
                 last_rows.extend_from_slice(&x[(row - 1) * d..row * d]);
             }
         }
-        let mut logits = if last_rows.is_empty() {
-            Vec::new()
-        } else {
+        let mut logits = vec![0.0; last_rows.len() / d * vocab];
+        if !last_rows.is_empty() {
             let h = rms_norm(&last_rows, &self.weights.final_norm, config.rms_eps);
-            self.weights.lm_head.forward(&h, last_rows.len() / d)?
-        };
+            self.weights
+                .lm_head
+                .forward(&h, &mut logits, &mut scratch)?;
+        }
         let mut out = Vec::with_capacity(segments.len());
         let mut taken = 0;
         for s in segments.iter() {

@@ -1,14 +1,24 @@
 //! The small kernels of the forward pass that are not matrix products by weights: RMSNorm,
 //! rotary embeddings at per-row positions, SiLU gating, and causal attention of each
-//! sequence's rows over its own KV cache. Plain loops over slices, written so the compiler
-//! vectorises them; attention is split across threads when there is enough of it.
+//! sequence's rows over its own KV cache. Loops over slices; the hot ones (attention's dot
+//! products, softmax and weighted sums, SiLU) are `modelmux_kernels::vector`'s, compiled for
+//! the CPU's widest vectors. Attention is split across threads (`parallel`) when there is
+//! enough of it.
 
-use rayon::prelude::*;
+use modelmux_kernels::vector;
+
+use crate::parallel;
 
 /// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
 pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let d = weight.len();
     let mut out = vec![0.0; x.len()];
+    rms_norm_into(x, weight, eps, &mut out);
+    out
+}
+
+/// [`rms_norm`] into `out` (as long as `x`).
+pub(crate) fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let d = weight.len();
     for (row, out) in x.chunks_exact(d).zip(out.chunks_exact_mut(d)) {
         let mean_square = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
         let scale = 1.0 / (mean_square + eps).sqrt();
@@ -16,7 +26,6 @@ pub(crate) fn rms_norm(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
             *o = v * scale * w;
         }
     }
-    out
 }
 
 /// Rotary position embeddings in GGUF's interleaved layout (pairs `(2i, 2i+1)` of each
@@ -67,10 +76,15 @@ impl Rope {
     }
 }
 
-/// `gate = silu(gate) * up`, in place.
-pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+/// `out = silu(gate) * up` for rows of `gate_up` that hold `gate` then `up`, each `width`
+/// values, into rows of `width` values of `out`.
+pub(crate) fn silu_mul_stacked(gate_up: &[f32], width: usize, out: &mut [f32]) {
+    for (row, out) in gate_up
+        .chunks_exact(2 * width)
+        .zip(out.chunks_exact_mut(width))
+    {
+        let (gate, up) = row.split_at(width);
+        vector::silu_mul(gate, up, out);
     }
 }
 
@@ -78,29 +92,6 @@ pub(crate) fn silu_mul(gate: &mut [f32], up: &[f32]) {
 pub(crate) fn add_assign(acc: &mut [f32], x: &[f32]) {
     for (a, v) in acc.iter_mut().zip(x) {
         *a += v;
-    }
-}
-
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    // Eight accumulators so the compiler keeps them in vector registers.
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8 * 8;
-    for (x, y) in a[..chunks].chunks_exact(8).zip(b[..chunks].chunks_exact(8)) {
-        for i in 0..8 {
-            acc[i] += x[i] * y[i];
-        }
-    }
-    let mut sum = acc.iter().sum::<f32>();
-    for (x, y) in a[chunks..].iter().zip(&b[chunks..]) {
-        sum += x * y;
-    }
-    sum
-}
-
-/// `acc += alpha * x`.
-pub(crate) fn axpy(acc: &mut [f32], alpha: f32, x: &[f32]) {
-    for (a, v) in acc.iter_mut().zip(x) {
-        *a += alpha * v;
     }
 }
 
@@ -149,45 +140,31 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
         let len = span.start + i + 1;
         let qh = &q[row * width + h * head_dim..][..head_dim];
         let kvh = h / group;
-        scores.clear();
-        let mut max = f32::NEG_INFINITY;
-        for j in 0..len {
-            let k = &span.keys[j * kv_width + kvh * head_dim..][..head_dim];
-            let s = dot(qh, k) * scale;
-            max = max.max(s);
-            scores.push(s);
-        }
-        let mut total = 0.0;
+        scores.resize(len, 0.0);
+        vector::dots(qh, &span.keys[kvh * head_dim..], kv_width, scores);
         for s in scores.iter_mut() {
-            *s = (*s - max).exp();
-            total += *s;
+            *s *= scale;
         }
+        vector::softmax(scores);
         out.fill(0.0);
-        for (j, p) in scores.iter().enumerate() {
-            let v = &span.values[j * kv_width + kvh * head_dim..][..head_dim];
-            axpy(out, p / total, v);
-        }
+        vector::axpys(out, scores, &span.values[kvh * head_dim..], kv_width);
     };
     // Decode steps of a few short sequences are cheaper on one thread than a fork-join.
     let per_head_rows: usize = work * n_head * head_dim;
-    if per_head_rows < 1 << 18 {
+    let chunk_rows = if per_head_rows < 1 << 18 {
+        items.len()
+    } else {
+        items.len().div_ceil(8 * parallel::threads())
+    };
+    parallel::for_each_chunk(&mut out, chunk_rows * width, |chunk, out| {
         let mut scores = Vec::new();
-        for (&item, out_row) in items.iter().zip(out.chunks_exact_mut(width)) {
+        let first = chunk * chunk_rows;
+        for (&item, out_row) in items[first..].iter().zip(out.chunks_exact_mut(width)) {
             for (h, o) in out_row.chunks_exact_mut(head_dim).enumerate() {
                 head(item, h, o, &mut scores);
             }
         }
-    } else {
-        candle_core::utils::with_threadpool(|| {
-            out.par_chunks_mut(width)
-                .zip(items.par_iter())
-                .for_each_init(Vec::new, |scores, (out_row, &item)| {
-                    for (h, o) in out_row.chunks_exact_mut(head_dim).enumerate() {
-                        head(item, h, o, scores);
-                    }
-                });
-        });
-    }
+    });
     out
 }
 
@@ -308,7 +285,7 @@ mod tests {
     }
 
     #[test]
-    fn rms_norm_and_dot_match_plain_sums() {
+    fn rms_norm_matches_plain_sums() {
         let mut seed = 3;
         let x: Vec<f32> = (0..2 * 37).map(|_| lcg(&mut seed)).collect();
         let w: Vec<f32> = (0..37).map(|_| lcg(&mut seed)).collect();
@@ -321,7 +298,5 @@ mod tests {
                 assert!((y[r * 37 + i] as f64 - want).abs() < 1e-5);
             }
         }
-        let plain: f32 = x[..37].iter().zip(&w).map(|(a, b)| a * b).sum();
-        assert!((dot(&x[..37], &w) - plain).abs() < 1e-5);
     }
 }

@@ -4,25 +4,30 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use candle_core::quantized::{GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Module, Tensor};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
 
-use crate::error::{LlmError, Result};
+use crate::error::Result;
 use crate::gguf::{GgufFile, LlamaConfig};
+use crate::matmul::Matrix;
 
-/// How the base model's matrices are stored in memory.
+/// How the base model's matrices are stored in memory, and so which kernel multiplies by
+/// them. See `docs/ARCHITECTURE.md` for measurements.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WeightFormat {
-    /// As the file stores them, except for formats whose CPU kernel is much slower than
-    /// Q8_0's (Q4_1, Q5_0, Q5_1), which are converted to Q8_0. The default; see
-    /// `docs/ARCHITECTURE.md` for the measurements behind it.
+    /// Every matrix, the vocabulary head included, as int8 blocks of 32 with an f16 scale
+    /// (34 bytes per 32 weights, like Q8_0), converted at load from any type candle can
+    /// dequantize, for `modelmux-kernels`' int8 kernel (AVX-512 VNNI / AVX2 / scalar); q, k, v
+    /// and gate, up are stacked into one matrix each. The default and the fast path.
     #[default]
     Auto,
-    /// Exactly as the file stores them.
+    /// Exactly as the file stores them, multiplied by candle's kernels (a baseline).
     AsStored,
-    /// Every quantized matrix converted to Q8_0.
+    /// Every quantized matrix converted to Q8_0 and multiplied by candle's kernels (a tied
+    /// vocabulary head stays as stored): this runtime's first fast path, kept as a baseline.
     Q8_0,
-    /// Every matrix dequantized to f32 (large; a reference for tests and benchmarks).
+    /// Every matrix dequantized to f32, candle's f32 matmul (large and slow; the reference
+    /// for tests).
     F32,
 }
 
@@ -113,30 +118,16 @@ impl Target {
     }
 }
 
-/// A weight matrix `[out, in]` and the kernel that multiplies by it.
-pub(crate) struct Matrix {
-    matmul: QMatMul,
-    out_dim: usize,
-    in_dim: usize,
-}
-
-impl Matrix {
-    /// `rows x in` activations times this matrix transposed: `rows x out`.
-    pub(crate) fn forward(&self, x: &[f32], rows: usize) -> Result<Vec<f32>> {
-        debug_assert_eq!(x.len(), rows * self.in_dim);
-        let x = Tensor::from_slice(x, (rows, self.in_dim), &Device::Cpu)?;
-        let y = self.matmul.forward(&x)?;
-        debug_assert_eq!(y.dims(), [rows, self.out_dim]);
-        Ok(y.flatten_all()?.to_vec1::<f32>()?)
-    }
-}
-
 /// One transformer block.
 pub(crate) struct Block {
     pub(crate) attn_norm: Vec<f32>,
     pub(crate) ffn_norm: Vec<f32>,
-    /// Indexed by [`Target::index`].
-    pub(crate) projections: [Matrix; 7],
+    /// q, k and v stacked: `d + 2 * kv_dim` outputs.
+    pub(crate) qkv: Matrix,
+    pub(crate) o: Matrix,
+    /// gate and up stacked: `2 * ffn_dim` outputs.
+    pub(crate) gate_up: Matrix,
+    pub(crate) down: Matrix,
 }
 
 /// The weights of a Llama-family model.
@@ -149,14 +140,11 @@ pub struct LlamaWeights {
     bytes: u64,
 }
 
+/// `tensor` in the format candle's kernels run for `format` (not `Auto`).
 fn convert(tensor: QTensor, format: WeightFormat) -> Result<QTensor> {
     let dtype = tensor.dtype();
     let target = match format {
-        WeightFormat::AsStored => return Ok(tensor),
-        WeightFormat::Auto => match dtype {
-            GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1 => GgmlDType::Q8_0,
-            _ => return Ok(tensor),
-        },
+        WeightFormat::Auto | WeightFormat::AsStored => return Ok(tensor),
         WeightFormat::Q8_0 => match dtype {
             GgmlDType::F32 | GgmlDType::F16 | GgmlDType::BF16 | GgmlDType::Q8_0 => {
                 return Ok(tensor);
@@ -181,23 +169,34 @@ fn vector(file: &mut GgufFile, name: &str, len: usize) -> Result<Vec<f32>> {
     Ok(t.dequantize(&Device::Cpu)?.to_vec1::<f32>()?)
 }
 
+/// The tensors `parts` (name, `(out, in)`) stacked into one matrix in `format`.
 fn matrix(
     file: &mut GgufFile,
-    name: &str,
-    (out_dim, in_dim): (usize, usize),
+    parts: &[(String, (usize, usize))],
     format: WeightFormat,
-) -> Result<(Matrix, u64)> {
-    let t = convert(file.tensor(name, &[out_dim, in_dim])?, format)?;
-    let bytes = t.storage_size_in_bytes() as u64;
-    let matmul = QMatMul::from_arc(Arc::new(t))?;
-    Ok((
-        Matrix {
-            matmul,
-            out_dim,
-            in_dim,
-        },
-        bytes,
-    ))
+) -> Result<Matrix> {
+    let mut tensors = Vec::with_capacity(parts.len());
+    for (name, (out_dim, in_dim)) in parts {
+        tensors.push(file.tensor(name, &[*out_dim, *in_dim])?);
+    }
+    stacked(tensors.into_iter().map(Arc::new).collect(), format)
+}
+
+fn stacked(tensors: Vec<Arc<QTensor>>, format: WeightFormat) -> Result<Matrix> {
+    if format == WeightFormat::Auto {
+        let refs: Vec<&QTensor> = tensors.iter().map(|t| &**t).collect();
+        if let Some(m) = Matrix::int8(&refs)? {
+            return Ok(m);
+        }
+    }
+    let mut converted = Vec::with_capacity(tensors.len());
+    for t in tensors {
+        converted.push(match Arc::try_unwrap(t) {
+            Ok(t) => Arc::new(convert(t, format)?),
+            Err(shared) => shared,
+        });
+    }
+    Matrix::candle(converted)
 }
 
 impl LlamaWeights {
@@ -218,48 +217,53 @@ impl LlamaWeights {
         let embedding = file.tensor("token_embd.weight", &[config.vocab_size, d])?;
         let mut bytes = embedding.storage_size_in_bytes() as u64;
         let mut blocks = Vec::with_capacity(config.n_layer);
+        let part = |layer: usize, t: Target| (t.gguf_name(layer), t.dims(&config));
         for layer in 0..config.n_layer {
             let attn_norm = vector(file, &format!("blk.{layer}.attn_norm.weight"), d)?;
             let ffn_norm = vector(file, &format!("blk.{layer}.ffn_norm.weight"), d)?;
             bytes += 8 * d as u64;
-            let mut projections = Vec::with_capacity(7);
-            for target in Target::ALL {
-                let (m, b) = matrix(file, &target.gguf_name(layer), target.dims(&config), format)?;
-                bytes += b;
-                projections.push(m);
-            }
-            let projections: [Matrix; 7] = projections
-                .try_into()
-                .map_err(|_| LlmError::Internal("seven projections".into()))?;
-            blocks.push(Block {
+            let qkv = [Target::Q, Target::K, Target::V].map(|t| part(layer, t));
+            let block = Block {
                 attn_norm,
                 ffn_norm,
-                projections,
-            });
+                qkv: matrix(file, &qkv, format)?,
+                o: matrix(file, &[part(layer, Target::O)], format)?,
+                gate_up: matrix(
+                    file,
+                    &[part(layer, Target::Gate), part(layer, Target::Up)],
+                    format,
+                )?,
+                down: matrix(file, &[part(layer, Target::Down)], format)?,
+            };
+            bytes += [&block.qkv, &block.o, &block.gate_up, &block.down]
+                .iter()
+                .map(|m| m.size_bytes())
+                .sum::<u64>();
+            blocks.push(block);
         }
         let final_norm = vector(file, "output_norm.weight", d)?;
         bytes += 4 * d as u64;
         let embedding = Arc::new(embedding);
         // Tied embeddings (SmolLM2, TinyLlama-style small models) have no output.weight: the
-        // head is the embedding table, shared, not copied.
+        // head is the embedding table, converted for the int8 kernel, or shared as stored.
         let lm_head = if file.has_tensor("output.weight") {
-            let (m, b) = matrix(file, "output.weight", (config.vocab_size, d), format)?;
-            bytes += b;
+            let m = matrix(
+                file,
+                &[("output.weight".into(), (config.vocab_size, d))],
+                format,
+            )?;
+            bytes += m.size_bytes();
             m
         } else if format == WeightFormat::F32 {
-            let head = embedding.dequantize(&Device::Cpu)?;
-            bytes += (head.elem_count() * 4) as u64;
-            Matrix {
-                matmul: QMatMul::Tensor(head),
-                out_dim: config.vocab_size,
-                in_dim: d,
-            }
+            let m = Matrix::f32(embedding.dequantize(&Device::Cpu)?)?;
+            bytes += m.size_bytes();
+            m
+        } else if format == WeightFormat::Auto {
+            let m = stacked(vec![embedding.clone()], format)?;
+            bytes += m.size_bytes();
+            m
         } else {
-            Matrix {
-                matmul: QMatMul::from_arc(embedding.clone())?,
-                out_dim: config.vocab_size,
-                in_dim: d,
-            }
+            Matrix::candle(vec![embedding.clone()])?
         };
         Ok(Self {
             config,

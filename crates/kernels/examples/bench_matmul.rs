@@ -1,0 +1,64 @@
+//! Single-thread throughput of each kernel on SmolLM2-135M's matrix shapes.
+//!
+//! ```sh
+//! cargo run --release -p modelmux-kernels --example bench_matmul [FILTER]
+//! ```
+//!
+//! FILTER keeps the lines containing it (`Avx512Vnni 3072x576`, `rows 8`).
+
+// A CPU loop timed by the wall clock; this crate has no async runtime to pause.
+#![allow(clippy::disallowed_types)]
+
+use std::time::Instant;
+
+use modelmux_kernels::{ColumnsMut, Int8Matrix, Int8Rows, Isa};
+
+fn main() {
+    let filter = std::env::args().nth(1).unwrap_or_default();
+    let shapes = [
+        (960, 576),
+        (576, 576),
+        (3072, 576),
+        (576, 1536),
+        (49152, 576),
+    ];
+    for isa in Isa::ALL
+        .into_iter()
+        .filter(|i| i.is_available() && *i != Isa::Scalar)
+    {
+        for &(n, k) in &shapes {
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| ((i * 31 % 199) as f32 - 99.0) / 1000.0)
+                .collect();
+            let m = Int8Matrix::quantize(&w, n, k);
+            for rows in [1, 8, 64, 256] {
+                if !format!("{isa:?} {n}x{k} rows {rows}").contains(&filter) {
+                    continue;
+                }
+                let x: Vec<f32> = (0..rows * k)
+                    .map(|i| ((i * 17 % 101) as f32 - 50.0) / 10.0)
+                    .collect();
+                let mut q = Int8Rows::new();
+                let mut y = vec![0.0; rows * n];
+                // Many short samples, the best kept: on a shared machine, time slices lost to
+                // other processes only ever make a sample slower.
+                let reps = (1e8 / (2.0 * (n * k * rows) as f64)).clamp(1.0, 200.0) as usize;
+                let mut best = f64::MAX;
+                for _ in 0..30 {
+                    let t = Instant::now();
+                    for _ in 0..reps {
+                        q.quantize(&x, k);
+                        m.matmul_with(isa, &q, ColumnsMut::new(&mut y, n));
+                    }
+                    best = best.min(t.elapsed().as_secs_f64() / reps as f64);
+                }
+                let gflops = 2.0 * (n * k * rows) as f64 / best / 1e9;
+                let gbs = m.size_bytes() as f64 / best / 1e9;
+                println!(
+                    "{isa:?} {n}x{k} rows {rows}: {:.1} us, {gflops:.0} GFLOP/s, weights {gbs:.1} GB/s",
+                    best * 1e6
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! `modelmux-kernels`: the int8 matrix product of modelmux's LLM runtime.
+//!
+//! `y = x W^T` for activations `x` (`rows x k`, f32) and a weight matrix `W` (`n x k`) stored
+//! as int8 in blocks of 32 values with one f16 scale each (like GGUF's Q8_0, 34 bytes per 32
+//! weights). Activations are quantized once per product, per block of 32 values, to int8
+//! with an f32 scale ([`Int8Rows`]), so each block's dot product is exact integer arithmetic
+//! and only the per-block sums are scaled and added in f32.
+//!
+//! The weights are repacked into panels of 16 output rows ([`Int8Matrix`]): for each block,
+//! the 16 rows' 4-byte groups are interleaved, so one 64-byte vector holds 4 consecutive
+//! weights of 16 rows, and an AVX-512 VNNI `vpdpbusd` against 4 activation bytes broadcast
+//! to every lane adds 4 products to each of 16 output columns at once. The 16 columns stay
+//! in the lanes: no horizontal sums, and each weight vector loaded serves up to 8 activation
+//! rows (register blocking), so a step of 8 decode rows reads the weights once.
+//!
+//! Three kernels compute identical results (the same integer sums, then the same f32
+//! operations in the same order): AVX-512 VNNI, AVX2 (`vpmaddubsw` with the sign trick), and
+//! portable scalar code; [`Isa::detect`] picks the best the CPU has at run time.
+//!
+//! Threads are the caller's: [`ColumnChunks`] hands out disjoint column ranges of one output
+//! buffer to any number of threads, each of which calls [`Int8Matrix::matmul`] on its chunk.
+//!
+//! ```
+//! use modelmux_kernels::{ColumnsMut, Int8Matrix, Int8Rows};
+//!
+//! let (n, k) = (20, 64);
+//! let w: Vec<f32> = (0..n * k).map(|i| ((i * 7 % 13) as f32 - 6.0) / 10.0).collect();
+//! let matrix = Int8Matrix::quantize(&w, n, k);
+//! let x: Vec<f32> = (0..2 * k).map(|i| (i % 5) as f32 - 2.0).collect();
+//! let mut rows = Int8Rows::new();
+//! rows.quantize(&x, k);
+//! let mut y = vec![0.0; 2 * n];
+//! matrix.matmul(&rows, ColumnsMut::new(&mut y, n));
+//! let exact: f32 = w[..k].iter().zip(&x[..k]).map(|(a, b)| a * b).sum();
+//! assert!((y[0] - exact).abs() < 0.05 * exact.abs().max(1.0));
+//! ```
+
+#![deny(unsafe_op_in_unsafe_fn)]
+
+mod columns;
+mod matrix;
+mod rows;
+mod scalar;
+pub mod vector;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::sync::OnceLock;
+
+pub use columns::{ColumnChunks, ColumnsMut};
+pub use matrix::Int8Matrix;
+pub use rows::Int8Rows;
+
+/// Values per quantization block (one scale each), for weights and activations.
+pub const BLOCK: usize = 32;
+/// Output rows per weight panel: the unit of work, and how column ranges are aligned.
+pub const PANEL: usize = 16;
+
+/// An instruction set a kernel is written for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Isa {
+    /// Plain Rust; any CPU. Also the reference the SIMD kernels are tested against.
+    Scalar,
+    /// x86-64 AVX2 + FMA + F16C.
+    Avx2,
+    /// x86-64 AVX-512 F/BW + VNNI (`vpdpbusd`).
+    Avx512Vnni,
+}
+
+impl Isa {
+    /// Every kernel, slowest first.
+    pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
+
+    /// The fastest kernel this CPU runs (checked once).
+    pub fn detect() -> Isa {
+        static DETECTED: OnceLock<Isa> = OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            Isa::ALL
+                .into_iter()
+                .rev()
+                .find(|isa| isa.is_available())
+                .unwrap_or(Isa::Scalar)
+        })
+    }
+
+    /// Whether this CPU runs this kernel.
+    pub fn is_available(self) -> bool {
+        match self {
+            Isa::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => x86::has_avx2(),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512Vnni => x86::has_avx512_vnni(),
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Activation rows one kernel call multiplies together (they share each weight load).
+    pub(crate) fn tile_rows(self) -> usize {
+        match self {
+            Isa::Scalar => 4,
+            Isa::Avx2 => 2,
+            Isa::Avx512Vnni => 8,
+        }
+    }
+}

@@ -1,0 +1,235 @@
+//! The weight matrix in panels of 16 output rows, and the product's loop over panels and
+//! row tiles; the kernels for one (panel, row tile) are in `scalar` and `x86`.
+
+use half::f16;
+
+use crate::rows::round_to_i8;
+use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL};
+
+/// Activation rows multiplied by every panel of a call before the next rows start.
+const ROW_BLOCK: usize = 64;
+/// 4-byte groups per block.
+pub(crate) const GROUPS: usize = BLOCK / 4;
+
+/// 64 bytes: weights `4g..4g+4` of one block of each of a panel's 16 rows, stored as
+/// `q ^ 0x80` (that is `q + 128` as `u8`, what VNNI's unsigned operand wants). Aligned so
+/// every vector load is one cache line.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [u8; 4 * PANEL]);
+
+/// One panel's weights over all blocks: `lines[b * GROUPS + g]`, `scales[b * PANEL + lane]`
+/// (f16 bits).
+#[derive(Clone, Copy)]
+pub(crate) struct Panel<'a> {
+    pub(crate) lines: &'a [Line],
+    pub(crate) scales: &'a [u16],
+}
+
+/// `R` consecutive rows of quantized activations: `q` is `R x k`, `scales` and `bias` are
+/// `R x blocks`.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile<'a> {
+    pub(crate) q: &'a [i8],
+    pub(crate) scales: &'a [f32],
+    pub(crate) bias: &'a [i32],
+}
+
+/// An `n x k` weight matrix as int8 blocks of [`BLOCK`] values with an f16 scale each,
+/// repacked into panels of [`PANEL`] rows (see the crate docs). `k` is a multiple of
+/// [`BLOCK`]; rows past `n` in the last panel are zeros.
+#[derive(Clone)]
+pub struct Int8Matrix {
+    n: usize,
+    k: usize,
+    lines: Vec<Line>,
+    scales: Vec<u16>,
+}
+
+impl std::fmt::Debug for Int8Matrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Int8Matrix")
+            .field("n", &self.n)
+            .field("k", &self.k)
+            .finish()
+    }
+}
+
+impl Int8Matrix {
+    /// An `n x k` matrix of zeros, to be filled with [`Int8Matrix::set_rows`].
+    ///
+    /// # Panics
+    /// When `k` is not a positive multiple of [`BLOCK`].
+    pub fn zeros(n: usize, k: usize) -> Self {
+        assert!(
+            k > 0 && k.is_multiple_of(BLOCK),
+            "k = {k} is not a positive multiple of {BLOCK}"
+        );
+        let panels = n.div_ceil(PANEL);
+        let blocks = k / BLOCK;
+        Self {
+            n,
+            k,
+            lines: vec![Line([0x80; 4 * PANEL]); panels * blocks * GROUPS],
+            scales: vec![0; panels * blocks * PANEL],
+        }
+    }
+
+    /// `values` (`n x k`, row-major) quantized.
+    pub fn quantize(values: &[f32], n: usize, k: usize) -> Self {
+        let mut m = Self::zeros(n, k);
+        m.set_rows(0, values);
+        m
+    }
+
+    /// Quantizes `values` (whole rows) into rows `first..`: per block, `d = max|w| / 127`
+    /// rounded to f16, `q = round(w / d)`.
+    ///
+    /// # Panics
+    /// When `values` is not whole rows or they run past row `n`.
+    pub fn set_rows(&mut self, first: usize, values: &[f32]) {
+        assert!(
+            values.len().is_multiple_of(self.k) && first + values.len() / self.k <= self.n,
+            "{} values are not whole rows {first}.. of a {} x {} matrix",
+            values.len(),
+            self.n,
+            self.k
+        );
+        let blocks = self.k / BLOCK;
+        for (i, row) in values.chunks_exact(self.k).enumerate() {
+            let (panel, lane) = ((first + i) / PANEL, (first + i) % PANEL);
+            for (b, w) in row.chunks_exact(BLOCK).enumerate() {
+                let amax = w.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let d = f16::from_f32(amax / 127.0);
+                let inverse = if d.to_f32() > 0.0 {
+                    1.0 / d.to_f32()
+                } else {
+                    0.0
+                };
+                let pb = panel * blocks + b;
+                self.scales[pb * PANEL + lane] = d.to_bits();
+                for (c, v) in w.iter().enumerate() {
+                    let q = round_to_i8(v * inverse);
+                    let line = &mut self.lines[pb * GROUPS + c / 4];
+                    line.0[lane * 4 + c % 4] = q as u8 ^ 0x80;
+                }
+            }
+        }
+    }
+
+    /// Output rows.
+    pub fn out_dim(&self) -> usize {
+        self.n
+    }
+
+    /// Input columns.
+    pub fn in_dim(&self) -> usize {
+        self.k
+    }
+
+    /// Bytes held (34 per 32 weights, plus the last panel's padding).
+    pub fn size_bytes(&self) -> usize {
+        self.lines.len() * std::mem::size_of::<Line>() + self.scales.len() * 2
+    }
+
+    /// Row `row`, dequantized (`d * q`), into `out` (`k` values).
+    pub fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        assert!(
+            row < self.n && out.len() == self.k,
+            "row {row} into {}",
+            out.len()
+        );
+        let blocks = self.k / BLOCK;
+        let (panel, lane) = (row / PANEL, row % PANEL);
+        for (b, out) in out.chunks_exact_mut(BLOCK).enumerate() {
+            let pb = panel * blocks + b;
+            let d = f16::from_bits(self.scales[pb * PANEL + lane]).to_f32();
+            for (c, o) in out.iter_mut().enumerate() {
+                let q = (self.lines[pb * GROUPS + c / 4].0[lane * 4 + c % 4] ^ 0x80) as i8;
+                *o = d * q as f32;
+            }
+        }
+    }
+
+    /// `out = x W^T` for the columns `out` covers, with the fastest kernel this CPU has.
+    /// `out` may be any column range of a `x.rows() x stride` buffer whose columns are this
+    /// matrix's output rows; threads split one product with [`crate::ColumnChunks`].
+    ///
+    /// # Panics
+    /// When the shapes disagree, or `out` starts at a column that is not a multiple of
+    /// [`PANEL`] or ends past `n` or inside a panel before `n`.
+    pub fn matmul(&self, x: &Int8Rows, out: ColumnsMut<'_>) {
+        self.matmul_with(Isa::detect(), x, out);
+    }
+
+    /// [`Int8Matrix::matmul`] with kernel `isa` (for tests and benchmarks).
+    ///
+    /// # Panics
+    /// As `matmul`, and when this CPU cannot run `isa`.
+    pub fn matmul_with(&self, isa: Isa, x: &Int8Rows, mut out: ColumnsMut<'_>) {
+        assert!(isa.is_available(), "this CPU cannot run the {isa:?} kernel");
+        let columns = out.columns();
+        assert!(
+            x.k() == self.k && out.rows() == x.rows(),
+            "{} x {} activations times a {} x {} matrix into {} rows",
+            x.rows(),
+            x.k(),
+            self.n,
+            self.k,
+            out.rows()
+        );
+        if columns.is_empty() {
+            return;
+        }
+        assert!(
+            columns.start.is_multiple_of(PANEL)
+                && columns.end <= self.n
+                && (columns.end.is_multiple_of(PANEL) || columns.end == self.n),
+            "columns {columns:?} of {} are not whole panels of {PANEL}",
+            self.n
+        );
+        let blocks = self.k / BLOCK;
+        let tile_rows = isa.tile_rows();
+        let mut tile = [[0.0f32; PANEL]; 8];
+        // Rows in blocks, so a prefill's output rows being written stay in L2 across panels.
+        for first_row in (0..x.rows()).step_by(ROW_BLOCK) {
+            let end_row = x.rows().min(first_row + ROW_BLOCK);
+            for panel in columns.start / PANEL..columns.end.div_ceil(PANEL) {
+                let weights = Panel {
+                    lines: &self.lines[panel * blocks * GROUPS..(panel + 1) * blocks * GROUPS],
+                    scales: &self.scales[panel * blocks * PANEL..(panel + 1) * blocks * PANEL],
+                };
+                let first = panel * PANEL - columns.start;
+                let width = PANEL.min(self.n - panel * PANEL);
+                let mut row = first_row;
+                while row < end_row {
+                    let rows = tile_rows.min(end_row - row);
+                    let t = Tile {
+                        q: &x.q[row * self.k..(row + rows) * self.k],
+                        scales: &x.scales[row * blocks..(row + rows) * blocks],
+                        bias: &x.bias[row * blocks..(row + rows) * blocks],
+                    };
+                    run_tile(isa, weights, t, &mut tile[..rows]);
+                    for (i, values) in tile[..rows].iter().enumerate() {
+                        out.row_mut(row + i)[first..first + width]
+                            .copy_from_slice(&values[..width]);
+                    }
+                    row += rows;
+                }
+            }
+        }
+    }
+}
+
+/// One panel times `out.len()` activation rows (at most the kernel's tile).
+fn run_tile(isa: Isa, panel: Panel<'_>, x: Tile<'_>, out: &mut [[f32; PANEL]]) {
+    match isa {
+        Isa::Scalar => crate::scalar::tile(panel, x, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => crate::x86::tile_avx2(panel, x, out),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512Vnni => crate::x86::tile_vnni(panel, x, out),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("checked by is_available"),
+    }
+}

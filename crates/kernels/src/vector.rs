@@ -1,0 +1,259 @@
+//! The f32 loops of the forward pass outside the products by weights: attention's scores,
+//! softmax and weighted sums, LoRA's two small products, SiLU gating. Plain Rust, compiled
+//! three times (AVX-512, AVX2 + FMA, the baseline) and chosen at run time, so each loop is
+//! vectorised as wide as the CPU allows without building the whole program for one CPU.
+//!
+//! The only unsafe code is the call into a `#[target_feature]` copy after checking the CPU
+//! has the features. Results differ between the copies in the last bits (FMA or not), never
+//! between calls on one machine.
+#![allow(unsafe_code)]
+
+use std::sync::OnceLock;
+
+/// Accumulators of a dot product: one AVX-512 vector, two AVX2 ones.
+const LANES: usize = 16;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Base,
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+}
+
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+                return Level::Avx512;
+            }
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                return Level::Avx2;
+            }
+        }
+        Level::Base
+    })
+}
+
+/// A public function that runs `$body::<FMA>` in the widest copy the CPU supports.
+macro_rules! multiversion {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                fn avx512($($arg: $ty),*) $(-> $ret)? {
+                    $body::<true>($($arg),*)
+                }
+                #[target_feature(enable = "avx2,fma")]
+                fn avx2($($arg: $ty),*) $(-> $ret)? {
+                    $body::<true>($($arg),*)
+                }
+                match level() {
+                    // SAFETY: `level` found AVX-512 F and FMA on this CPU.
+                    Level::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: `level` found AVX2 and FMA on this CPU.
+                    Level::Avx2 => return unsafe { avx2($($arg),*) },
+                    Level::Base => {}
+                }
+            }
+            $body::<false>($($arg),*)
+        }
+    };
+}
+
+/// `a * b + c`, fused where the copy has FMA.
+#[inline(always)]
+fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA { a.mul_add(b, c) } else { a * b + c }
+}
+
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let whole = a.len() / LANES * LANES;
+    for (x, y) in a[..whole]
+        .chunks_exact(LANES)
+        .zip(b[..whole].chunks_exact(LANES))
+    {
+        for i in 0..LANES {
+            acc[i] = madd::<FMA>(x[i], y[i], acc[i]);
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    let mut sum = acc[0];
+    for (x, y) in a[whole..].iter().zip(&b[whole..]) {
+        sum = madd::<FMA>(*x, *y, sum);
+    }
+    sum
+}
+
+/// `e^x` within 2 ulp (Cephes' `expf`: `x = n ln 2 + r`, a degree-6 polynomial in `r`,
+/// `2^n` from the exponent bits), without branches or libm calls so loops over it
+/// vectorise. Clamped to the finite, normal range.
+#[inline(always)]
+fn exp<const FMA: bool>(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+    let x = x.clamp(-87.0, 88.0);
+    let shifted = madd::<FMA>(x, std::f32::consts::LOG2_E, MAGIC);
+    let n = shifted - MAGIC;
+    let r = madd::<FMA>(n, -0.693_359_4, x);
+    let r = madd::<FMA>(n, 2.121_944_4e-4, r);
+    let mut p = 1.987_569_1e-4;
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        p = madd::<FMA>(p, r, c);
+    }
+    let y = madd::<FMA>(p, r * r, r) + 1.0;
+    // The low bits of `shifted` hold n + 2^22; n is within -126..=127 after the clamp.
+    let n = shifted.to_bits() as i32 - MAGIC.to_bits() as i32;
+    y * f32::from_bits(((n + 127) as u32) << 23)
+}
+
+#[inline(always)]
+fn dots_body<const FMA: bool>(x: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot::<FMA>(x, &rows[j * stride..j * stride + x.len()]);
+    }
+}
+
+#[inline(always)]
+fn axpys_body<const FMA: bool>(y: &mut [f32], coefficients: &[f32], rows: &[f32], stride: usize) {
+    for (j, c) in coefficients.iter().enumerate() {
+        let row = &rows[j * stride..j * stride + y.len()];
+        for (y, r) in y.iter_mut().zip(row) {
+            *y = madd::<FMA>(*c, *r, *y);
+        }
+    }
+}
+
+#[inline(always)]
+fn softmax_body<const FMA: bool>(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
+    let mut total = 0.0;
+    for v in x.iter_mut() {
+        *v = exp::<FMA>(*v - max);
+        total += *v;
+    }
+    let inverse = 1.0 / total;
+    for v in x.iter_mut() {
+        *v *= inverse;
+    }
+}
+
+#[inline(always)]
+fn silu_mul_body<const FMA: bool>(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        *o = g / (1.0 + exp::<FMA>(-g)) * u;
+    }
+}
+
+#[inline(always)]
+fn exp_body<const FMA: bool>(x: f32) -> f32 {
+    exp::<FMA>(x)
+}
+
+multiversion! {
+    /// `out[j] = x · rows[j * stride..j * stride + x.len()]` for every `j < out.len()`.
+    ///
+    /// # Panics
+    /// When a row runs past the end of `rows`.
+    pub fn dots(x: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) => dots_body
+}
+
+multiversion! {
+    /// `y += Σ_j coefficients[j] * rows[j * stride..j * stride + y.len()]`.
+    ///
+    /// # Panics
+    /// When a row runs past the end of `rows`.
+    pub fn axpys(y: &mut [f32], coefficients: &[f32], rows: &[f32], stride: usize) => axpys_body
+}
+
+multiversion! {
+    /// `x = softmax(x)` in place (`e^(x - max) / Σ`).
+    pub fn softmax(x: &mut [f32]) => softmax_body
+}
+
+multiversion! {
+    /// `out = silu(gate) * up` (`silu(g) = g / (1 + e^-g)`), over the shortest of the three.
+    pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) => silu_mul_body
+}
+
+multiversion! {
+    /// `e^x` (within 2 ulp; clamped to the normal range), as the other functions compute it.
+    pub fn exp_f32(x: f32) -> f32 => exp_body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exp_is_within_two_ulp_of_libm() {
+        for i in -8700..8800 {
+            let x = i as f32 / 100.0 + 0.0037;
+            let (got, want) = (exp_f32(x), x.exp());
+            let ulp = want.to_bits().abs_diff(got.to_bits());
+            assert!(ulp <= 2, "e^{x}: {got} vs {want} ({ulp} ulp)");
+            let plain = exp::<false>(x).to_bits().abs_diff(want.to_bits());
+            assert!(plain <= 2, "e^{x} without FMA: {plain} ulp");
+        }
+        let floor = (-87.0f32).exp().to_bits();
+        assert!(exp_f32(-1000.0).to_bits().abs_diff(floor) <= 2);
+        assert!(exp_f32(f32::INFINITY).is_finite());
+    }
+
+    #[test]
+    fn loops_match_plain_f64_sums() {
+        let v = |n: usize, s: f32| -> Vec<f32> {
+            (0..n).map(|i| ((i * 37 % 23) as f32 - 11.0) * s).collect()
+        };
+        let (x, rows) = (v(70, 0.1), v(5 * 80, 0.03));
+        let mut out = [0.0; 5];
+        dots(&x, &rows, 80, &mut out);
+        for (j, o) in out.iter().enumerate() {
+            let want: f64 = (0..70).map(|i| x[i] as f64 * rows[j * 80 + i] as f64).sum();
+            assert!((*o as f64 - want).abs() < 1e-5, "{o} vs {want}");
+        }
+        let mut y = v(70, 0.2);
+        let before = y.clone();
+        axpys(&mut y, &out, &rows, 80);
+        for i in 0..70 {
+            let want = before[i] as f64
+                + (0..5)
+                    .map(|j| out[j] as f64 * rows[j * 80 + i] as f64)
+                    .sum::<f64>();
+            assert!((y[i] as f64 - want).abs() < 1e-5);
+        }
+        let mut p = v(37, 0.5);
+        let logits = p.clone();
+        softmax(&mut p);
+        let z: f64 = logits.iter().map(|l| (*l as f64).exp()).sum();
+        for (p, l) in p.iter().zip(&logits) {
+            assert!((*p as f64 - (*l as f64).exp() / z).abs() < 1e-7);
+        }
+        let (gate, up) = (v(33, 0.7), v(33, 0.3));
+        let mut out = vec![0.0; 33];
+        silu_mul(&gate, &up, &mut out);
+        for i in 0..33 {
+            let g = gate[i] as f64;
+            let want = g / (1.0 + (-g).exp()) * up[i] as f64;
+            assert!((out[i] as f64 - want).abs() < 1e-6 * want.abs().max(1.0));
+        }
+    }
+}

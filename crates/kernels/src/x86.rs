@@ -1,0 +1,245 @@
+//! The x86-64 kernels: AVX-512 VNNI and AVX2. Each computes, per block, the exact integer
+//! dot product of every (weight row, activation row) pair and then the same f32 operations
+//! as `scalar::tile`, so the results are bit-identical to it.
+//!
+//! Unsafe code here is of two kinds only: calls into `#[target_feature]` functions after the
+//! safe wrapper checked the CPU has the features, and vector loads and stores through raw
+//! pointers whose bounds the wrapper checked against the slices they come from.
+#![allow(unsafe_code)]
+
+use std::arch::x86_64::*;
+
+use crate::matrix::{GROUPS, Panel, Tile};
+use crate::{BLOCK, PANEL};
+
+/// How many blocks (of 512 bytes) ahead the VNNI kernel prefetches weights.
+const PREFETCH_BLOCKS: usize = 8;
+
+pub(crate) fn has_avx2() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+pub(crate) fn has_avx512_vnni() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni")
+}
+
+/// Checks every length the kernels read through raw pointers; returns the block count.
+fn checked_blocks(panel: Panel<'_>, x: Tile<'_>, rows: usize) -> usize {
+    let blocks = panel.scales.len() / PANEL;
+    assert!(
+        blocks > 0
+            && panel.scales.len() == blocks * PANEL
+            && panel.lines.len() == blocks * GROUPS
+            && x.q.len() == rows * blocks * BLOCK
+            && x.scales.len() == rows * blocks
+            && x.bias.len() == rows * blocks,
+        "a panel of {blocks} blocks against a tile of {rows} rows of other sizes"
+    );
+    blocks
+}
+
+/// Calls `$kernel::<R>` for `R = $out.len()`, one of `1..=$max`.
+macro_rules! dispatch_rows {
+    ($kernel:ident, $panel:expr, $x:expr, $blocks:expr, $out:expr, [$($r:literal)*]) => {
+        match $out.len() {
+            $(
+                // SAFETY: the caller checked the CPU features `$kernel` is compiled for, and
+                // `checked_blocks` the lengths it reads.
+                $r => unsafe { $kernel::<$r>($panel, $x, $blocks, $out.try_into().expect("R rows")) },
+            )*
+            n => panic!("{} kernel tiles hold 1 to 8 rows, not {n}", stringify!($kernel)),
+        }
+    };
+}
+
+/// One panel times `out.len()` rows (1 to 8) with AVX-512 VNNI.
+pub(crate) fn tile_vnni(panel: Panel<'_>, x: Tile<'_>, out: &mut [[f32; PANEL]]) {
+    assert!(has_avx512_vnni(), "the CPU has no AVX-512 VNNI");
+    let blocks = checked_blocks(panel, x, out.len());
+    dispatch_rows!(vnni, panel, x, blocks, out, [1 2 3 4 5 6 7 8]);
+}
+
+/// One panel times `out.len()` rows (1 or 2) with AVX2.
+pub(crate) fn tile_avx2(panel: Panel<'_>, x: Tile<'_>, out: &mut [[f32; PANEL]]) {
+    assert!(has_avx2(), "the CPU has no AVX2, FMA or F16C");
+    let blocks = checked_blocks(panel, x, out.len());
+    dispatch_rows!(avx2, panel, x, blocks, out, [1 2]);
+}
+
+/// `vpdpbusd` multiplies the weights (`q + 128`, unsigned) by 4 activation bytes (signed)
+/// broadcast to all 16 lanes (rows); each block's sum starts at `-128 * sum(a)` (`bias`), so
+/// it ends as the exact `sum(q * a)`.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+fn vnni<const R: usize>(panel: Panel<'_>, x: Tile<'_>, blocks: usize, out: &mut [[f32; PANEL]; R]) {
+    let k = blocks * BLOCK;
+    let lines = panel.lines.as_ptr().cast::<__m512i>();
+    let mut acc = [_mm512_setzero_ps(); R];
+    for b in 0..blocks {
+        // SAFETY: `checked_blocks` made `scales` hold `blocks * PANEL` f16s and `lines`
+        // `blocks * GROUPS` lines of 64 bytes, aligned to 64 by `Line`'s type.
+        let ws = _mm512_cvtph_ps(unsafe {
+            _mm256_loadu_si256(panel.scales.as_ptr().add(b * PANEL).cast())
+        });
+        let mut w = [_mm512_setzero_si512(); GROUPS];
+        for (g, w) in w.iter_mut().enumerate() {
+            // SAFETY: as above, `b * GROUPS + g < blocks * GROUPS`.
+            *w = unsafe { _mm512_load_si512(lines.add(b * GROUPS + g)) };
+            if R >= 4 {
+                // Computing several rows, the kernel reads weights slower than the hardware
+                // prefetcher expects: ask for them a few blocks ahead (past the panel's end,
+                // the next panel's, which the caller usually takes next). A prefetch never
+                // faults, and `wrapping_add` claims nothing about the address. Streaming one
+                // row, the hardware does better alone (measured).
+                let ahead = lines.wrapping_add((b + PREFETCH_BLOCKS) * GROUPS + g);
+                _mm_prefetch::<_MM_HINT_T0>(ahead.cast());
+            }
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a = x.q[r * k + b * BLOCK..][..BLOCK].as_ptr();
+            let mut sum = _mm512_set1_epi32(x.bias[r * blocks + b]);
+            if R >= 4 {
+                // Enough rows interleave to hide `vpdpbusd`'s latency: one chain per row.
+                for (g, w) in w.iter().enumerate() {
+                    // SAFETY: `a` points at a block of BLOCK bytes (the slice above), and
+                    // `4 * g + 4 <= BLOCK`.
+                    let a = unsafe { a.add(4 * g).cast::<i32>().read_unaligned() };
+                    sum = _mm512_dpbusd_epi32(sum, *w, _mm512_set1_epi32(a));
+                }
+            } else {
+                // Few rows: two chains per row halve the latency each block waits for.
+                let mut odd = _mm512_setzero_si512();
+                for g in (0..GROUPS).step_by(2) {
+                    // SAFETY: `a` points at a block of BLOCK bytes (the slice above), and
+                    // `4 * (g + 1) + 4 <= BLOCK`.
+                    let (a0, a1) = unsafe {
+                        (
+                            a.add(4 * g).cast::<i32>().read_unaligned(),
+                            a.add(4 * g + 4).cast::<i32>().read_unaligned(),
+                        )
+                    };
+                    sum = _mm512_dpbusd_epi32(sum, w[g], _mm512_set1_epi32(a0));
+                    odd = _mm512_dpbusd_epi32(odd, w[g + 1], _mm512_set1_epi32(a1));
+                }
+                sum = _mm512_add_epi32(sum, odd);
+            }
+            let sum = _mm512_cvtepi32_ps(sum);
+            let scale = _mm512_mul_ps(ws, _mm512_set1_ps(x.scales[r * blocks + b]));
+            *acc = _mm512_fmadd_ps(sum, scale, *acc);
+        }
+    }
+    for (out, acc) in out.iter_mut().zip(acc) {
+        // SAFETY: `out` is PANEL = 16 f32s, one unaligned 512-bit store.
+        unsafe { _mm512_storeu_ps(out.as_mut_ptr(), acc) };
+    }
+}
+
+/// `vpmaddubsw` takes unsigned times signed bytes and saturates pairs at `i16`, so the
+/// weights go in as `|q|` (at most 127) and their signs move onto the activations
+/// (`vpsignb`): pairs stay within `2 * 127 * 127`, and the sums are exact. 8 rows per
+/// 256-bit vector, two vectors per panel.
+#[target_feature(enable = "avx2,fma,f16c")]
+fn avx2<const R: usize>(panel: Panel<'_>, x: Tile<'_>, blocks: usize, out: &mut [[f32; PANEL]; R]) {
+    let k = blocks * BLOCK;
+    let lines = panel.lines.as_ptr().cast::<__m256i>();
+    let flip = _mm256_set1_epi8(0x80u8 as i8);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for b in 0..blocks {
+        let mut ws = [_mm256_setzero_ps(); 2];
+        for (h, ws) in ws.iter_mut().enumerate() {
+            // SAFETY: `checked_blocks` made `scales` hold `blocks * PANEL` f16s; this reads
+            // 8 of them at `b * PANEL + 8 * h`, `h < 2`.
+            *ws = _mm256_cvtph_ps(unsafe {
+                _mm_loadu_si128(panel.scales.as_ptr().add(b * PANEL + 8 * h).cast())
+            });
+        }
+        let mut sums = [[_mm256_setzero_si256(); 2]; R];
+        for g in 0..GROUPS {
+            for h in 0..2 {
+                // SAFETY: line `b * GROUPS + g` exists (`checked_blocks`); each 64-byte,
+                // 64-aligned line is two aligned 32-byte halves.
+                let w = unsafe { _mm256_load_si256(lines.add(2 * (b * GROUPS + g) + h)) };
+                let w = _mm256_xor_si256(w, flip);
+                let magnitude = _mm256_abs_epi8(w);
+                for (r, sums) in sums.iter_mut().enumerate() {
+                    let a = x.q[r * k + b * BLOCK + 4 * g..][..4].as_ptr();
+                    // SAFETY: `a` points at 4 bytes of the slice just indexed.
+                    let a = _mm256_set1_epi32(unsafe { a.cast::<i32>().read_unaligned() });
+                    let products = _mm256_maddubs_epi16(magnitude, _mm256_sign_epi8(a, w));
+                    sums[h] = _mm256_add_epi32(sums[h], _mm256_madd_epi16(products, ones));
+                }
+            }
+        }
+        for (r, (acc, sums)) in acc.iter_mut().zip(&sums).enumerate() {
+            let da = _mm256_set1_ps(x.scales[r * blocks + b]);
+            for h in 0..2 {
+                let scale = _mm256_mul_ps(ws[h], da);
+                acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[h]), scale, acc[h]);
+            }
+        }
+    }
+    for (out, acc) in out.iter_mut().zip(acc) {
+        for (h, acc) in acc.into_iter().enumerate() {
+            // SAFETY: `out` is 16 f32s; this stores 8 of them at `8 * h`, `h < 2`.
+            unsafe { _mm256_storeu_ps(out.as_mut_ptr().add(8 * h), acc) };
+        }
+    }
+}
+
+/// `Int8Rows::quantize`'s blocks with AVX-512: the same `d`, `q` (`vcvtps2dq` rounds to
+/// nearest even, as the scalar code does) and sums.
+pub(crate) fn quantize_avx512(x: &[f32], q: &mut [i8], scales: &mut [f32], bias: &mut [i32]) {
+    assert!(has_avx512_vnni(), "the CPU has no AVX-512");
+    let blocks = x.len() / BLOCK;
+    assert!(
+        x.len() == blocks * BLOCK
+            && q.len() == x.len()
+            && scales.len() == blocks
+            && bias.len() == blocks,
+        "{} values into {} bytes, {} scales and {} sums",
+        x.len(),
+        q.len(),
+        scales.len(),
+        bias.len()
+    );
+    // SAFETY: the CPU has AVX-512 F (checked above); the lengths are checked above.
+    unsafe { quantize_blocks_avx512(x, q, scales, bias) }
+}
+
+#[target_feature(enable = "avx512f")]
+fn quantize_blocks_avx512(x: &[f32], q: &mut [i8], scales: &mut [f32], bias: &mut [i32]) {
+    let limit = _mm512_set1_epi32(127);
+    for b in 0..scales.len() {
+        let block = &x[b * BLOCK..(b + 1) * BLOCK];
+        // SAFETY: `block` is 32 f32s: two unaligned 16-value loads.
+        let (lo, hi) = unsafe {
+            (
+                _mm512_loadu_ps(block.as_ptr()),
+                _mm512_loadu_ps(block.as_ptr().add(16)),
+            )
+        };
+        let amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        let inverse = if amax > 0.0 { 127.0 / amax } else { 0.0 };
+        let inverse = _mm512_set1_ps(inverse);
+        let round = |v: __m512| {
+            let r = _mm512_cvtps_epi32(_mm512_mul_ps(v, inverse));
+            _mm512_max_epi32(
+                _mm512_min_epi32(r, limit),
+                _mm512_sub_epi32(_mm512_setzero_si512(), limit),
+            )
+        };
+        let (lo, hi) = (round(lo), round(hi));
+        scales[b] = amax / 127.0;
+        bias[b] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi));
+        let out = &mut q[b * BLOCK..(b + 1) * BLOCK];
+        // SAFETY: `out` is 32 bytes: two 16-byte unaligned stores.
+        unsafe {
+            _mm_storeu_si128(out.as_mut_ptr().cast(), _mm512_cvtepi32_epi8(lo));
+            _mm_storeu_si128(out.as_mut_ptr().add(16).cast(), _mm512_cvtepi32_epi8(hi));
+        }
+    }
+}
