@@ -17,7 +17,8 @@ that it checks an engine rather than sharing its assumptions:
   token_embd.weight; greedy decoding with a KV cache (rotated keys, as HF's past_key_values).
 
 Writes {"gguf", "cases": [{"name", "adapter", "prompt_ids", "last_logits", "greedy",
-"greedy_margins"}]}: the logits at the last prompt position, 8 greedy tokens and, per greedy step,
+"greedy_margins", "embedding"}]}: the logits at the last prompt position, the prompt's embedding
+(mean of the final-normed last hidden states, unit length), 8 greedy tokens and, per greedy step,
 the top-1 minus top-2 logit (how robust that token is), for 3 prompts on the base model and for
 the chat prompt with each test adapter. --check prints, per adapter, base vs adapter greedy tokens.
 Importable: load_model, load_adapter, forward, greedy, run.
@@ -134,6 +135,20 @@ def forward(cfg, w, ids, cache=None):
 
     With `cache` (a list, as HF's past_key_values: per layer the rotated keys and the values of
     the positions so far, filled in here), `ids` continue the cached sequence."""
+    x = hidden_states(cfg, w, ids, cache)
+    return (rms_norm(x[-1], w["output_norm.weight"], cfg["eps"]) @ w["output.weight"].T).astype(np.float32)
+
+
+def embedding(cfg, w, ids):
+    """Mean over the positions of the last hidden states after the final norm, scaled to
+    length 1 (float64 for the mean and the norm)."""
+    h = rms_norm(hidden_states(cfg, w, list(ids)), w["output_norm.weight"], cfg["eps"]).astype(np.float64)
+    m = h.mean(axis=0)
+    return (m / np.linalg.norm(m)).astype(np.float32)
+
+
+def hidden_states(cfg, w, ids, cache=None):
+    """The residual stream after the last block ([T, d], float32), before the final norm."""
     T, nh, nkv, hd, eps = len(ids), cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["eps"]
     rd, start = cfg["rope_dim"], (cache[0][0].shape[1] if cache else 0)
     inv_freq = 1.0 / (cfg["rope_base"] ** (np.arange(0, rd, 2, dtype=np.float32) / rd))
@@ -168,7 +183,7 @@ def forward(cfg, w, ids, cache=None):
         h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
         g = h @ w[p + "ffn_gate.weight"].T
         x = x + ((g / (1.0 + np.exp(-g))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
-    return (rms_norm(x[-1], w["output_norm.weight"], eps) @ w["output.weight"].T).astype(np.float32)
+    return x
 
 
 def greedy(cfg, w, ids, n=N_GREEDY):
@@ -216,8 +231,9 @@ def run(gguf, adapters_dir, log=print):
         logits, toks, margins = greedy(cfg, w, PROMPTS[prompt])
         assert np.all(np.isfinite(logits)), (prompt, adapter)
         name = prompt if adapter is None else f"{prompt}+{adapter}"
+        emb = embedding(cfg, w, PROMPTS[prompt])
         cases.append(dict(name=name, adapter=adapter, prompt_ids=PROMPTS[prompt],
-                          last_logits=logits, greedy=toks, greedy_margins=margins))
+                          last_logits=logits, greedy=toks, greedy_margins=margins, embedding=emb))
         log(f"  {name:<14} {time.perf_counter() - t1:4.1f}s  {toks}  {decode(cfg, toks)!r}  min margin {min(margins)}")
     log(f"total {time.perf_counter() - t0:.1f}s")
     return cfg, cases
@@ -233,7 +249,8 @@ def main():
     cfg, cases = run(args.gguf, args.adapters)
     if args.out:
         doc = {"gguf": args.gguf, "cases": [
-            {**c, "last_logits": [float(f"{v:.6g}") for v in c["last_logits"].tolist()]} for c in cases]}
+            {**c, "last_logits": [float(f"{v:.6g}") for v in c["last_logits"].tolist()],
+             "embedding": [float(f"{v:.7g}") for v in c["embedding"].tolist()]} for c in cases]}
         with open(args.out, "w") as fh:
             json.dump(doc, fh, separators=(",", ":"))
             fh.write("\n")

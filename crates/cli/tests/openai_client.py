@@ -69,6 +69,14 @@ for adapter in ("pirate", "tutor", "poet", "chef"):
     card = models["smollm2:" + adapter]
     assert card.model_extra.get("parent") == "smollm2", card
 
+# Embeddings (the client asks for base64 and decodes it): unit vectors, one per input.
+emb = client.embeddings.create(model="smollm2:pirate", input=["hello", "goodbye"])
+assert [d.index for d in emb.data] == [0, 1], emb
+for d in emb.data:
+    assert len(d.embedding) == 576
+    assert abs(sum(v * v for v in d.embedding) - 1.0) < 1e-3
+assert emb.usage.prompt_tokens > 0
+
 # An unknown adapter is NotFoundError, naming the adapter.
 try:
     chat("smollm2:nobody")

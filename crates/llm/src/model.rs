@@ -111,10 +111,18 @@ impl LlamaModel {
     /// Runs one step. Returns, for each segment, the logits after its last token when it
     /// asked for them.
     pub fn forward(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
-        crate::parallel::run(|| self.step(segments))
+        crate::parallel::run(|| self.step(segments, false))
     }
 
-    fn step(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
+    /// Embeddings: for each segment, the mean over its tokens of the last hidden states (after
+    /// the final norm), scaled to length 1. The tokens are appended to the caches as by
+    /// [`forward`](Self::forward); `want_logits` is ignored.
+    pub fn embed(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Vec<f32>>> {
+        let pooled = crate::parallel::run(|| self.step(segments, true))?;
+        Ok(pooled.into_iter().map(Option::unwrap_or_default).collect())
+    }
+
+    fn step(&self, segments: &mut [Segment<'_>], embed: bool) -> Result<Vec<Option<Vec<f32>>>> {
         let config = &self.weights.config;
         let (d, kv_dim, vocab) = (config.d_model, config.kv_dim(), config.vocab_size);
         let mut tokens = Vec::new();
@@ -267,6 +275,9 @@ impl LlamaModel {
             )?;
             add_assign(&mut x, down);
         }
+        if embed {
+            return Ok(self.pool(segments, &x));
+        }
         let mut last_rows = Vec::new();
         let mut row = 0;
         for s in segments.iter_mut() {
@@ -295,5 +306,38 @@ impl LlamaModel {
         }
         logits.clear();
         Ok(out)
+    }
+
+    /// Each segment's mean final hidden state, normalised (see [`embed`](Self::embed)).
+    fn pool(&self, segments: &mut [Segment<'_>], x: &[f32]) -> Vec<Option<Vec<f32>>> {
+        let config = &self.weights.config;
+        let d = config.d_model;
+        let mut row = 0;
+        segments
+            .iter_mut()
+            .map(|s| {
+                let n = s.tokens.len();
+                s.cache.advance(n);
+                let h = rms_norm(
+                    &x[row * d..(row + n) * d],
+                    &self.weights.final_norm,
+                    config.rms_eps,
+                );
+                row += n;
+                let mut mean = vec![0.0f64; d];
+                for r in h.chunks_exact(d) {
+                    for (m, v) in mean.iter_mut().zip(r) {
+                        *m += f64::from(*v);
+                    }
+                }
+                let norm = mean
+                    .iter()
+                    .map(|m| m * m)
+                    .sum::<f64>()
+                    .sqrt()
+                    .max(f64::MIN_POSITIVE);
+                Some(mean.iter().map(|m| (m / norm) as f32).collect())
+            })
+            .collect()
     }
 }

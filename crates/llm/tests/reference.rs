@@ -111,3 +111,43 @@ fn the_reference_chat_prompt_tokenizes_to_its_ids() {
     let ids = rt.tokenizer.encode(text, true).unwrap();
     assert_eq!(ids, Reference::load().cases[0].prompt_ids);
 }
+
+fn embedding(rt: &Runtime, case: &Case) -> Vec<f32> {
+    let model = rt.model();
+    let adapter = case.adapter.as_ref().map(|id| rt.adapter(id));
+    let mut cache = KvCache::new(model.config(), case.prompt_ids.len(), None);
+    model
+        .embed(&mut [Segment {
+            tokens: &case.prompt_ids,
+            cache: &mut cache,
+            adapter: adapter.as_deref(),
+            want_logits: false,
+        }])
+        .unwrap()
+        .remove(0)
+}
+
+/// Embeddings (the mean of the final-normed last hidden states, unit length) against the
+/// reference's: with f32 weights equal to the file's 7 digits within f32 rounding, quantized
+/// pointing the same way (cosine above 0.995). In the reference, the three prompts' embeddings
+/// are 0.49-0.66 apart (cosine) and each adapter moves the chat prompt's to 0.76-0.96 of the
+/// base model's, so a wrong prompt or a dropped adapter fails the bound.
+#[test]
+fn embeddings_equal_the_reference() {
+    let reference = Reference::load();
+    let cosine = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f32>();
+    for case in &reference.cases {
+        let got = embedding(runtime_f32(), case);
+        let (max, _) = differences(&got, &case.embedding);
+        assert!(max < 1e-4, "{}: max |diff| {max}", case.name);
+        let got = embedding(runtime(), case);
+        let c = cosine(&got, &case.embedding);
+        assert!(c > 0.995, "{}: cosine {c}", case.name);
+        let norm = got.iter().map(|v| v * v).sum::<f32>().sqrt();
+        assert!((norm - 1.0).abs() < 1e-5, "{}: norm {norm}", case.name);
+    }
+    let (a, b) = (&reference.cases[0], &reference.cases[1]);
+    assert_ne!(a.prompt_ids, b.prompt_ids);
+    let c = cosine(&embedding(runtime(), a), &b.embedding);
+    assert!(c < 0.95, "different prompts, cosine {c}");
+}

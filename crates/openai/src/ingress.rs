@@ -266,6 +266,12 @@ impl Deployment for OpenAiIngress {
                 let adapter = self.adapter_for(&job.model)?;
                 self.forward(&path, body, adapter).await
             }
+            (&Method::POST, "/v1/embeddings") => {
+                let body = request.into_body().to_bytes(usize::MAX).await?;
+                let job = crate::params::parse_embeddings(&body)?;
+                let adapter = self.adapter_for(&job.model)?;
+                self.forward(&path, body, adapter).await
+            }
             (&Method::POST, "/tokenize" | "/detokenize") => {
                 let body = request.into_body().to_bytes(usize::MAX).await?;
                 let model = if path == "/tokenize" {
@@ -290,7 +296,7 @@ impl Deployment for OpenAiIngress {
             )),
             _ => Err(ServeError::NotFound {
                 what: format!(
-                    "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/models, /tokenize, /detokenize)"
+                    "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /tokenize, /detokenize)"
                 ),
             }),
         };

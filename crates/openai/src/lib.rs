@@ -9,7 +9,8 @@
 //! - [`llm_deployments`]: the two deployments (LLM replicas and their OpenAI ingress).
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as Server-Sent
-//! Events when asked), `GET /v1/models`, `POST /tokenize`, `POST /detokenize`, and vLLM's
+//! Events when asked), `POST /v1/embeddings`, `GET /v1/models`, `POST /tokenize`,
+//! `POST /detokenize`, and vLLM's
 //! `POST /v1/load_lora_adapter` / `POST /v1/unload_lora_adapter` (behind the admin token).
 
 mod config;

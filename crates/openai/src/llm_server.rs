@@ -185,6 +185,48 @@ impl LlmServer {
         })))
     }
 
+    /// `/v1/embeddings`: each input's embedding (see `LlamaModel::embed`), with the request's
+    /// adapter if it names one.
+    async fn embeddings(&self, body: &[u8]) -> Result<Response, ServeError> {
+        use base64::Engine as _;
+        let job = crate::params::parse_embeddings(body)?;
+        let adapter = modelmux_context::multiplexed_model_id();
+        let mut data = Vec::with_capacity(job.inputs.len());
+        let mut prompt_tokens = 0;
+        for (index, input) in job.inputs.into_iter().enumerate() {
+            let tokens = self.tokens(input).await?;
+            prompt_tokens += tokens.len();
+            let lease = match &adapter {
+                Some(id) => Some(
+                    self.runtime
+                        .adapter(id.as_str())
+                        .await
+                        .map_err(|e| serve_error(&e))?,
+                ),
+                None => None,
+            };
+            let vector = self
+                .runtime
+                .engine()
+                .embed(tokens, lease)
+                .await
+                .map_err(|e| serve_error(&e))?;
+            let embedding = if job.base64 {
+                let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
+                json!(base64::engine::general_purpose::STANDARD.encode(bytes))
+            } else {
+                json!(vector)
+            };
+            data.push(json!({"object": "embedding", "index": index, "embedding": embedding}));
+        }
+        Ok(json_response(&json!({
+            "object": "list",
+            "data": data,
+            "model": job.model,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+        })))
+    }
+
     /// Loads the request's adapter (placed here by the router) and lets it go: it stays cached.
     async fn load_adapter(&self) -> Result<Response, ServeError> {
         let id = modelmux_context::multiplexed_model_id()
@@ -223,6 +265,7 @@ impl Deployment for LlmServer {
             "/tokenize" => self.tokenize(&body).await,
             "/detokenize" => self.detokenize(&body),
             "/v1/load_lora_adapter" => self.load_adapter().await,
+            "/v1/embeddings" => self.embeddings(&body).await,
             other => Err(ServeError::NotFound {
                 what: format!("the LLM deployment has no endpoint {other}"),
             }),

@@ -7,8 +7,8 @@ use modelmux_serve::ServeError;
 use serde::de::DeserializeOwned;
 
 use crate::protocol::{
-    CHAT_ONLY, COMPLETION_ONLY, Content, ContentPart, DetokenizeRequest, GenerateBody, Message,
-    OneOrMany, PromptInput, TokenizeRequest,
+    CHAT_ONLY, COMPLETION_ONLY, Content, ContentPart, DetokenizeRequest, EmbeddingRequest,
+    GenerateBody, Message, OneOrMany, PromptInput, TokenizeRequest,
 };
 
 /// Which generation endpoint a request came to.
@@ -343,6 +343,65 @@ pub(crate) fn parse_tokenize(body: &[u8]) -> Result<(String, TokenizeInput), Ser
         }
     };
     Ok((r.model, input))
+}
+
+/// The most inputs one `/v1/embeddings` request may hold.
+pub(crate) const MAX_EMBEDDING_INPUTS: usize = 256;
+
+/// A checked `/v1/embeddings` request.
+pub(crate) struct EmbeddingJob {
+    pub(crate) model: String,
+    /// Texts or token ids, one embedding each.
+    pub(crate) inputs: Vec<Prompt>,
+    pub(crate) base64: bool,
+}
+
+/// Parses `/v1/embeddings`.
+pub(crate) fn parse_embeddings(body: &[u8]) -> Result<EmbeddingJob, ServeError> {
+    let r: EmbeddingRequest = parse_body(body)?;
+    let inputs: Vec<Prompt> = match r.input {
+        PromptInput::Text(t) => vec![Prompt::Text(t)],
+        PromptInput::Texts(many) => many.into_iter().map(Prompt::Text).collect(),
+        PromptInput::Tokens(ids) => vec![Prompt::Tokens(token_ids("input", &ids)?)],
+        PromptInput::TokenLists(many) => many
+            .iter()
+            .map(|ids| token_ids("input", ids).map(Prompt::Tokens))
+            .collect::<Result<_, _>>()?,
+    };
+    if inputs.is_empty() || inputs.len() > MAX_EMBEDDING_INPUTS {
+        return Err(invalid(
+            "input",
+            format!(
+                "input must hold 1 to {MAX_EMBEDDING_INPUTS} items, got {}",
+                inputs.len()
+            ),
+        ));
+    }
+    if inputs.iter().any(|p| match p {
+        Prompt::Text(t) => t.is_empty(),
+        Prompt::Tokens(ids) => ids.is_empty(),
+        Prompt::Chat(_) => false,
+    }) {
+        return Err(invalid("input", "an input is empty"));
+    }
+    if r.dimensions.is_some() {
+        return Err(unsupported("dimensions", "shortening embeddings"));
+    }
+    let base64 = match r.encoding_format.as_deref() {
+        None | Some("float") => false,
+        Some("base64") => true,
+        Some(other) => {
+            return Err(invalid(
+                "encoding_format",
+                format!("encoding_format must be float or base64, got '{other}'"),
+            ));
+        }
+    };
+    Ok(EmbeddingJob {
+        model: r.model,
+        inputs,
+        base64,
+    })
 }
 
 /// Parses `/detokenize`.

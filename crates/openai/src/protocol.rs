@@ -111,6 +111,20 @@ pub(crate) struct GenerateBody {
     pub(crate) user: Option<String>,
 }
 
+/// `POST /v1/embeddings`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EmbeddingRequest {
+    pub(crate) model: String,
+    pub(crate) input: PromptInput,
+    /// `float` (default) or `base64` (little-endian f32, what the official Python client asks
+    /// for).
+    pub(crate) encoding_format: Option<String>,
+    pub(crate) dimensions: Option<serde_json::Number>,
+    #[allow(dead_code)] // accepted: an end-user id for the caller's own accounting
+    pub(crate) user: Option<String>,
+}
+
 /// `POST /tokenize` (vLLM's shape): a prompt or a conversation.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -520,3 +520,95 @@ async fn generation_pauses_and_resumes_through_the_admin_api() {
     assert_eq!(control("reset_prefix_cache").await.status, 404);
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_are_unit_vectors_per_input_and_per_adapter() {
+    let server = serve(&config(json!({})), 1).await;
+    let addr = server.local_addr();
+    let embed = |body: serde_json::Value| async move { post(addr, "/v1/embeddings", body).await };
+    let vector = |v: &serde_json::Value| -> Vec<f32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect()
+    };
+    let reply =
+        embed(json!({"model": "smollm2", "input": ["The sky is blue.", "Paris is in France."]}))
+            .await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let body = reply.json();
+    assert_eq!(body["object"], "list");
+    assert!(body["usage"]["prompt_tokens"].as_u64().unwrap() > 6);
+    let a = vector(&body["data"][0]["embedding"]);
+    let b = vector(&body["data"][1]["embedding"]);
+    assert_eq!(body["data"][1]["index"], 1);
+    assert_eq!(a.len(), 576);
+    let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+    assert!((dot(&a, &a) - 1.0).abs() < 1e-4);
+    assert!(dot(&a, &b) < 0.99, "different texts, different vectors");
+    // The same text alone gives the same vector; base64 carries the same floats.
+    let alone = embed(
+        json!({"model": "smollm2", "input": "The sky is blue.", "encoding_format": "base64"}),
+    )
+    .await
+    .json();
+    let encoded = alone["data"][0]["embedding"].as_str().unwrap();
+    let bytes = base64_decode(encoded);
+    let decoded: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(decoded, a);
+    // An adapter moves it.
+    let pirate = embed(json!({"model": "smollm2:pirate", "input": "The sky is blue."}))
+        .await
+        .json();
+    let p = vector(&pirate["data"][0]["embedding"]);
+    assert!(
+        dot(&a, &p) < 0.9999,
+        "the adapter changed nothing: {}",
+        dot(&a, &p)
+    );
+    for (body, param) in [
+        (
+            json!({"model": "smollm2", "input": "x", "dimensions": 8}),
+            "dimensions",
+        ),
+        (json!({"model": "smollm2", "input": ""}), "input"),
+        (
+            json!({"model": "smollm2", "input": "x", "encoding_format": "hex"}),
+            "encoding_format",
+        ),
+    ] {
+        let r = embed(body.clone()).await;
+        assert_eq!(r.status, 400, "{body}");
+        assert_eq!(r.json()["error"]["param"], param);
+    }
+    server.shutdown().await;
+}
+
+/// Standard base64, for checking the server's (no padding errors expected).
+fn base64_decode(text: &str) -> Vec<u8> {
+    let value = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("not base64: {c}"),
+    };
+    let digits: Vec<u8> = text.bytes().filter(|&c| c != b'=').map(value).collect();
+    digits
+        .chunks(4)
+        .flat_map(|c| {
+            let n = c.iter().fold(0u32, |n, &d| (n << 6) | u32::from(d)) << (6 * (4 - c.len()));
+            n.to_be_bytes()[1..c.len()].to_vec()
+        })
+        .collect()
+}

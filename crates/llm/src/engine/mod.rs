@@ -243,8 +243,17 @@ pub struct EngineSnapshot {
     pub kv_capacity_bytes: u64,
 }
 
+/// A request for an embedding, run by the engine thread between two steps.
+pub(crate) struct EmbedJob {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) adapter: Option<AdapterLease>,
+    pub(crate) reservation: crate::kv::KvReservation,
+    pub(crate) reply: tokio::sync::oneshot::Sender<Result<Vec<f32>>>,
+}
+
 pub(crate) enum Command {
     Submit(Box<sequence::Sequence>),
+    Embed(Box<EmbedJob>),
     /// Look at the flags (sleep, wake up) now, even if idle.
     Poke,
 }
@@ -458,6 +467,61 @@ impl Engine {
     /// Whether the engine is paused.
     pub fn is_paused(&self) -> bool {
         self.inner.stats.paused.load(Ordering::SeqCst)
+    }
+
+    /// The embedding of `tokens` (with `adapter`, or the base model): the mean of the last
+    /// hidden states, normalised (see [`LlamaModel::embed`]). Runs on the engine thread
+    /// between two steps, with its KV memory taken from the budget for as long as it runs;
+    /// an asleep engine runs it when it wakes up.
+    pub async fn embed(&self, tokens: Vec<u32>, adapter: Option<AdapterLease>) -> Result<Vec<f32>> {
+        let inner = &self.inner;
+        let vocab = inner.model_config.vocab_size;
+        if tokens.is_empty() {
+            return Err(LlmError::InvalidRequest("the input is empty".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LlmError::InvalidRequest(format!(
+                "token id {bad} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        let context = inner.config.max_model_len;
+        if tokens.len() > context {
+            return Err(LlmError::ContextOverflow {
+                prompt_tokens: tokens.len(),
+                max_tokens: 0,
+                context,
+            });
+        }
+        let bytes = inner.model_config.kv_bytes_per_token() * tokens.len() as u64;
+        let reservation = inner
+            .budget
+            .try_reserve(bytes)
+            .ok_or_else(|| LlmError::Overloaded {
+                reason: "the KV cache budget is in use".into(),
+                retry_after: Duration::from_secs(1),
+            })?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = EmbedJob {
+            tokens,
+            adapter,
+            reservation,
+            reply,
+        };
+        match inner.commands.try_send(Command::Embed(Box::new(job))) {
+            Ok(()) => {}
+            Err(std::sync::mpsc::TrySendError::Full(_)) => {
+                return Err(LlmError::Overloaded {
+                    reason: format!("{} requests are already waiting", inner.config.max_waiting),
+                    retry_after: Duration::from_secs(1),
+                });
+            }
+            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                return Err(LlmError::EngineStopped("the engine thread is gone".into()));
+            }
+        }
+        answer
+            .await
+            .map_err(|_| LlmError::EngineStopped("the engine dropped the request".into()))?
     }
 
     /// Live figures.

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::sequence::{Progress, Sequence};
 use super::{Command, EngineConfig, EngineStats};
 use crate::error::LlmError;
-use crate::kv::KvBudget;
+use crate::kv::{KvBudget, KvCache};
 use crate::model::{LlamaModel, Segment};
 use crate::tokenizer::TextTokenizer;
 
@@ -32,6 +32,8 @@ pub(super) struct EngineLoop {
     eos: Vec<u32>,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
+    /// Embeddings asked for, run between steps (kept while asleep).
+    embeds: Vec<super::EmbedJob>,
 }
 
 impl EngineLoop {
@@ -71,6 +73,7 @@ impl EngineLoop {
             eos,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            embeds: Vec::new(),
         }
     }
 
@@ -82,6 +85,7 @@ impl EngineLoop {
             }
             self.drop_abandoned();
             self.sleep_or_wake();
+            self.run_embeds();
             if self.stats.paused.load(Ordering::SeqCst) || self.model.is_none() {
                 self.publish();
                 if !self.wait_paused() {
@@ -118,6 +122,32 @@ impl EngineLoop {
 
     /// Moves submitted sequences into the queue. Blocks while there is nothing to do.
     /// Returns false once every handle is gone.
+    /// Runs the embeddings asked for (unless asleep), each on its own, a panic failing it alone.
+    fn run_embeds(&mut self) {
+        let Some(model) = self.model.clone() else {
+            return;
+        };
+        for job in self.embeds.drain(..) {
+            if job.reply.is_closed() {
+                continue;
+            }
+            let mut cache =
+                KvCache::new(&self.model_config, job.tokens.len(), Some(job.reservation));
+            let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let mut segment = [Segment {
+                    tokens: &job.tokens,
+                    cache: &mut cache,
+                    adapter: job.adapter.as_deref(),
+                    want_logits: false,
+                }];
+                model.embed(&mut segment)
+            }))
+            .unwrap_or_else(|panic| Err(LlmError::Internal(modelmux_cache::panic_message(&*panic))))
+            .map(|mut v| v.pop().unwrap_or_default());
+            let _ = job.reply.send(result);
+        }
+    }
+
     /// Releases the weights when asked to sleep, loads them again when asked to wake up
     /// (between steps, on this thread: sequences keep their KV caches and go on afterwards).
     fn sleep_or_wake(&mut self) {
@@ -167,6 +197,10 @@ impl EngineLoop {
                 self.waiting.push_back(*s);
                 true
             }
+            Ok(Command::Embed(job)) => {
+                self.embeds.push(*job);
+                true
+            }
             Ok(Command::Poke) => true,
             Err(RecvTimeoutError::Timeout) => true,
             Err(RecvTimeoutError::Disconnected) => false,
@@ -208,6 +242,10 @@ impl EngineLoop {
             };
             match command {
                 Command::Submit(s) => self.waiting.push_back(*s),
+                Command::Embed(job) => {
+                    self.embeds.push(*job);
+                    return true;
+                }
                 Command::Poke => return true,
             }
             if self.waiting.len() >= self.config.max_waiting {

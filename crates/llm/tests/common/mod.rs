@@ -84,6 +84,7 @@ pub struct Case {
     pub last_logits: Vec<f32>,
     pub greedy: Vec<u32>,
     pub greedy_margins: Vec<f32>,
+    pub embedding: Vec<f32>,
 }
 
 #[derive(serde::Deserialize)]
