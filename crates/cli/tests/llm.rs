@@ -217,3 +217,26 @@ fn adapters_come_from_s3_through_the_disk_cache_and_are_evicted_past_the_cap() {
     assert!(body.contains(&format!("s3://{bucket}/adapters")), "{body}");
     server.terminate();
 }
+
+#[test]
+fn a_failing_adapter_store_is_a_502_and_the_base_model_still_answers() {
+    // Nothing listens on port 9 of loopback: every S3 request fails to connect.
+    let cache = tempfile::tempdir().unwrap();
+    let extra = "            max_download_tries: 1
+            download_timeout_s: 5
+            options: {endpoint: 'http://127.0.0.1:9', allow_http: true, region: us-east-1, access_key_id: test, secret_access_key: test}";
+    let config = llm_config("s3://bucket/adapters", extra).replace(
+        "applications:",
+        &format!(
+            "disk_cache: {{path: '{}'}}\napplications:",
+            cache.path().join("c").display()
+        ),
+    );
+    let mut server = serve(&config);
+    let (status, body) = chat(&server.url, "smollm2:pirate");
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("pirate"), "{body}");
+    let (status, body) = chat(&server.url, "smollm2");
+    assert_eq!(status, 200, "{body}");
+    server.terminate();
+}
