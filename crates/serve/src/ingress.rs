@@ -84,14 +84,24 @@ async fn route(
     response
 }
 
-/// The model id from either spelling of the header. Absent or empty: a normal request.
+/// The model id from either spelling of the header. Absent or empty: a normal request. Both
+/// spellings, or one repeated, with different values: refused, so a gateway that sets one
+/// spelling cannot be bypassed with the other.
 pub(crate) fn model_id(headers: &HeaderMap) -> Result<Option<ModelId>, ServeError> {
-    let Some(value) = headers
-        .get(&MODEL_ID_HEADER)
-        .or_else(|| headers.get(&MODEL_ID_HEADER_DASHED))
-    else {
+    let mut values = headers
+        .get_all(&MODEL_ID_HEADER)
+        .iter()
+        .chain(headers.get_all(&MODEL_ID_HEADER_DASHED).iter());
+    let Some(value) = values.next() else {
         return Ok(None);
     };
+    if values.any(|other| other != value) {
+        return Err(ServeError::BadRequest {
+            message: "the request names two different models (serve_multiplexed_model_id and \
+                      serve-multiplexed-model-id, or one of them twice): send one"
+                .into(),
+        });
+    }
     let text = std::str::from_utf8(value.as_bytes()).map_err(|_| ServeError::BadRequest {
         message: "serve_multiplexed_model_id is not valid UTF-8".into(),
     })?;
@@ -132,11 +142,22 @@ mod tests {
         h.insert(MODEL_ID_HEADER_DASHED, HeaderValue::from_static("m-1"));
         assert_eq!(model_id(&h).unwrap().unwrap().as_str(), "m-1");
         h.insert(MODEL_ID_HEADER, HeaderValue::from_static("m-2"));
+        assert!(
+            matches!(model_id(&h), Err(ServeError::BadRequest { .. })),
+            "two spellings, two models: refused"
+        );
+        h.insert(MODEL_ID_HEADER, HeaderValue::from_static("m-1"));
         assert_eq!(
             model_id(&h).unwrap().unwrap().as_str(),
-            "m-2",
-            "the underscore spelling wins"
+            "m-1",
+            "the same model twice"
         );
+        h.append(MODEL_ID_HEADER, HeaderValue::from_static("m-3"));
+        assert!(
+            model_id(&h).is_err(),
+            "one spelling repeated with another model"
+        );
+        h.clear();
         h.insert(MODEL_ID_HEADER, HeaderValue::from_static(""));
         assert_eq!(
             model_id(&h).unwrap(),

@@ -92,6 +92,24 @@ async fn model_id_headers_request_ids_bodies_and_headers_reach_the_deployment() 
         (Some(5), Some("hi"))
     );
     assert!(!r.replica().is_empty(), "x-modelmux-replica is set");
+    // Two spellings naming two models: refused, never one of them silently.
+    let spoofed = send(
+        addr,
+        Method::POST,
+        "/",
+        &[
+            ("serve_multiplexed_model_id", "tenant-a"),
+            ("serve-multiplexed-model-id", "tenant-b"),
+        ],
+        b"",
+    )
+    .await;
+    assert_eq!(spoofed.status, StatusCode::BAD_REQUEST);
+    assert!(
+        spoofed.text().contains("two different models"),
+        "{}",
+        spoofed.text()
+    );
     let generated = r.headers["x-request-id"].to_str().unwrap();
     assert_eq!(
         j["request_id"].as_str(),
