@@ -105,6 +105,22 @@ impl LlmServer {
         Ok(ids)
     }
 
+    /// The request's adapter, loaded if need be and held until the lease is dropped.
+    async fn lease(
+        &self,
+        adapter: Option<&modelmux_cache::ModelId>,
+    ) -> Result<Option<modelmux_llm::AdapterLease>, ServeError> {
+        match adapter {
+            Some(id) => self
+                .runtime
+                .adapter(id.as_str())
+                .await
+                .map(Some)
+                .map_err(|e| serve_error(&e)),
+            None => Ok(None),
+        }
+    }
+
     async fn generate(&self, endpoint: Endpoint, body: &[u8]) -> Result<Response, ServeError> {
         let started = Instant::now();
         let job = parse_job(endpoint, body)?;
@@ -117,15 +133,7 @@ impl LlmServer {
         params.max_tokens = job
             .max_tokens
             .unwrap_or_else(|| self.context() - prompt.len());
-        let lease = match &adapter {
-            Some(id) => Some(
-                self.runtime
-                    .adapter(id.as_str())
-                    .await
-                    .map_err(|e| serve_error(&e))?,
-            ),
-            None => None,
-        };
+        let lease = self.lease(adapter.as_ref()).await?;
         let prompt_tokens = prompt.len();
         let stream = self
             .runtime
@@ -196,15 +204,7 @@ impl LlmServer {
         for (index, input) in job.inputs.into_iter().enumerate() {
             let tokens = self.tokens(input).await?;
             prompt_tokens += tokens.len();
-            let lease = match &adapter {
-                Some(id) => Some(
-                    self.runtime
-                        .adapter(id.as_str())
-                        .await
-                        .map_err(|e| serve_error(&e))?,
-                ),
-                None => None,
-            };
+            let lease = self.lease(adapter.as_ref()).await?;
             let vector = self
                 .runtime
                 .engine()
