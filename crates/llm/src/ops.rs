@@ -134,20 +134,19 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
     let scale = 1.0 / (head_dim as f32).sqrt();
     let group = n_head / n_kv_head;
     let kv_width = n_kv_head * head_dim;
-    let head = |(s, i): (usize, usize), h: usize, out: &mut [f32], scores: &mut Vec<f32>| {
+    // The `group` query heads of one key/value head are next to each other in a row.
+    let heads = |(s, i): (usize, usize), out_row: &mut [f32], scores: &mut Vec<f32>| {
         let span = &spans[s];
         let row = span.first_row + i;
         let len = span.start + i + 1;
-        let qh = &q[row * width + h * head_dim..][..head_dim];
-        let kvh = h / group;
-        scores.resize(len, 0.0);
-        vector::dots(qh, &span.keys[kvh * head_dim..], kv_width, scores);
-        for s in scores.iter_mut() {
-            *s *= scale;
+        let group_width = group * head_dim;
+        for (kvh, out) in out_row.chunks_exact_mut(group_width).enumerate() {
+            let q = &q[row * width + kvh * group_width..][..group_width];
+            let at = kvh * head_dim;
+            let end = (len - 1) * kv_width + at + head_dim;
+            let (keys, values) = (&span.keys[at..end], &span.values[at..end]);
+            vector::attend(q, keys, values, kv_width, head_dim, scale, scores, out);
         }
-        vector::softmax(scores);
-        out.fill(0.0);
-        vector::axpys(out, scores, &span.values[kvh * head_dim..], kv_width);
     };
     // Decode steps of a few short sequences are cheaper on one thread than a fork-join.
     let per_head_rows: usize = work * n_head * head_dim;
@@ -160,9 +159,7 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
         let mut scores = Vec::new();
         let first = chunk * chunk_rows;
         for (&item, out_row) in items[first..].iter().zip(out.chunks_exact_mut(width)) {
-            for (h, o) in out_row.chunks_exact_mut(head_dim).enumerate() {
-                head(item, h, o, &mut scores);
-            }
+            heads(item, out_row, &mut scores);
         }
     });
     out
