@@ -27,7 +27,12 @@ fn level() -> Level {
     *LEVEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            // Every feature the AVX-512 copy is compiled with.
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
                 return Level::Avx512;
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -54,7 +59,7 @@ macro_rules! multiversion {
                     $body::<true>($($arg),*)
                 }
                 match level() {
-                    // SAFETY: `level` found AVX-512 F and FMA on this CPU.
+                    // SAFETY: `level` found AVX-512 F and VL, AVX2 and FMA on this CPU.
                     Level::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: `level` found AVX2 and FMA on this CPU.
                     Level::Avx2 => return unsafe { avx2($($arg),*) },

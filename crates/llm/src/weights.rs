@@ -137,6 +137,7 @@ pub struct LlamaWeights {
     pub(crate) blocks: Vec<Block>,
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: Matrix,
+    pub(crate) format: WeightFormat,
     bytes: u64,
 }
 
@@ -271,6 +272,7 @@ impl LlamaWeights {
             blocks,
             final_norm,
             lm_head,
+            format,
             bytes,
         })
     }
