@@ -27,7 +27,12 @@ fn level() -> Level {
     *LEVEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("fma") {
+            // Every feature the AVX-512 copy is compiled with.
+            if is_x86_feature_detected!("avx512f")
+                && is_x86_feature_detected!("avx512vl")
+                && is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+            {
                 return Level::Avx512;
             }
             if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
@@ -54,7 +59,7 @@ macro_rules! multiversion {
                     $body::<true>($($arg),*)
                 }
                 match level() {
-                    // SAFETY: `level` found AVX-512 F and FMA on this CPU.
+                    // SAFETY: `level` found AVX-512 F and VL, AVX2 and FMA on this CPU.
                     Level::Avx512 => return unsafe { avx512($($arg),*) },
                     // SAFETY: `level` found AVX2 and FMA on this CPU.
                     Level::Avx2 => return unsafe { avx2($($arg),*) },
@@ -144,12 +149,28 @@ fn axpys_body<const FMA: bool>(y: &mut [f32], coefficients: &[f32], rows: &[f32]
 
 #[inline(always)]
 fn softmax_body<const FMA: bool>(x: &mut [f32]) {
-    let max = x.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
-    let mut total = 0.0;
+    // Lane-wise max and sum (a single running value would keep the loops scalar).
+    let whole = x.len() / LANES * LANES;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    for c in x[..whole].chunks_exact(LANES) {
+        for i in 0..LANES {
+            lanes[i] = lanes[i].max(c[i]);
+        }
+    }
+    let max = x[whole..]
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, v| m.max(*v));
     for v in x.iter_mut() {
         *v = exp::<FMA>(*v - max);
-        total += *v;
     }
+    let mut lanes = [0.0f32; LANES];
+    for c in x[..whole].chunks_exact(LANES) {
+        for i in 0..LANES {
+            lanes[i] += c[i];
+        }
+    }
+    let total = x[whole..].iter().chain(&lanes).sum::<f32>();
     let inverse = 1.0 / total;
     for v in x.iter_mut() {
         *v *= inverse;
@@ -166,6 +187,171 @@ fn silu_mul_body<const FMA: bool>(gate: &[f32], up: &[f32], out: &mut [f32]) {
 #[inline(always)]
 fn exp_body<const FMA: bool>(x: f32) -> f32 {
     exp::<FMA>(x)
+}
+
+/// `a · b` for a fixed length (a multiple of `4 * LANES`): element-wise products into four
+/// vectors' worth of lanes, then a halving tree; shaped so the compiler keeps it in whole
+/// vector registers.
+#[inline(always)]
+fn dot_fixed<const FMA: bool, const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32 {
+    const W: usize = 4 * LANES;
+    let mut acc = [0.0f32; W];
+    for c in 0..D / W {
+        for i in 0..W {
+            acc[i] = madd::<FMA>(a[c * W + i], b[c * W + i], acc[i]);
+        }
+    }
+    let mut width = W;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0]
+}
+
+/// Attention of a group of query heads sharing one key/value head, for head size `D`: the
+/// heads go `G` at a time, so each key and value is loaded once for `G` heads.
+#[inline(always)]
+fn attend_fixed<const FMA: bool, const D: usize>(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let len = scores.len() / (q.len() / D);
+    let mut q = q.chunks_exact(4 * D);
+    let mut scores = scores.chunks_exact_mut(4 * len);
+    let mut out = out.chunks_exact_mut(4 * D);
+    for ((q, s), o) in (&mut q).zip(&mut scores).zip(&mut out) {
+        heads::<FMA, D, 4>(q, keys, values, stride, scale, s, o);
+    }
+    let (q, s, o) = (q.remainder(), scores.into_remainder(), out.into_remainder());
+    match q.len() / D {
+        1 => heads::<FMA, D, 1>(q, keys, values, stride, scale, s, o),
+        2 => heads::<FMA, D, 2>(q, keys, values, stride, scale, s, o),
+        3 => heads::<FMA, D, 3>(q, keys, values, stride, scale, s, o),
+        _ => {}
+    }
+}
+
+/// `G` heads of size `D` over all positions.
+#[inline(always)]
+fn heads<const FMA: bool, const D: usize, const G: usize>(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) {
+    let len = scores.len() / G;
+    let q: [&[f32; D]; G] =
+        std::array::from_fn(|h| q[h * D..(h + 1) * D].try_into().expect("D values"));
+    for j in 0..len {
+        let k: &[f32; D] = keys[j * stride..j * stride + D]
+            .try_into()
+            .expect("D values");
+        for h in 0..G {
+            scores[h * len + j] = dot_fixed::<FMA, D>(q[h], k) * scale;
+        }
+    }
+    for s in scores.chunks_exact_mut(len) {
+        softmax_body::<FMA>(s);
+    }
+    // The heads' outputs stay in registers across all positions.
+    let mut acc = [[0.0f32; D]; G];
+    for j in 0..len {
+        let v: &[f32; D] = values[j * stride..j * stride + D]
+            .try_into()
+            .expect("D values");
+        for h in 0..G {
+            let p = scores[h * len + j];
+            for i in 0..D {
+                acc[h][i] = madd::<FMA>(p, v[i], acc[h][i]);
+            }
+        }
+    }
+    for (o, acc) in out.chunks_exact_mut(D).zip(&acc) {
+        o.copy_from_slice(acc);
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn attend_body<const FMA: bool>(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    stride: usize,
+    head_dim: usize,
+    scale: f32,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
+    let heads = q.len() / head_dim;
+    let len = if keys.len() < head_dim {
+        0
+    } else {
+        (keys.len() - head_dim) / stride + 1
+    };
+    assert!(
+        heads > 0
+            && q.len() == heads * head_dim
+            && out.len() == q.len()
+            && len > 0
+            && values.len() >= (len - 1) * stride + head_dim,
+        "attention of {} query values ({head_dim} per head) over {} key and {} value values",
+        q.len(),
+        keys.len(),
+        values.len()
+    );
+    scores.resize(heads * len, 0.0);
+    match head_dim {
+        64 => attend_fixed::<FMA, 64>(q, keys, values, stride, scale, scores, out),
+        128 => attend_fixed::<FMA, 128>(q, keys, values, stride, scale, scores, out),
+        _ => {
+            for (qh, s) in q.chunks_exact(head_dim).zip(scores.chunks_exact_mut(len)) {
+                dots_body::<FMA>(qh, keys, stride, s);
+                for s in s.iter_mut() {
+                    *s *= scale;
+                }
+                softmax_body::<FMA>(s);
+            }
+            for (o, s) in out.chunks_exact_mut(head_dim).zip(scores.chunks_exact(len)) {
+                o.fill(0.0);
+                axpys_body::<FMA>(o, s, values, stride);
+            }
+        }
+    }
+}
+
+multiversion! {
+    /// Causal attention of one position's query heads that share a key/value head:
+    /// `q` holds the heads one after another (`head_dim` values each), `keys` and `values`
+    /// the positions to attend to, position `j` at `j * stride..j * stride + head_dim` (so
+    /// `keys.len()` says how many there are: `(keys.len() - head_dim) / stride + 1`). Writes
+    /// `softmax(q_h · k_j * scale) · v` for each head into `out` (laid out as `q`). `scores`
+    /// is scratch.
+    ///
+    /// # Panics
+    /// When the shapes disagree or there is no position.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attend(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        stride: usize,
+        head_dim: usize,
+        scale: f32,
+        scores: &mut Vec<f32>,
+        out: &mut [f32]
+    ) => attend_body
 }
 
 multiversion! {
@@ -216,6 +402,60 @@ mod tests {
         let floor = (-87.0f32).exp().to_bits();
         assert!(exp_f32(-1000.0).to_bits().abs_diff(floor) <= 2);
         assert!(exp_f32(f32::INFINITY).is_finite());
+    }
+
+    #[test]
+    fn attention_of_a_head_group_matches_plain_f64() {
+        for head_dim in [64, 128, 24] {
+            let (heads, positions, stride) = (3, 37, 2 * head_dim + 8);
+            let v = |n: usize, seed: usize| -> Vec<f32> {
+                (0..n)
+                    .map(|i| (((i + seed) * 7919 % 211) as f32 - 105.0) / 60.0)
+                    .collect()
+            };
+            let q = v(heads * head_dim, 1);
+            let (keys, values) = (v(positions * stride, 2), v(positions * stride, 3));
+            // The kv head at offset head_dim of each position; the last position is whole.
+            let keys = &keys[head_dim..(positions - 1) * stride + 2 * head_dim];
+            let values = &values[head_dim..(positions - 1) * stride + 2 * head_dim];
+            let scale = 1.0 / (head_dim as f32).sqrt();
+            let mut out = vec![0.0; heads * head_dim];
+            attend(
+                &q,
+                keys,
+                values,
+                stride,
+                head_dim,
+                scale,
+                &mut Vec::new(),
+                &mut out,
+            );
+            for h in 0..heads {
+                let qh = &q[h * head_dim..(h + 1) * head_dim];
+                let w: Vec<f64> = (0..positions)
+                    .map(|j| {
+                        let k = &keys[j * stride..j * stride + head_dim];
+                        qh.iter()
+                            .zip(k)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
+                let m = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = w.iter().map(|x| (x - m).exp()).sum();
+                for d in 0..head_dim {
+                    let want: f64 = (0..positions)
+                        .map(|j| (w[j] - m).exp() / z * values[j * stride + d] as f64)
+                        .sum();
+                    let got = out[h * head_dim + d] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "{head_dim} {h} {d}: {got} vs {want}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]

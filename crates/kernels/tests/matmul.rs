@@ -164,7 +164,10 @@ fn threads_sharing_column_chunks_write_every_column() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(64))]
+    // 64 cases by default; `PROPTEST_CASES` (1000 in `scripts/test`) raises it.
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(64)
+    ))]
 
     #[test]
     fn every_kernel_equals_the_scalar_one_and_the_reference(

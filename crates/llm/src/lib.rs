@@ -1,9 +1,10 @@
 //! `modelmux-llm`: the LLM runtime of modelmux.
 //!
-//! A Llama-family model read from GGUF runs on the CPU (candle's quantized kernels), one
-//! engine loop per replica. Each sequence has its own KV cache and positions, so prompts
-//! being prefilled and sequences being decoded share every step, and so do sequences with
-//! different LoRA adapters: adapters stay unmerged and are applied to their own rows.
+//! A Llama-family model read from GGUF (with candle) runs on the CPU on `modelmux-kernels`'
+//! int8 matrix product, one engine loop per replica. Each sequence has its own KV cache and
+//! positions, so prompts being prefilled and sequences being decoded share every step, and so
+//! do sequences with different LoRA adapters: adapters stay unmerged and are applied to their
+//! own rows.
 //!
 //! - [`LlamaWeights`] / [`LlamaModel`]: the model and its batched forward pass.
 //! - [`TextTokenizer`] and [`ChatTemplate`]: text in and out, from the GGUF file itself.

@@ -92,6 +92,22 @@ impl Matrix {
         })
     }
 
+    /// Whether [`Matrix::dequantize_row`] can read rows back (the int8 format).
+    pub(crate) fn has_rows(&self) -> bool {
+        matches!(self.kernel, Kernel::Int8(_))
+    }
+
+    /// Row `row` (`in` values) as the kernel multiplies by it.
+    ///
+    /// # Panics
+    /// When the matrix is not in the int8 format (see [`Matrix::has_rows`]).
+    pub(crate) fn dequantize_row(&self, row: usize, out: &mut [f32]) {
+        match &self.kernel {
+            Kernel::Int8(m) => m.dequantize_row(row, out),
+            Kernel::Candle(_) => panic!("rows of candle's matrices are not read back"),
+        }
+    }
+
     pub(crate) fn out_dim(&self) -> usize {
         self.out_dim
     }

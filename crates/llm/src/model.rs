@@ -17,7 +17,7 @@ use crate::ops::{
     silu_mul_stacked,
 };
 use crate::parallel;
-use crate::weights::{LlamaWeights, Target};
+use crate::weights::{LlamaWeights, Target, WeightFormat};
 
 /// One sequence's part of a step: the tokens it adds (one to decode, or a chunk of its
 /// prompt), its cache (holding every token before them) and its adapter.
@@ -111,14 +111,24 @@ impl LlamaModel {
     /// Runs one step. Returns, for each segment, the logits after its last token when it
     /// asked for them.
     pub fn forward(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
-        crate::parallel::run(|| self.step(segments, false))
+        if self.weights.format == WeightFormat::Auto {
+            parallel::run(|| self.step(segments, false))
+        } else {
+            // candle's kernels split their work on their own pools: a step inside rayon's
+            // would leave two pools' threads spinning against each other.
+            self.step(segments, false)
+        }
     }
 
     /// Embeddings: for each segment, the mean over its tokens of the last hidden states (after
     /// the final norm), scaled to length 1. The tokens are appended to the caches as by
     /// [`forward`](Self::forward); `want_logits` is ignored.
     pub fn embed(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Vec<f32>>> {
-        let pooled = crate::parallel::run(|| self.step(segments, true))?;
+        let pooled = if self.weights.format == WeightFormat::Auto {
+            parallel::run(|| self.step(segments, true))?
+        } else {
+            self.step(segments, true)?
+        };
         Ok(pooled.into_iter().map(Option::unwrap_or_default).collect())
     }
 

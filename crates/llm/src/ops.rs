@@ -122,8 +122,8 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
     } = shape;
     let width = n_head * head_dim;
     let mut out = vec![0.0; q.len()];
-    // One work item per (row, head): its output is one head_dim slice of `out`.
-    let mut items: Vec<(usize, usize)> = Vec::new(); // (span, row within span)
+    // The step's rows: (span, row within span).
+    let mut items: Vec<(usize, usize)> = Vec::new();
     let mut work = 0usize;
     for (s, span) in spans.iter().enumerate() {
         for i in 0..span.rows {
@@ -134,35 +134,32 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
     let scale = 1.0 / (head_dim as f32).sqrt();
     let group = n_head / n_kv_head;
     let kv_width = n_kv_head * head_dim;
-    let head = |(s, i): (usize, usize), h: usize, out: &mut [f32], scores: &mut Vec<f32>| {
+    // One work item per (row, key/value head): the `group` query heads of one key/value
+    // head are next to each other in a row, so its output is one slice of `out`.
+    let group_width = group * head_dim;
+    let item = |index: usize, out: &mut [f32], scores: &mut Vec<f32>| {
+        let (s, i) = items[index / n_kv_head];
+        let kvh = index % n_kv_head;
         let span = &spans[s];
         let row = span.first_row + i;
         let len = span.start + i + 1;
-        let qh = &q[row * width + h * head_dim..][..head_dim];
-        let kvh = h / group;
-        scores.resize(len, 0.0);
-        vector::dots(qh, &span.keys[kvh * head_dim..], kv_width, scores);
-        for s in scores.iter_mut() {
-            *s *= scale;
-        }
-        vector::softmax(scores);
-        out.fill(0.0);
-        vector::axpys(out, scores, &span.values[kvh * head_dim..], kv_width);
+        let q = &q[row * width + kvh * group_width..][..group_width];
+        let at = kvh * head_dim;
+        let end = (len - 1) * kv_width + at + head_dim;
+        let (keys, values) = (&span.keys[at..end], &span.values[at..end]);
+        vector::attend(q, keys, values, kv_width, head_dim, scale, scores, out);
     };
     // Decode steps of a few short sequences are cheaper on one thread than a fork-join.
-    let per_head_rows: usize = work * n_head * head_dim;
-    let chunk_rows = if per_head_rows < 1 << 18 {
-        items.len()
+    let count = items.len() * n_kv_head;
+    let chunk_items = if work * n_head * head_dim < 1 << 17 {
+        count
     } else {
-        items.len().div_ceil(8 * parallel::threads())
+        count.div_ceil(8 * parallel::threads())
     };
-    parallel::for_each_chunk(&mut out, chunk_rows * width, |chunk, out| {
+    parallel::for_each_chunk(&mut out, chunk_items * group_width, |chunk, out| {
         let mut scores = Vec::new();
-        let first = chunk * chunk_rows;
-        for (&item, out_row) in items[first..].iter().zip(out.chunks_exact_mut(width)) {
-            for (h, o) in out_row.chunks_exact_mut(head_dim).enumerate() {
-                head(item, h, o, &mut scores);
-            }
+        for (i, out) in out.chunks_exact_mut(group_width).enumerate() {
+            item(chunk * chunk_items + i, out, &mut scores);
         }
     });
     out

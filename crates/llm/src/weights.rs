@@ -18,7 +18,8 @@ pub enum WeightFormat {
     /// Every matrix, the vocabulary head included, as int8 blocks of 32 with an f16 scale
     /// (34 bytes per 32 weights, like Q8_0), converted at load from any type candle can
     /// dequantize, for `modelmux-kernels`' int8 kernel (AVX-512 VNNI / AVX2 / scalar); q, k, v
-    /// and gate, up are stacked into one matrix each. The default and the fast path.
+    /// and gate, up are stacked into one matrix each; a tied head's int8 rows also serve the
+    /// embedding lookup. The default and the fast path.
     #[default]
     Auto,
     /// Exactly as the file stores them, multiplied by candle's kernels (a baseline).
@@ -133,10 +134,13 @@ pub(crate) struct Block {
 /// The weights of a Llama-family model.
 pub struct LlamaWeights {
     pub(crate) config: LlamaConfig,
-    pub(crate) embedding: Arc<QTensor>,
+    /// The token embeddings: the table as stored, or `None` when they are read from the
+    /// tied head's int8 copy (the same values, one copy in memory instead of two).
+    pub(crate) embedding: Option<Arc<QTensor>>,
     pub(crate) blocks: Vec<Block>,
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: Matrix,
+    pub(crate) format: WeightFormat,
     bytes: u64,
 }
 
@@ -265,12 +269,20 @@ impl LlamaWeights {
         } else {
             Matrix::candle(vec![embedding.clone()])?
         };
+        let tied = !file.has_tensor("output.weight");
+        let embedding = if tied && lm_head.has_rows() {
+            bytes -= embedding.storage_size_in_bytes() as u64;
+            None
+        } else {
+            Some(embedding)
+        };
         Ok(Self {
             config,
             embedding,
             blocks,
             final_norm,
             lm_head,
+            format,
             bytes,
         })
     }
@@ -287,7 +299,15 @@ impl LlamaWeights {
 
     /// The embeddings of `tokens`, `tokens.len() x d_model`.
     pub(crate) fn embed(&self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let Some(table) = &self.embedding else {
+            let d = self.config.d_model;
+            let mut x = vec![0.0; tokens.len() * d];
+            for (&t, row) in tokens.iter().zip(x.chunks_exact_mut(d)) {
+                self.lm_head.dequantize_row(t as usize, row);
+            }
+            return Ok(x);
+        };
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
-        Ok(self.embedding.embedding(&ids)?.flatten_all()?.to_vec1()?)
+        Ok(table.embedding(&ids)?.flatten_all()?.to_vec1()?)
     }
 }
