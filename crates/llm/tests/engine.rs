@@ -1,10 +1,11 @@
 //! The engine with SmolLM2: continuous batching that mixes adapters, base rows, prefill
-//! chunks and decodes without changing any sequence's tokens; sampling; stops; cancellation;
-//! the KV budget; bad requests. Every test checks that the KV accounting returns to zero.
+//! chunks and decodes without changing any sequence's tokens; sampling; stops; the KV budget
+//! (its first sequence must run for seconds, which the tiny model does not). Every test checks
+//! that the KV accounting returns to zero. (Cancellation, queues and bad requests, which need
+//! no language, run on a tiny random model in `mechanics.rs`.)
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::runtime;
@@ -181,35 +182,6 @@ async fn stop_strings_stop_tokens_and_eos_end_a_sequence() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dropped_stream_frees_its_sequence_kv_and_adapter() {
-    let rt = runtime();
-    let engine = rt.engine(EngineConfig::default());
-    let adapter = rt.adapter("tutor");
-    let mut stream = engine
-        .submit(GenerationRequest {
-            prompt: CHAT.to_vec(),
-            params: greedy(1000),
-            adapter: Some(AdapterLease::new(adapter.clone())),
-        })
-        .unwrap();
-    stream.next().await.unwrap();
-    stream.next().await.unwrap();
-    assert!(engine.snapshot().kv_reserved_bytes > 0);
-    assert!(
-        Arc::strong_count(&adapter) > 2,
-        "the sequence holds the adapter"
-    );
-    drop(stream);
-    settled(&engine).await;
-    assert_eq!(
-        Arc::strong_count(&adapter),
-        2,
-        "only the test and the shared cache hold it"
-    );
-    assert!(engine.snapshot().generated_tokens < 1000);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_kv_budget_requests_wait_then_are_refused_as_overloaded() {
     let rt = runtime();
     let per_token = rt.model().config().kv_bytes_per_token();
@@ -228,75 +200,5 @@ async fn past_the_kv_budget_requests_wait_then_are_refused_as_overloaded() {
     // Once the first is gone, the same request is admitted.
     drop(first);
     generate(&engine, request(&CHAT, greedy(250), None)).await;
-    settled(&engine).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_requests_are_typed_errors() {
-    let rt = runtime();
-    let engine = rt.engine(EngineConfig {
-        max_model_len: 64,
-        ..EngineConfig::default()
-    });
-    let vocab = rt.model().config().vocab_size as u32;
-    let cases: Vec<(Vec<u32>, SamplingParams, &str)> = vec![
-        (vec![5; 60], SamplingParams::greedy(10), "context holds 64"),
-        (
-            CHAT.to_vec(),
-            SamplingParams::greedy(usize::MAX),
-            "context holds 64",
-        ),
-        (CHAT.to_vec(), SamplingParams::greedy(0), "max_tokens"),
-        (vec![], SamplingParams::greedy(1), "empty"),
-        (
-            vec![1, vocab],
-            SamplingParams::greedy(1),
-            "outside the vocabulary",
-        ),
-        (
-            CHAT.to_vec(),
-            SamplingParams {
-                temperature: -1.0,
-                ..SamplingParams::greedy(1)
-            },
-            "temperature",
-        ),
-    ];
-    for (prompt, params, message) in cases {
-        let Err(err) = engine.submit(request(&prompt, params, None)) else {
-            panic!("{message}: accepted");
-        };
-        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
-        assert!(
-            err.to_string().contains(message),
-            "{err} should say {message}"
-        );
-    }
-    settled(&engine).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_full_queue_refuses_at_once() {
-    let engine = runtime().engine(EngineConfig {
-        max_num_seqs: 1,
-        max_waiting: 1,
-        max_batch_tokens: 16,
-        ..EngineConfig::default()
-    });
-    let mut accepted = Vec::new();
-    let mut refused = 0;
-    for _ in 0..8 {
-        match engine.submit(request(&CHAT, greedy(50), None)) {
-            Ok(s) => accepted.push(s),
-            Err(e) => {
-                assert_eq!(e.kind(), ErrorKind::Overloaded, "{e}");
-                refused += 1;
-            }
-        }
-    }
-    assert!(refused >= 4, "only {refused} refused");
-    for s in accepted {
-        s.collect().await.unwrap();
-    }
     settled(&engine).await;
 }

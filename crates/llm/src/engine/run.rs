@@ -87,6 +87,7 @@ impl EngineLoop {
             self.sleep_or_wake();
             self.run_embeds();
             if self.stats.paused.load(Ordering::SeqCst) || self.model.is_none() {
+                self.expire_waiting();
                 self.publish();
                 if !self.wait_paused() {
                     break;
@@ -94,6 +95,7 @@ impl EngineLoop {
                 continue;
             }
             self.admit();
+            self.expire_waiting();
             self.publish();
             if self.running.is_empty() {
                 continue;
@@ -259,6 +261,11 @@ impl EngineLoop {
     fn drop_abandoned(&mut self) {
         self.running.retain(|s| !s.is_abandoned());
         self.waiting.retain(|s| !s.is_abandoned());
+    }
+
+    /// Waiting sequences past their deadline are refused as overloaded. Runs after admission,
+    /// so one whose room opened in the same turn is served, not refused.
+    fn expire_waiting(&mut self) {
         let now = Instant::now();
         let (expired, kept): (Vec<_>, Vec<_>) =
             self.waiting.drain(..).partition(|s| s.deadline <= now);

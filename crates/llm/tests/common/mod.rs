@@ -2,6 +2,8 @@
 //! adapters, and the reference's numbers.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod tiny;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
