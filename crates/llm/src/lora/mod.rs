@@ -13,14 +13,16 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use modelmux_kernels::vector;
-use regex::Regex;
 use safetensors::{Dtype, SafeTensors};
-use serde_json::{Map, Value};
 
 use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
 use crate::parallel;
 use crate::weights::Target;
+
+mod config;
+
+use config::parse_config;
 
 /// The configuration file of an adapter directory.
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
@@ -98,251 +100,8 @@ impl std::fmt::Debug for LoraAdapter {
 
 static SERIAL: AtomicU64 = AtomicU64::new(1);
 
-/// Settings of `adapter_config.json` that change nothing in inference when left at their
-/// defaults, and unsafe to ignore otherwise.
-const MUST_BE_UNSET: &[&str] = &[
-    "use_dora",
-    "modules_to_save",
-    "layers_to_transform",
-    "layers_pattern",
-    "fan_in_fan_out",
-    "megatron_config",
-    "target_parameters",
-    "trainable_token_indices",
-    "lora_bias",
-    "use_qalora",
-    "exclude_modules",
-    "alora_invocation_tokens",
-];
-
-/// Settings that never change inference (training-time or bookkeeping only).
-const IGNORED: &[&str] = &[
-    "peft_type",
-    "task_type",
-    "base_model_name_or_path",
-    "revision",
-    "inference_mode",
-    "lora_dropout",
-    "init_lora_weights",
-    "auto_mapping",
-    "loftq_config",
-    "megatron_core",
-    "runtime_config",
-    "eva_config",
-    "corda_config",
-    "layer_replication",
-    "qalora_group_size",
-    "ensure_weight_tying",
-    "arrow_config",
-    "peft_version",
-];
-
-fn is_unset(v: &Value) -> bool {
-    match v {
-        Value::Null => true,
-        Value::Bool(b) => !b,
-        Value::Array(a) => a.is_empty(),
-        Value::Object(o) => o.is_empty(),
-        Value::String(s) => s.is_empty(),
-        Value::Number(_) => false,
-    }
-}
-
 /// A tensor read from the file: its shape and values.
 type Tensor = (Vec<usize>, Vec<f32>);
-
-/// What `adapter_config.json` says, checked.
-struct AdapterConfig {
-    rank: usize,
-    alpha: f64,
-    rslora: bool,
-    targets: Vec<Target>,
-    rank_pattern: Vec<(Regex, usize)>,
-    alpha_pattern: Vec<(Regex, f64)>,
-}
-
-/// PEFT's pattern rule: `key` matches `pattern` when the module name ends with it on a
-/// dot boundary (`(.*\.)?(pattern)$`).
-fn pattern(adapter: &str, field: &str, key: &str) -> Result<Regex> {
-    Regex::new(&format!(r"^(?:.*\.)?(?:{key})$")).map_err(|e| {
-        LlmError::adapter(
-            adapter,
-            format!("{field}: '{key}' is not a valid pattern: {e}"),
-        )
-    })
-}
-
-fn parse_config(adapter: &str, bytes: &[u8]) -> Result<AdapterConfig> {
-    let err = |m: String| LlmError::adapter(adapter, m);
-    let value: Value = serde_json::from_slice(bytes)
-        .map_err(|e| err(format!("{ADAPTER_CONFIG_FILE} is not valid JSON: {e}")))?;
-    let Value::Object(map) = value else {
-        return Err(err(format!("{ADAPTER_CONFIG_FILE} is not a JSON object")));
-    };
-    for (key, value) in &map {
-        let known = matches!(
-            key.as_str(),
-            "r" | "lora_alpha"
-                | "target_modules"
-                | "use_rslora"
-                | "rank_pattern"
-                | "alpha_pattern"
-                | "bias"
-        ) || IGNORED.contains(&key.as_str());
-        if known {
-            continue;
-        }
-        if !is_unset(value) {
-            let what = if MUST_BE_UNSET.contains(&key.as_str()) {
-                "is not supported"
-            } else {
-                "is not a setting this engine knows, and it is set"
-            };
-            return Err(err(format!(
-                "{ADAPTER_CONFIG_FILE}: '{key}' = {value} {what}"
-            )));
-        }
-    }
-    if let Some(t) = map.get("peft_type").and_then(Value::as_str)
-        && t != "LORA"
-    {
-        return Err(err(format!(
-            "{ADAPTER_CONFIG_FILE}: peft_type '{t}' is not supported (only LORA)"
-        )));
-    }
-    if let Some(bias) = map.get("bias").and_then(Value::as_str)
-        && bias != "none"
-    {
-        return Err(err(format!(
-            "{ADAPTER_CONFIG_FILE}: bias '{bias}' is not supported (only \"none\")"
-        )));
-    }
-    let rank = map
-        .get("r")
-        .and_then(Value::as_u64)
-        .filter(|r| (1..=4096).contains(r))
-        .ok_or_else(|| {
-            err(format!(
-                "{ADAPTER_CONFIG_FILE}: 'r' must be an integer in 1..=4096"
-            ))
-        })? as usize;
-    let alpha = match map.get("lora_alpha") {
-        None => 8.0, // PEFT's default
-        Some(v) => v.as_f64().filter(|a| a.is_finite()).ok_or_else(|| {
-            err(format!(
-                "{ADAPTER_CONFIG_FILE}: 'lora_alpha' must be a number"
-            ))
-        })?,
-    };
-    let rslora = map
-        .get("use_rslora")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
-    let targets = parse_targets(adapter, map.get("target_modules"))?;
-    let rank_pattern = patterns(adapter, &map, "rank_pattern", |v| {
-        v.as_u64()
-            .filter(|r| (1..=4096).contains(r))
-            .map(|r| r as usize)
-    })?;
-    let alpha_pattern = patterns(adapter, &map, "alpha_pattern", |v| {
-        v.as_f64().filter(|a| a.is_finite())
-    })?;
-    Ok(AdapterConfig {
-        rank,
-        alpha,
-        rslora,
-        targets,
-        rank_pattern,
-        alpha_pattern,
-    })
-}
-
-fn patterns<T>(
-    adapter: &str,
-    map: &Map<String, Value>,
-    field: &str,
-    value: impl Fn(&Value) -> Option<T>,
-) -> Result<Vec<(Regex, T)>> {
-    let Some(Value::Object(entries)) = map.get(field) else {
-        return Ok(Vec::new());
-    };
-    entries
-        .iter()
-        .map(|(key, v)| {
-            let parsed = value(v).ok_or_else(|| {
-                LlmError::adapter(
-                    adapter,
-                    format!("{field}: '{key}' has an invalid value {v}"),
-                )
-            })?;
-            Ok((pattern(adapter, field, key)?, parsed))
-        })
-        .collect()
-}
-
-fn parse_targets(adapter: &str, value: Option<&Value>) -> Result<Vec<Target>> {
-    let err = |m: String| LlmError::adapter(adapter, m);
-    let names: Vec<String> = match value {
-        None | Some(Value::Null) => {
-            return Err(err(format!(
-                "{ADAPTER_CONFIG_FILE}: 'target_modules' is missing"
-            )));
-        }
-        Some(Value::String(s)) if s == "all-linear" => {
-            return Ok(Target::ALL.to_vec());
-        }
-        Some(Value::String(s)) => {
-            // A regular expression over module names, matched whole.
-            let re = Regex::new(&format!("^(?:{s})$"))
-                .map_err(|e| err(format!("target_modules: not a valid pattern: {e}")))?;
-            let targets: Vec<Target> = Target::ALL
-                .into_iter()
-                .filter(|t| {
-                    re.is_match(&format!(
-                        "model.layers.0.{}.{}",
-                        t.peft_parent(),
-                        t.peft_name()
-                    ))
-                })
-                .collect();
-            if targets.is_empty() {
-                return Err(err(format!(
-                    "target_modules: '{s}' matches none of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj"
-                )));
-            }
-            return Ok(targets);
-        }
-        Some(Value::Array(items)) => items
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| err(format!("target_modules: {v} is not a string")))
-            })
-            .collect::<Result<_>>()?,
-        Some(other) => return Err(err(format!("target_modules: {other} is not a list"))),
-    };
-    let mut targets = Vec::new();
-    for name in names {
-        let last = name.rsplit('.').next().unwrap_or(&name);
-        match Target::from_peft_name(last) {
-            Some(t) => targets.push(t),
-            None if matches!(last, "embed_tokens" | "lm_head" | "wte" | "wpe") => {
-                return Err(err(format!(
-                    "target_modules: '{name}' is an embedding target, which is not supported"
-                )));
-            }
-            None => {
-                return Err(err(format!(
-                    "target_modules: '{name}' is not a projection of a Llama block (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
-                )));
-            }
-        }
-    }
-    targets.sort();
-    targets.dedup();
-    Ok(targets)
-}
 
 /// `(layer, target, is_b)` of a PEFT tensor name.
 fn parse_tensor_name(adapter: &str, name: &str) -> Result<(usize, Target, bool)> {
@@ -587,15 +346,6 @@ mod tests {
             }
         }
         assert_eq!(bt, want);
-    }
-
-    #[test]
-    fn peft_patterns_match_on_dot_boundaries() {
-        let re = pattern("a", "rank_pattern", "layers.3.self_attn.q_proj").unwrap();
-        assert!(re.is_match("model.layers.3.self_attn.q_proj"));
-        assert!(!re.is_match("model.layers.13.self_attn.q_proj"));
-        let re = pattern("a", "rank_pattern", "q_proj").unwrap();
-        assert!(re.is_match("model.layers.13.self_attn.q_proj"));
     }
 
     #[test]
