@@ -488,9 +488,23 @@ mod tests {
 
     #[test]
     fn rendezvous_scores_are_stable() {
-        // Fixed values: a change here moves every model's placement in running clusters.
-        assert_eq!(rendezvous_score("m", "r1"), rendezvous_score("m", "r1"));
-        assert_ne!(rendezvous_score("m", "r1"), rendezvous_score("m", "r2"));
-        assert_ne!(rendezvous_score("ab", "c"), rendezvous_score("a", "bc"));
+        // Golden values, computed by an independent implementation (Python: FNV-1a 64 over
+        // model, 0xff, replica; then murmur3's fmix64). Every router of a cluster must agree on
+        // them, across versions: a change here moves every model's placement in running
+        // clusters.
+        for (model, replica, score) in [
+            ("m", "r1", 0xb8d7_1b81_1745_524c_u64),
+            ("m", "r2", 0x62ee_0d59_968b_2743),
+            ("customer-1", "Classifier#a1b2c3", 0xc1ee_a919_0f7b_0cae),
+            ("ab", "c", 0x7b42_09ec_cab7_f7c3),
+            ("a", "bc", 0x300b_ffd2_a90e_cf20),
+            ("", "", 0x1bbd_5c81_3c69_a8d7),
+        ] {
+            assert_eq!(
+                rendezvous_score(model, replica),
+                score,
+                "{model:?} on {replica:?}"
+            );
+        }
     }
 }
