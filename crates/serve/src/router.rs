@@ -486,6 +486,44 @@ mod tests {
         ));
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_load_reported_by_its_cache_no_longer_attracts_traffic() {
+        // The real path: replica slots fed the cache's own events (as the replica's feed task
+        // does), not a hand-edited view.
+        use crate::placement::ReplicaSlot;
+        use modelmux_cache::{ModelEvent, ModelEventKind};
+        let slots = [
+            ReplicaSlot::new("a".into(), 4, 1, Some(2)),
+            ReplicaSlot::new("b".into(), 4, 1, Some(2)),
+        ];
+        let broken = id("broken");
+        let event = |kind| ModelEvent {
+            seq: 0,
+            id: broken.clone(),
+            kind,
+        };
+        slots[0].apply(0, &event(ModelEventKind::Loading));
+        let mut rng = Rng::new(4);
+        let now = Instant::now();
+        assert_eq!(
+            choose(&slots, Some(&broken), now, &mut rng),
+            Choice::Replica(0, Reason::Holder)
+        );
+        let error = modelmux_cache::Error::LoadTimeout {
+            id: broken.clone(),
+            after: std::time::Duration::from_secs(1),
+        };
+        slots[0].apply(0, &event(ModelEventKind::Failed { error }));
+        assert!(
+            slots[0].holdings().is_empty(),
+            "the failure retracts the load"
+        );
+        assert!(matches!(
+            choose(&slots, Some(&broken), now, &mut rng),
+            Choice::Replica(_, Reason::Placed)
+        ));
+    }
+
     #[test]
     fn rendezvous_scores_are_stable() {
         // Golden values, computed by an independent implementation (Python: FNV-1a 64 over
