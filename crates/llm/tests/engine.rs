@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::runtime;
+use common::{runtime, settled};
 use modelmux_llm::{
     AdapterLease, Engine, EngineConfig, ErrorKind, FinishReason, Generation, GenerationRequest,
     SamplingParams,
@@ -29,20 +29,6 @@ fn request(prompt: &[u32], params: SamplingParams, adapter: Option<&str>) -> Gen
 
 async fn generate(engine: &Engine, request: GenerationRequest) -> Generation {
     engine.submit(request).unwrap().collect().await.unwrap()
-}
-
-async fn settled(engine: &Engine) {
-    for _ in 0..200 {
-        let s = engine.snapshot();
-        if s.running == 0 && s.waiting == 0 && s.kv_reserved_bytes == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "the engine did not release everything: {:?}",
-        engine.snapshot()
-    );
 }
 
 fn greedy(n: usize) -> SamplingParams {

@@ -5,8 +5,8 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
+use common::settled;
 use common::tiny::tiny;
 use modelmux_llm::{
     AdapterLease, Engine, EngineConfig, ErrorKind, GenerationRequest, SamplingParams,
@@ -45,20 +45,6 @@ fn request(prompt: &[u32], params: SamplingParams) -> GenerationRequest {
         params,
         adapter: None,
     }
-}
-
-async fn settled(engine: &Engine) {
-    for _ in 0..200 {
-        let s = engine.snapshot();
-        if s.running == 0 && s.waiting == 0 && s.kv_reserved_bytes == 0 {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!(
-        "the engine did not release everything: {:?}",
-        engine.snapshot()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use http::{Method, header};
 use modelmux_cache::{BoxError, ModelId};
-use modelmux_serve::{Body, Deployment, DeploymentHandle, Holding, Request, Response, ServeError};
+use modelmux_serve::{
+    Body, Deployment, DeploymentHandle, Holding, Request, Response, ServeError, json_response,
+};
 use modelmux_store::ModelRepository;
 
 use crate::params::{Endpoint, invalid, parse_detokenize, parse_job, parse_tokenize};
@@ -122,12 +124,7 @@ impl OpenAiIngress {
         let Some(token) = &self.admin_token else {
             return Ok(());
         };
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given == Some(token.as_str()) {
+        if modelmux_serve::bearer_token_matches(request.headers(), token) {
             Ok(())
         } else {
             Err(ServeError::Unauthorized)
@@ -173,7 +170,7 @@ impl OpenAiIngress {
             })?;
             let answer: serde_json::Value =
                 serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-            Ok(json(&serde_json::json!({
+            Ok(json_response(&serde_json::json!({
                 "lora_name": adapter.as_str(),
                 "loaded_on": answer["replica"],
             })))
@@ -184,7 +181,7 @@ impl OpenAiIngress {
                     what: format!("adapter '{adapter}' is not loaded on any replica"),
                 });
             }
-            Ok(json(
+            Ok(json_response(
                 &serde_json::json!({"lora_name": adapter.as_str(), "unloaded_from": evicted}),
             ))
         }
@@ -228,17 +225,8 @@ impl OpenAiIngress {
                 .into_iter()
                 .map(|(a, on)| card(format!("{}:{a}", self.base), Some(self.base.clone()), on)),
         );
-        json(&serde_json::json!({"object": "list", "data": data}))
+        json_response(&serde_json::json!({"object": "list", "data": data}))
     }
-}
-
-fn json(value: &serde_json::Value) -> Response {
-    let mut response = Response::new(Body::json(value));
-    response.headers_mut().insert(
-        header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 impl Deployment for OpenAiIngress {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use modelmux_cache::BoxError;
 use modelmux_llm::{LlmRuntime, TextTokenizer};
-use modelmux_serve::{Body, Deployment, Request, Response, ServeError};
+use modelmux_serve::{Deployment, Request, Response, ServeError, json_response};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -39,15 +39,6 @@ pub(crate) fn longest_token(tokenizer: &TextTokenizer) -> usize {
         .max()
         .unwrap_or(1)
         .max(1)
-}
-
-fn json_response(value: &serde_json::Value) -> Response {
-    let mut response = Response::new(Body::json(value));
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    );
-    response
 }
 
 impl LlmServer {

@@ -167,12 +167,9 @@ pub(crate) async fn whole(
             } => {
                 text.push_str(&rest);
                 timing.finished(reason, usage);
-                let mut response = Response::new(Body::json(&answer.complete(text, reason, usage)));
-                response.headers_mut().insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-                return Ok(response);
+                return Ok(modelmux_serve::json_response(
+                    &answer.complete(text, reason, usage),
+                ));
             }
             GenerationEvent::Error(e) => return Err(serve_error(&e)),
         }
@@ -301,13 +298,7 @@ async fn fail(
     tx: &BodySender,
     e: &modelmux_serve::ServeError,
 ) -> Result<(), modelmux_serve::BoxError> {
-    let body = json!({"error": {
-        "message": e.to_string(),
-        "type": e.error_type(),
-        "param": e.param(),
-        "code": e.http_status().as_u16(),
-    }});
-    tx.send(event(&body)).await?;
+    tx.send(event(&e.body(None))).await?;
     tx.send("data: [DONE]\n\n").await?;
     Err(e.to_string().into())
 }

@@ -94,12 +94,8 @@ async fn control(
 }
 
 fn json_response(status: StatusCode, body: &Value) -> Response {
-    let mut r = Response::new(Body::json(body));
+    let mut r = crate::json_response(body);
     *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
     r
 }
 
@@ -147,22 +143,7 @@ fn authorize(state: &ServerState, request: &http::Request<Incoming>) -> Result<(
     let Some(token) = &state.config.admin_token else {
         return Ok(());
     };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    // Compare without stopping at the first difference.
-    let same = given.is_some_and(|g| {
-        g.len() == token.len()
-            && g.bytes()
-                .zip(token.bytes())
-                .fold(0, |d, (a, b)| d | (a ^ b))
-                == 0
-    });
-    if same {
+    if crate::bearer_token_matches(request.headers(), token) {
         Ok(())
     } else {
         Err(ServeError::Unauthorized)

@@ -217,6 +217,34 @@ impl std::fmt::Debug for Body {
     }
 }
 
+/// A `200` response with `value` as its JSON body and `Content-Type: application/json`.
+pub fn json_response<T: serde::Serialize + ?Sized>(value: &T) -> crate::Response {
+    let mut response = crate::Response::new(Body::json(value));
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+/// Whether `headers` carry `Authorization: Bearer <token>` (the scheme in any case), compared
+/// without stopping at the first difference.
+pub fn bearer_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
+    let given = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    given.is_some_and(|g| {
+        g.len() == token.len()
+            && g.bytes()
+                .zip(token.bytes())
+                .fold(0, |d, (a, b)| d | (a ^ b))
+                == 0
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

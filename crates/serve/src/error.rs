@@ -237,20 +237,24 @@ impl ServeError {
         }
     }
 
-    /// The response: the status, `Retry-After` when there is one, and a JSON body shaped as
-    /// OpenAI's API shapes errors, plus the request id:
+    /// The JSON body of this error, shaped as OpenAI's API shapes errors, plus the request id:
     /// `{"error": {"message", "type", "param", "code", "request_id"}}` (`code` is the status).
-    pub fn into_response(self, request_id: Option<&str>) -> Response {
-        let status = self.http_status();
-        let body = serde_json::json!({
+    pub fn body(&self, request_id: Option<&str>) -> serde_json::Value {
+        serde_json::json!({
             "error": {
                 "message": self.to_string(),
                 "type": self.error_type(),
                 "param": self.param(),
-                "code": status.as_u16(),
+                "code": self.http_status().as_u16(),
                 "request_id": request_id,
             }
-        });
+        })
+    }
+
+    /// The response: the status, `Retry-After` when there is one, and [`body`](Self::body).
+    pub fn into_response(self, request_id: Option<&str>) -> Response {
+        let status = self.http_status();
+        let body = self.body(request_id);
         let mut response = Response::new(Body::json(&body));
         *response.status_mut() = status;
         let headers = response.headers_mut();

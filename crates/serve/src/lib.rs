@@ -26,7 +26,7 @@ mod replica;
 mod router;
 mod server;
 
-pub use body::{Body, BodyError, BodySender};
+pub use body::{Body, BodyError, BodySender, bearer_token_matches, json_response};
 pub use custom_metrics::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};
 pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};
 pub use error::ServeError;

@@ -359,29 +359,8 @@ impl Engine {
     /// parameters) or an immediate overload (`max_waiting` full).
     pub fn submit(&self, request: GenerationRequest) -> Result<GenerationStream> {
         let inner = &self.inner;
-        let vocab = inner.model_config.vocab_size;
-        request.params.validate(vocab)?;
-        if request.prompt.is_empty() {
-            return Err(LlmError::InvalidRequest("the prompt is empty".into()));
-        }
-        if let Some(&bad) = request.prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(LlmError::InvalidRequest(format!(
-                "prompt token id {bad} is outside the vocabulary of {vocab} tokens"
-            )));
-        }
-        let context = inner.config.max_model_len;
-        if request
-            .prompt
-            .len()
-            .saturating_add(request.params.max_tokens)
-            > context
-        {
-            return Err(LlmError::ContextOverflow {
-                prompt_tokens: request.prompt.len(),
-                max_tokens: request.params.max_tokens,
-                context,
-            });
-        }
+        request.params.validate(inner.model_config.vocab_size)?;
+        self.check_prompt(&request.prompt, request.params.max_tokens)?;
         let bytes_per_token = inner.model_config.kv_bytes_per_token();
         let needed = bytes_per_token * (request.prompt.len() + request.params.max_tokens) as u64;
         if needed > inner.budget.capacity() {
@@ -400,10 +379,42 @@ impl Engine {
             tokio::time::Instant::now() + inner.config.queue_timeout,
             bytes_per_token,
         );
-        match inner.commands.try_send(Command::Submit(Box::new(sequence))) {
-            Ok(()) => Ok(GenerationStream { events: receiver }),
+        self.send(Command::Submit(Box::new(sequence)))?;
+        Ok(GenerationStream { events: receiver })
+    }
+
+    /// Checks a prompt that `more` tokens will follow: not empty, in the vocabulary, within
+    /// the context.
+    fn check_prompt(&self, prompt: &[u32], more: usize) -> Result<()> {
+        let vocab = self.inner.model_config.vocab_size;
+        if prompt.is_empty() {
+            return Err(LlmError::InvalidRequest("the prompt is empty".into()));
+        }
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(LlmError::InvalidRequest(format!(
+                "prompt token id {bad} is outside the vocabulary of {vocab} tokens"
+            )));
+        }
+        let context = self.inner.config.max_model_len;
+        if prompt.len().saturating_add(more) > context {
+            return Err(LlmError::ContextOverflow {
+                prompt_tokens: prompt.len(),
+                max_tokens: more,
+                context,
+            });
+        }
+        Ok(())
+    }
+
+    /// Queues a command for the engine thread without waiting: a full queue is an overload.
+    fn send(&self, command: Command) -> Result<()> {
+        match self.inner.commands.try_send(command) {
+            Ok(()) => Ok(()),
             Err(std::sync::mpsc::TrySendError::Full(_)) => Err(LlmError::Overloaded {
-                reason: format!("{} requests are already waiting", inner.config.max_waiting),
+                reason: format!(
+                    "{} requests are already waiting",
+                    self.inner.config.max_waiting
+                ),
                 retry_after: Duration::from_secs(1),
             }),
             Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
@@ -475,23 +486,7 @@ impl Engine {
     /// an asleep engine runs it when it wakes up.
     pub async fn embed(&self, tokens: Vec<u32>, adapter: Option<AdapterLease>) -> Result<Vec<f32>> {
         let inner = &self.inner;
-        let vocab = inner.model_config.vocab_size;
-        if tokens.is_empty() {
-            return Err(LlmError::InvalidRequest("the input is empty".into()));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
-            return Err(LlmError::InvalidRequest(format!(
-                "token id {bad} is outside the vocabulary of {vocab} tokens"
-            )));
-        }
-        let context = inner.config.max_model_len;
-        if tokens.len() > context {
-            return Err(LlmError::ContextOverflow {
-                prompt_tokens: tokens.len(),
-                max_tokens: 0,
-                context,
-            });
-        }
+        self.check_prompt(&tokens, 0)?;
         let bytes = inner.model_config.kv_bytes_per_token() * tokens.len() as u64;
         let reservation = inner
             .budget
@@ -507,18 +502,7 @@ impl Engine {
             reservation,
             reply,
         };
-        match inner.commands.try_send(Command::Embed(Box::new(job))) {
-            Ok(()) => {}
-            Err(std::sync::mpsc::TrySendError::Full(_)) => {
-                return Err(LlmError::Overloaded {
-                    reason: format!("{} requests are already waiting", inner.config.max_waiting),
-                    retry_after: Duration::from_secs(1),
-                });
-            }
-            Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
-                return Err(LlmError::EngineStopped("the engine thread is gone".into()));
-            }
-        }
+        self.send(Command::Embed(Box::new(job)))?;
         answer
             .await
             .map_err(|_| LlmError::EngineStopped("the engine dropped the request".into()))?

@@ -100,3 +100,19 @@ impl Reference {
         serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap()
     }
 }
+
+/// Waits (bounded) until `engine` holds no sequence and no KV memory; fails the test if it
+/// does not.
+pub async fn settled(engine: &Engine) {
+    for _ in 0..200 {
+        let s = engine.snapshot();
+        if s.running == 0 && s.waiting == 0 && s.kv_reserved_bytes == 0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!(
+        "the engine did not release everything: {:?}",
+        engine.snapshot()
+    );
+}
