@@ -280,3 +280,100 @@ applications:
     assert!(status.success(), "{logs}");
     assert_eq!(logs.matches("Downloaded model file").count(), 8, "{logs}");
 }
+
+/// One request on a fresh connection with plain std sockets: the status, or the I/O error
+/// (refused, reset) that stopped it.
+fn raw_get(addr: &str, path: &str, model: &str) -> std::io::Result<u16> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nserve_multiplexed_model_id: {model}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut reply = String::new();
+    s.read_to_string(&mut reply)?;
+    reply
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status in {reply:?}")))
+}
+
+#[test]
+fn sigterm_fails_readiness_first_and_loses_no_accepted_request() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+    use tokio::time::Instant;
+    let config = CONFIG
+        .replace("load_ms: 50", "load_ms: 50\n          infer_ms: 200")
+        .replace("  port: 0\n", "  port: 0\n  drain_grace_period_s: 1.0\n");
+    let mut server = serve(&config);
+    let addr = server.url.trim_start_matches("http://").to_string();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let clients: Vec<_> = (0..6)
+        .map(|i| {
+            let (addr, stop) = (addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut results = Vec::new();
+                while !stop.load(Ordering::SeqCst) {
+                    let started = Instant::now();
+                    let result = raw_get(&addr, "/", &format!("m{}", i % 3));
+                    let refused = result.is_err();
+                    results.push((started, result.map_err(|e| e.to_string())));
+                    if refused {
+                        break;
+                    }
+                }
+                results
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(600));
+    let pid = server.child.id().to_string();
+    let signalled = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        raw_get(&addr, "/-/healthz", "").unwrap(),
+        503,
+        "readiness did not fail at once"
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while server.child.try_wait().unwrap().is_none() {
+        assert!(Instant::now() < deadline, "did not stop");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::SeqCst);
+    let results: Vec<_> = clients
+        .into_iter()
+        .flat_map(|c| c.join().unwrap())
+        .collect();
+    let during_grace = results
+        .iter()
+        .filter(|(t, r)| *t > signalled && *t < signalled + Duration::from_millis(800) && r.is_ok())
+        .count();
+    assert!(
+        during_grace >= 6,
+        "few requests served during the grace period: {results:?}"
+    );
+    for (started, result) in &results {
+        match result {
+            Ok(status) => assert_eq!(*status, 200, "an accepted request failed: {results:?}"),
+            // Refused or reset connections: only once the grace period is over.
+            Err(e) => assert!(
+                *started > signalled + Duration::from_millis(900),
+                "a request sent {:?} after SIGTERM was not served ({e})",
+                started.saturating_duration_since(signalled)
+            ),
+        }
+    }
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success());
+}

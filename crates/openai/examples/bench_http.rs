@@ -205,7 +205,7 @@ async fn main() -> Res<()> {
         "engine_kwargs": {"max_num_seqs": 32},
         "experimental_configs": {"stream_batching_interval_ms": a.interval_ms},
     }))?;
-    let both = llm_deployments("llm", &config, "/", None, None)?;
+    let both = llm_deployments("llm", &config, "/", None, &Default::default())?;
     let server = Server::builder()
         .bind("127.0.0.1:0".parse()?)
         .application(

@@ -29,7 +29,7 @@ pub(crate) struct OpenAiIngress {
     /// The application's route prefix, taken off paths (`/` takes nothing).
     pub(crate) prefix: String,
     /// The admin API's bearer token, which the adapter controls require when set.
-    pub(crate) admin_token: Option<String>,
+    pub(crate) admin: modelmux_serve::AdminAccess,
 }
 
 /// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's shape).
@@ -121,14 +121,7 @@ impl OpenAiIngress {
     }
 
     fn authorize(&self, request: &Request) -> Result<(), ServeError> {
-        let Some(token) = &self.admin_token else {
-            return Ok(());
-        };
-        if modelmux_serve::bearer_token_matches(request.headers(), token) {
-            Ok(())
-        } else {
-            Err(ServeError::Unauthorized)
-        }
+        self.admin.authorize(request.headers(), true)
     }
 
     /// vLLM's adapter controls, with the adapter repository as the only source: a load is

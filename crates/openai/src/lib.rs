@@ -111,15 +111,15 @@ fn gguf_source(
 /// The deployments serving `config` as deployment `name` of an application routed at
 /// `route_prefix`. Repositories are opened now (a malformed location or option is an error
 /// here, not at the first request); the model is loaded by each replica as it starts.
-/// `admin_token` guards the adapter controls (`/v1/load_lora_adapter`,
-/// `/v1/unload_lora_adapter`) as it guards the admin API; without one they are open, as the
-/// admin API is.
+/// `admin` guards the adapter controls (`/v1/load_lora_adapter`, `/v1/unload_lora_adapter`)
+/// as it guards the server's admin API: the token when there is one, else a JSON content type
+/// and a trusted `Host`.
 pub fn llm_deployments(
     name: &str,
     config: &LlmConfig,
     route_prefix: &str,
     disk_cache: Option<&DiskCache>,
-    admin_token: Option<&str>,
+    admin: &modelmux_serve::AdminAccess,
 ) -> Result<LlmDeployments, StoreError> {
     config.validate().map_err(StoreError::Config)?;
     let gguf = Arc::new(gguf_source(config, disk_cache)?);
@@ -165,13 +165,13 @@ pub fn llm_deployments(
     let base = config.model_loading_config.model_id.clone();
     let server_name = name.to_owned();
     let prefix = route_prefix.to_owned();
-    let admin_token = admin_token.map(str::to_owned);
+    let admin = admin.clone();
     let ingress = DeploymentSpec::new(&format!("{name}-openai"), move |ctx| {
         let llm = ctx.handle(&server_name);
         let base = base.clone();
         let adapters = adapters.clone();
         let prefix = prefix.clone();
-        let admin_token = admin_token.clone();
+        let admin = admin.clone();
         async move {
             Ok(ingress::OpenAiIngress {
                 llm: llm?,
@@ -179,7 +179,7 @@ pub fn llm_deployments(
                 adapters,
                 created: protocol::unix_now(),
                 prefix,
-                admin_token,
+                admin,
             })
         }
     })

@@ -315,7 +315,14 @@ async fn bad_requests_are_refused_with_openai_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn adapters_are_loaded_and_unloaded_with_vllms_controls_behind_the_admin_token() {
     let config = config(json!({}));
-    let both = modelmux_openai::llm_deployments("llm", &config, "/", None, Some("secret")).unwrap();
+    let both = modelmux_openai::llm_deployments(
+        "llm",
+        &config,
+        "/",
+        None,
+        &modelmux_serve::AdminAccess::with_token("secret"),
+    )
+    .unwrap();
     let server = modelmux_serve::Server::builder()
         .bind("127.0.0.1:0".parse().unwrap())
         .application(

@@ -11,8 +11,12 @@
 //! | `POST /-/deployments/{deployment}/controls/{name}` | a deployment's own control (an LLM's `pause`), on every replica |
 //! | `GET /metrics` | Prometheus text format |
 //!
-//! `/-/models*` and `/-/deployments*` need `Authorization: Bearer <token>` when an admin token
-//! is configured.
+//! Access (see [`AdminAccess`]): with an admin token, `/-/models*` and `/-/deployments*` need
+//! `Authorization: Bearer <token>`. Without one, the server listens only on loopback (unless
+//! told the admin API may be open), and a call that changes state must carry
+//! `Content-Type: application/json` and a `Host` that is an IP address, `localhost` or an
+//! allowed host name: a web page can neither send such a request cross-site without a CORS
+//! preflight (never granted) nor reach the API through a rebound DNS name.
 //! Model ids may contain `/`; percent-encode other reserved characters.
 
 use std::sync::Arc;
@@ -27,8 +31,119 @@ use tokio::time::Instant;
 
 use crate::dispatch::DeploymentRouter;
 use crate::placement::ReplicaView;
-use crate::server::ServerState;
+use crate::server::{ServerState, StartError};
 use crate::{Body, Response, ServeError};
+
+/// Who may use the admin API.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct AdminAccess {
+    /// The bearer token the admin API requires, if any.
+    pub token: Option<String>,
+    /// Whether a server listening beyond loopback may run without a token.
+    pub allow_open: bool,
+    /// Host names the admin API answers to besides IP addresses and `localhost`.
+    pub allowed_hosts: Vec<String>,
+}
+
+impl AdminAccess {
+    /// Access with this bearer token required.
+    pub fn with_token(token: impl Into<String>) -> Self {
+        Self {
+            token: Some(token.into()),
+            ..Self::default()
+        }
+    }
+
+    /// Refuses a tokenless admin API on a non-loopback address unless allowed.
+    pub(crate) fn check_exposure(&self, bind: std::net::SocketAddr) -> Result<(), StartError> {
+        if self.token.is_none() && !bind.ip().is_loopback() && !self.allow_open {
+            return Err(StartError::OpenAdmin { addr: bind });
+        }
+        Ok(())
+    }
+
+    /// Checks a request to an admin endpoint by its headers; `changes_state` for loads,
+    /// evictions and controls. Applications with admin endpoints of their own (the OpenAI
+    /// ingress's adapter controls) call it too.
+    pub fn authorize(
+        &self,
+        headers: &http::HeaderMap,
+        changes_state: bool,
+    ) -> Result<(), ServeError> {
+        if let Some(token) = &self.token {
+            return if crate::bearer_token_matches(headers, token) {
+                Ok(())
+            } else {
+                Err(ServeError::Unauthorized)
+            };
+        }
+        self.check_host(headers)?;
+        if changes_state && !is_json(headers) {
+            return Err(ServeError::status(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "admin calls that change state need 'Content-Type: application/json' (or the \
+                 admin token): a plain cross-site POST must not reach them",
+            ));
+        }
+        Ok(())
+    }
+
+    /// An IP literal, `localhost` (or a name under it), or an allowed host; a request with no
+    /// `Host` (HTTP/1.0) passes, since browsers always send one.
+    fn check_host(&self, headers: &http::HeaderMap) -> Result<(), ServeError> {
+        let mut hosts = headers.get_all(header::HOST).iter();
+        let Some(host) = hosts.next() else {
+            return Ok(());
+        };
+        if hosts.next().is_some() {
+            return Err(ServeError::BadRequest {
+                message: "the request has more than one Host header".into(),
+            });
+        }
+        let host = host.to_str().unwrap_or_default().to_ascii_lowercase();
+        let name = strip_port(&host);
+        let allowed = name.parse::<std::net::IpAddr>().is_ok()
+            || name == "localhost"
+            || name.ends_with(".localhost")
+            || self
+                .allowed_hosts
+                .iter()
+                .any(|a| a.eq_ignore_ascii_case(&host) || a.eq_ignore_ascii_case(name));
+        if allowed {
+            Ok(())
+        } else {
+            Err(ServeError::status(
+                StatusCode::FORBIDDEN,
+                "the admin API does not answer to this Host; add it to http_options.allowed_hosts \
+                 or use an IP address",
+            ))
+        }
+    }
+}
+
+/// `example.com:8000` → `example.com`; `[::1]:8000` → `::1`.
+fn strip_port(host: &str) -> &str {
+    if let Some(rest) = host.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+        _ => host,
+    }
+}
+
+fn is_json(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|mime| {
+            let mime = mime.trim();
+            mime.eq_ignore_ascii_case("application/json")
+                || (mime.len() > 5 && mime[mime.len() - 5..].eq_ignore_ascii_case("+json"))
+        })
+}
 
 pub(crate) async fn handle(
     state: &ServerState,
@@ -61,9 +176,9 @@ async fn control(
     deployment: &str,
     name: &str,
 ) -> Result<Response, ServeError> {
-    authorize(state, &request)?;
+    state.config.admin.authorize(request.headers(), true)?;
     let router = find_deployment(state, deployment)?;
-    let limit = state.config.max_body_bytes;
+    let limit = state.config.http.max_body_bytes;
     let body = http_body_util::Limited::new(request.into_body(), limit)
         .collect()
         .await
@@ -124,11 +239,17 @@ async fn route(
             Ok(r)
         }
         (_, p) if p == "/-/models" || p.starts_with("/-/models/") => {
-            authorize(state, request)?;
+            state
+                .config
+                .admin
+                .authorize(request.headers(), method != Method::GET)?;
             models(state, method, p, request.uri().query()).await
         }
         (_, p) if p.starts_with("/-/deployments/") => {
-            authorize(state, request)?;
+            state
+                .config
+                .admin
+                .authorize(request.headers(), method != Method::GET)?;
             Err(ServeError::NotFound {
                 what: format!("no admin endpoint {method} {p}"),
             })
@@ -139,18 +260,13 @@ async fn route(
     }
 }
 
-fn authorize(state: &ServerState, request: &http::Request<Incoming>) -> Result<(), ServeError> {
-    let Some(token) = &state.config.admin_token else {
-        return Ok(());
-    };
-    if crate::bearer_token_matches(request.headers(), token) {
-        Ok(())
-    } else {
-        Err(ServeError::Unauthorized)
-    }
-}
-
 fn healthz(state: &ServerState) -> Response {
+    if state.draining.load(std::sync::atomic::Ordering::SeqCst) {
+        return json_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "draining"}),
+        );
+    }
     let unavailable: Vec<String> = state
         .routers()
         .filter(|r| !r.replicas().iter().any(|rep| rep.is_available()))
@@ -379,6 +495,30 @@ mod tests {
             percent_decode("bad%+f").is_err(),
             "from_str_radix alone would take a sign"
         );
+    }
+
+    #[test]
+    fn hosts_are_stripped_of_their_port() {
+        assert_eq!(strip_port("example.com:8000"), "example.com");
+        assert_eq!(strip_port("[::1]:8000"), "::1");
+        assert_eq!(strip_port("127.0.0.1"), "127.0.0.1");
+    }
+
+    #[test]
+    fn json_content_types() {
+        let mut h = http::HeaderMap::new();
+        assert!(!is_json(&h));
+        for (value, json) in [
+            ("application/json", true),
+            ("Application/JSON; charset=utf-8", true),
+            ("application/merge-patch+json", true),
+            ("text/plain", false),
+            ("application/x-www-form-urlencoded", false),
+            ("multipart/form-data; boundary=x", false),
+        ] {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(value));
+            assert_eq!(is_json(&h), json, "{value}");
+        }
     }
 
     #[test]

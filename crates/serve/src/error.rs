@@ -45,6 +45,24 @@ pub enum ServeError {
         /// The limit.
         limit: usize,
     },
+    /// The body did not arrive within `body_read_timeout`.
+    #[error("the request body did not arrive within {limit:?}")]
+    BodyReadTimeout {
+        /// The limit.
+        limit: Duration,
+    },
+    /// The request took longer than `request_timeout`; its work was cancelled.
+    #[error("the request took longer than the server's request timeout of {limit:?}")]
+    RequestTimeout {
+        /// The limit.
+        limit: Duration,
+    },
+    /// The front door is at one of its limits (requests or body bytes in progress).
+    #[error("{message}")]
+    ServerOverloaded {
+        /// Which limit.
+        message: String,
+    },
     /// Every replica is busy and the queue is full.
     #[error(
         "deployment '{deployment}' is overloaded: all replicas are busy and {queued} requests are queued"
@@ -164,7 +182,10 @@ impl ServeError {
                 StatusCode::BAD_REQUEST
             }
             Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Overloaded { .. }
+            Self::BodyReadTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::RequestTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            Self::ServerOverloaded { .. }
+            | Self::Overloaded { .. }
             | Self::QueueTimeout { .. }
             | Self::ShuttingDown
             | Self::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
@@ -194,6 +215,9 @@ impl ServeError {
             Self::InvalidModelId(_) => "invalid_model_id",
             Self::PayloadTooLarge { .. } => "payload_too_large",
             Self::Overloaded { .. } => "overloaded",
+            Self::ServerOverloaded { .. } => "server_overloaded",
+            Self::BodyReadTimeout { .. } => "body_read_timeout",
+            Self::RequestTimeout { .. } => "request_timeout",
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::UnknownDeployment { .. } => "unknown_deployment",
             Self::Unauthorized => "unauthorized",
@@ -219,9 +243,10 @@ impl ServeError {
     /// How long a client should wait before trying again, for `Retry-After`.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Overloaded { .. } | Self::QueueTimeout { .. } | Self::ShuttingDown => {
-                Some(Duration::from_secs(1))
-            }
+            Self::Overloaded { .. }
+            | Self::ServerOverloaded { .. }
+            | Self::QueueTimeout { .. }
+            | Self::ShuttingDown => Some(Duration::from_secs(1)),
             Self::Busy { retry_after, .. } => Some(*retry_after),
             Self::Model(e) => e.retry_after(),
             _ => None,

@@ -7,11 +7,16 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 
+use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
+use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use modelmux_cache::ModelId;
+use modelmux_cache::{BoxError, ModelId};
 use modelmux_context::{RequestContext, RequestId};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+use tower::ServiceExt;
 
 use crate::server::ServerState;
 use crate::{Body, Response, ServeError};
@@ -28,7 +33,8 @@ pub const REPLICA_HEADER: HeaderName = HeaderName::from_static("x-modelmux-repli
 
 pub(crate) async fn handle(
     state: Arc<ServerState>,
-    request: http::Request<Incoming>,
+    apps: crate::front::Apps,
+    mut request: http::Request<Incoming>,
 ) -> Result<Response, Infallible> {
     // A client's request id is echoed if it is usable, else one is made up.
     let request_id = request
@@ -41,7 +47,11 @@ pub(crate) async fn handle(
     let mut response = if path == "/metrics" || path.starts_with("/-/") {
         crate::admin::handle(&state, request, &request_id).await
     } else {
-        route(&state, request, request_id.clone()).await
+        request.extensions_mut().insert(request_id.clone());
+        match apps.oneshot(request).await {
+            Ok(response) => response,
+            Err(e) => front_error(e, &state).into_response(Some(request_id.as_str())),
+        }
     };
     if let Ok(v) = HeaderValue::from_str(request_id.as_str()) {
         response.headers_mut().insert(REQUEST_ID_HEADER, v);
@@ -49,11 +59,34 @@ pub(crate) async fn handle(
     Ok(response)
 }
 
-async fn route(
-    state: &ServerState,
-    request: http::Request<Incoming>,
-    request_id: RequestId,
-) -> Response {
+/// What the front door's tower layers refused with, as the one error type.
+fn front_error(error: BoxError, state: &ServerState) -> ServeError {
+    if error.is::<tower::load_shed::error::Overloaded>() {
+        ServeError::ServerOverloaded {
+            message: format!(
+                "the server is at its limit of {} requests in progress; try again shortly",
+                state.config.http.max_inflight_requests
+            ),
+        }
+    } else if error.is::<tower::timeout::error::Elapsed>() {
+        ServeError::RequestTimeout {
+            limit: state.config.http.request_timeout.unwrap_or_default(),
+        }
+    } else {
+        ServeError::Deployment {
+            deployment: "-".into(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// An application request, behind the front door's layers: route it to its application's
+/// ingress deployment.
+pub(crate) async fn route(state: &ServerState, mut request: http::Request<Incoming>) -> Response {
+    let request_id = request
+        .extensions_mut()
+        .remove::<RequestId>()
+        .unwrap_or_else(RequestId::generate);
     let fail = |e: ServeError| e.into_response(Some(request_id.as_str()));
     let Some(app) = state.app_for(request.uri().path()) else {
         return fail(ServeError::NoRoute {
@@ -65,9 +98,17 @@ async fn route(
         Err(e) => return fail(e),
     };
     let (parts, body) = request.into_parts();
-    let body = match read_body(&parts.headers, body, state.config.max_body_bytes).await {
-        Ok(body) => body,
-        Err(e) => return fail(e),
+    // The body's bytes count against the server-wide budget until the request is answered.
+    let (body, _held) = match read_body(&parts.headers, body, state).await {
+        Ok(read) => read,
+        Err(e) => {
+            let mut response = fail(e);
+            // The rest of the body may still be on its way: do not read it, close.
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return response;
+        }
     };
     let mut context = RequestContext::new().with_request_id(request_id.clone());
     if let Some(model) = model {
@@ -111,8 +152,16 @@ pub(crate) fn model_id(headers: &HeaderMap) -> Result<Option<ModelId>, ServeErro
     Ok(Some(ModelId::new(text)?))
 }
 
-/// Reads the body, refusing it early (from `Content-Length`) or as soon as it passes `limit`.
-async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize) -> Result<Body, ServeError> {
+/// Reads the body within `body_read_timeout`, refusing it early (from `Content-Length`) or as
+/// soon as it passes `max_body_bytes`, and reserving its bytes from the server's body budget
+/// (released when the returned reservation drops).
+async fn read_body(
+    headers: &HeaderMap,
+    body: Incoming,
+    state: &ServerState,
+) -> Result<(Body, Option<OwnedSemaphorePermit>), ServeError> {
+    let options = &state.config.http;
+    let limit = options.max_body_bytes;
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -120,14 +169,85 @@ async fn read_body(headers: &HeaderMap, body: Incoming, limit: usize) -> Result<
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(ServeError::PayloadTooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(Body::from(collected.to_bytes())),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(ServeError::PayloadTooLarge { limit })
+    if declared == Some(0) || (declared.is_none() && body.is_end_stream()) {
+        return Ok((Body::empty(), None));
+    }
+    let deadline = Instant::now() + options.body_read_timeout;
+    let reading = async {
+        let mut budget = BodyReservation::new(&state.body_budget, options.max_inflight_body_bytes);
+        if let Some(n) = declared {
+            budget.reserve(n as usize)?;
         }
-        Err(e) => Err(ServeError::BadRequest {
-            message: format!("reading the request body failed: {e}"),
+        let mut body = Limited::new(body, limit);
+        let mut bytes = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| {
+                if e.is::<http_body_util::LengthLimitError>() {
+                    ServeError::PayloadTooLarge { limit }
+                } else {
+                    ServeError::BadRequest {
+                        message: format!("reading the request body failed: {e}"),
+                    }
+                }
+            })?;
+            if let Ok(data) = frame.into_data() {
+                budget.reserve(bytes.len() + data.len())?;
+                bytes.extend_from_slice(&data);
+            }
+        }
+        Ok((Body::from(bytes.freeze()), budget.into_permit()))
+    };
+    match tokio::time::timeout_at(deadline, reading).await {
+        Ok(read) => read,
+        Err(_) => Err(ServeError::BodyReadTimeout {
+            limit: options.body_read_timeout,
         }),
+    }
+}
+
+/// Bytes of one body taken from the server-wide budget, counted in KiB.
+struct BodyReservation<'a> {
+    budget: &'a Arc<Semaphore>,
+    total_bytes: usize,
+    held: Option<OwnedSemaphorePermit>,
+}
+
+impl<'a> BodyReservation<'a> {
+    fn new(budget: &'a Arc<Semaphore>, total_bytes: usize) -> Self {
+        Self {
+            budget,
+            total_bytes,
+            held: None,
+        }
+    }
+
+    /// Grows the reservation to cover `bytes`, or refuses: the budget is spent.
+    fn reserve(&mut self, bytes: usize) -> Result<(), ServeError> {
+        let want = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
+        let have = self.held.as_ref().map_or(0, |p| p.num_permits() as u32);
+        if want <= have {
+            return Ok(());
+        }
+        let more = self
+            .budget
+            .clone()
+            .try_acquire_many_owned(want - have)
+            .map_err(|_| ServeError::ServerOverloaded {
+                message: format!(
+                    "request bodies in progress already hold the server's budget of {} bytes; \
+                     try again shortly",
+                    self.total_bytes
+                ),
+            })?;
+        match &mut self.held {
+            Some(held) => held.merge(more),
+            None => self.held = Some(more),
+        }
+        Ok(())
+    }
+
+    fn into_permit(self) -> Option<OwnedSemaphorePermit> {
+        self.held
     }
 }
 

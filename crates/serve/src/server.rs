@@ -6,19 +6,18 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
 use modelmux_cache::BoxError;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use tokio::net::TcpListener;
 
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::admin::AdminAccess;
 use crate::deployment::DeploymentSpec;
 use crate::dispatch::DeploymentRouter;
+use crate::front::HttpOptions;
 use crate::handle::HandleDirectory;
 use crate::replica::Replica;
 
@@ -86,6 +85,22 @@ pub enum StartError {
         /// The constructor's error.
         source: BoxError,
     },
+    /// A server setting is out of range.
+    #[error("invalid http options: {message}")]
+    InvalidConfig {
+        /// What is wrong.
+        message: String,
+    },
+    /// The server would listen beyond this machine with an admin API anyone could use.
+    #[error(
+        "refusing to listen on {addr} without an admin token: anyone who can reach it could \
+         load, pin and evict models. Set an admin token, or allow an open admin API explicitly \
+         (http_options.allow_open_admin: true) if every client is trusted"
+    )]
+    OpenAdmin {
+        /// The address.
+        addr: SocketAddr,
+    },
     /// The listening socket could not be opened.
     #[error("cannot listen on {addr}: {source}")]
     Bind {
@@ -98,21 +113,23 @@ pub enum StartError {
 
 /// Server-wide settings.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ServerConfig {
     /// Where to listen (default `127.0.0.1:8000`).
     pub bind: SocketAddr,
-    /// Largest request body accepted; larger ones get 413 (default 16 MiB).
-    pub max_body_bytes: usize,
-    /// When set, `/-/models` and its load/unload endpoints need `Authorization: Bearer <token>`.
-    pub admin_token: Option<String>,
+    /// The front door's timeouts, caps and budgets.
+    pub http: HttpOptions,
+    /// When set, `/-/models`, `/-/deployments` and everything under them need
+    /// `Authorization: Bearer <token>`.
+    pub admin: AdminAccess,
 }
 
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             bind: SocketAddr::from(([127, 0, 0, 1], 8000)),
-            max_body_bytes: 16 << 20,
-            admin_token: None,
+            http: HttpOptions::default(),
+            admin: AdminAccess::default(),
         }
     }
 }
@@ -134,13 +151,43 @@ impl ServerBuilder {
 
     /// Largest request body accepted.
     pub fn max_body_bytes(mut self, n: usize) -> Self {
-        self.config.max_body_bytes = n;
+        self.config.http.max_body_bytes = n;
+        self
+    }
+
+    /// The front door's timeouts, caps and budgets (replacing `max_body_bytes` too).
+    pub fn http_options(mut self, options: HttpOptions) -> Self {
+        self.config.http = options;
+        self
+    }
+
+    /// Lets the server start on a non-loopback address without an admin token, leaving its
+    /// state-changing admin API open to whoever can reach it. Only for networks where every
+    /// client is trusted.
+    pub fn allow_open_admin(mut self) -> Self {
+        self.config.admin.allow_open = true;
+        self
+    }
+
+    /// Host names (with or without a port) the admin API answers to, besides loopback names
+    /// and the address it listens on. Guards a tokenless admin API against DNS rebinding.
+    pub fn allowed_hosts(mut self, hosts: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.config
+            .admin
+            .allowed_hosts
+            .extend(hosts.into_iter().map(Into::into));
         self
     }
 
     /// Requires this bearer token on the admin API.
     pub fn admin_token(mut self, token: impl Into<String>) -> Self {
-        self.config.admin_token = Some(token.into());
+        self.config.admin.token = Some(token.into());
+        self
+    }
+
+    /// The admin API's access settings, as a whole.
+    pub fn admin_access(mut self, access: AdminAccess) -> Self {
+        self.config.admin = access;
         self
     }
 
@@ -167,6 +214,10 @@ pub(crate) struct AppState {
 pub(crate) struct ServerState {
     pub(crate) config: ServerConfig,
     pub(crate) apps: Vec<AppState>,
+    /// Request bodies held, in KiB (`max_inflight_body_bytes`).
+    pub(crate) body_budget: Arc<tokio::sync::Semaphore>,
+    /// Set when shutdown begins: readiness fails from then on.
+    pub(crate) draining: AtomicBool,
     /// Open connections, and a wake-up when one closes (shutdown waits for them).
     connections: AtomicUsize,
     connection_closed: Notify,
@@ -175,7 +226,7 @@ pub(crate) struct ServerState {
 }
 
 /// Counts a connection as open for as long as it lives.
-struct OpenConnection(Arc<ServerState>);
+pub(crate) struct OpenConnection(Arc<ServerState>);
 
 impl Drop for OpenConnection {
     fn drop(&mut self) {
@@ -185,6 +236,12 @@ impl Drop for OpenConnection {
 }
 
 impl ServerState {
+    /// Counts a connection as open until the returned value drops.
+    pub(crate) fn connection_opened(self: &Arc<Self>) -> OpenConnection {
+        self.connections.fetch_add(1, Ordering::SeqCst);
+        OpenConnection(self.clone())
+    }
+
     /// The application whose prefix is the longest one matching `path`.
     pub(crate) fn app_for(&self, path: &str) -> Option<&AppState> {
         self.apps
@@ -272,6 +329,11 @@ impl Server {
 
     async fn start(config: ServerConfig, apps: Vec<Application>) -> Result<Server, StartError> {
         validate(&apps)?;
+        config
+            .http
+            .validate()
+            .map_err(|message| StartError::InvalidConfig { message })?;
+        config.admin.check_exposure(config.bind)?;
         let mut states = Vec::new();
         for app in apps {
             let name: Arc<str> = app.name.as_str().into();
@@ -323,7 +385,12 @@ impl Server {
             addr: config.bind,
             source,
         })?;
+        let body_kib = config.http.max_inflight_body_bytes.div_ceil(1024);
         let state = Arc::new(ServerState {
+            body_budget: Arc::new(tokio::sync::Semaphore::new(
+                body_kib.min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+            draining: AtomicBool::new(false),
             config,
             apps: states,
             connections: AtomicUsize::new(0),
@@ -331,7 +398,11 @@ impl Server {
             retiring: parking_lot::Mutex::default(),
         });
         let (stop, stopped) = watch::channel(false);
-        let accept = tokio::spawn(accept_loop(listener, state.clone(), stopped.clone()));
+        let accept = tokio::spawn(crate::front::accept_loop(
+            listener,
+            state.clone(),
+            stopped.clone(),
+        ));
         let health = state
             .apps
             .iter()
@@ -374,6 +445,17 @@ impl Server {
     /// they call stop and drain; then every model is unloaded; then the server waits for its
     /// connections to finish writing their last responses.
     pub async fn shutdown(self) {
+        // Readiness fails first; connections and requests are still taken for the grace
+        // period, so a load balancer stops sending before anything is refused.
+        self.state.draining.store(true, Ordering::SeqCst);
+        let grace = self.state.config.http.drain_grace_period;
+        if !grace.is_zero() {
+            tracing::info!(
+                ?grace,
+                "draining: readiness fails, still serving for the grace period"
+            );
+            tokio::time::sleep(grace).await;
+        }
         let _ = self.stop.send(true);
         self.accept.abort();
         for task in &self.health {
@@ -424,49 +506,6 @@ async fn drain(replica: &Replica, deadline: Instant) {
     replica.slot.set_available(false);
     while crate::placement::ReplicaView::ongoing(&*replica.slot) > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    state: Arc<ServerState>,
-    mut stopped: watch::Receiver<bool>,
-) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = stopped.changed() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(conn) => conn,
-                Err(e) => {
-                    // Out of file descriptors and the like: back off a little, keep serving.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let state = state.clone();
-        let mut stopped = stopped.clone();
-        state.connections.fetch_add(1, Ordering::SeqCst);
-        let open = OpenConnection(state.clone());
-        tokio::spawn(async move {
-            let _open = open;
-            let service = service_fn(move |request| crate::ingress::handle(state.clone(), request));
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            tokio::select! {
-                result = conn.as_mut() => {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "connection ended with an error");
-                    }
-                }
-                _ = stopped.changed() => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
-                }
-            }
-        });
     }
 }
 

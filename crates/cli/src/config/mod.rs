@@ -70,7 +70,9 @@ fn default_disk_cache_bytes() -> u64 {
     10 << 30
 }
 
-/// `http_options`.
+/// `http_options`: where to listen, who may use the admin API, and the front door's limits.
+/// Durations are in seconds; every limit has a default that holds up against hostile
+/// clients (see `modelmux_serve::HttpOptions`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpOptions {
@@ -81,11 +83,41 @@ pub struct HttpOptions {
     #[serde(default = "default_port")]
     pub port: u16,
     /// Largest request body accepted (bytes).
-    #[serde(default = "default_max_body_bytes")]
-    pub max_body_bytes: usize,
+    #[serde(default)]
+    pub max_body_bytes: Option<usize>,
     /// Bearer token required by the admin API.
     #[serde(default)]
     pub admin_token: Option<String>,
+    /// Lets a server listening beyond loopback run its admin API without a token.
+    #[serde(default)]
+    pub allow_open_admin: bool,
+    /// Host names the admin API answers to besides IP addresses and `localhost`.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Time to send a request's head.
+    #[serde(default)]
+    pub header_read_timeout_s: Option<Seconds>,
+    /// Time to send a request's body.
+    #[serde(default)]
+    pub body_read_timeout_s: Option<Seconds>,
+    /// Idle keep-alive connections are closed after this (Ray's `keep_alive_timeout_s`).
+    #[serde(default)]
+    pub keep_alive_timeout_s: Option<Seconds>,
+    /// Longest a request may take until its response starts (Ray's `request_timeout_s`).
+    #[serde(default)]
+    pub request_timeout_s: Option<Seconds>,
+    /// Most connections open at once.
+    #[serde(default)]
+    pub max_connections: Option<usize>,
+    /// Most application requests in progress at once; more are refused with 503.
+    #[serde(default)]
+    pub max_inflight_requests: Option<usize>,
+    /// Most bytes of request bodies held at once.
+    #[serde(default)]
+    pub max_inflight_body_bytes: Option<usize>,
+    /// After SIGTERM, how long to keep serving while `/-/healthz` answers 503.
+    #[serde(default)]
+    pub drain_grace_period_s: Option<Seconds>,
 }
 
 impl Default for HttpOptions {
@@ -93,9 +125,50 @@ impl Default for HttpOptions {
         Self {
             host: default_host(),
             port: default_port(),
-            max_body_bytes: default_max_body_bytes(),
+            max_body_bytes: None,
             admin_token: None,
+            allow_open_admin: false,
+            allowed_hosts: Vec::new(),
+            header_read_timeout_s: None,
+            body_read_timeout_s: None,
+            keep_alive_timeout_s: None,
+            request_timeout_s: None,
+            max_connections: None,
+            max_inflight_requests: None,
+            max_inflight_body_bytes: None,
+            drain_grace_period_s: None,
         }
+    }
+}
+
+impl HttpOptions {
+    /// The serve layer's limits: these settings over its defaults.
+    pub fn limits(&self) -> modelmux_serve::HttpOptions {
+        let mut o = modelmux_serve::HttpOptions::default();
+        let secs = |v: &Option<Seconds>| v.as_ref().map(|s| s.0);
+        o.max_body_bytes = self.max_body_bytes.unwrap_or(o.max_body_bytes);
+        o.header_read_timeout = secs(&self.header_read_timeout_s).unwrap_or(o.header_read_timeout);
+        o.body_read_timeout = secs(&self.body_read_timeout_s).unwrap_or(o.body_read_timeout);
+        o.keep_alive_timeout = secs(&self.keep_alive_timeout_s).unwrap_or(o.keep_alive_timeout);
+        o.request_timeout = secs(&self.request_timeout_s).or(o.request_timeout);
+        o.max_connections = self.max_connections.unwrap_or(o.max_connections);
+        o.max_inflight_requests = self
+            .max_inflight_requests
+            .unwrap_or(o.max_inflight_requests);
+        o.max_inflight_body_bytes = self
+            .max_inflight_body_bytes
+            .unwrap_or(o.max_inflight_body_bytes.max(o.max_body_bytes));
+        o.drain_grace_period = secs(&self.drain_grace_period_s).unwrap_or(o.drain_grace_period);
+        o
+    }
+
+    /// Who may use the admin API.
+    pub fn admin(&self) -> modelmux_serve::AdminAccess {
+        let mut access = modelmux_serve::AdminAccess::default();
+        access.token = self.admin_token.clone();
+        access.allow_open = self.allow_open_admin;
+        access.allowed_hosts = self.allowed_hosts.clone();
+        access
     }
 }
 
@@ -104,9 +177,6 @@ fn default_host() -> String {
 }
 fn default_port() -> u16 {
     8000
-}
-fn default_max_body_bytes() -> usize {
-    16 << 20
 }
 
 /// `logging`.
@@ -303,6 +373,11 @@ impl Config {
             })?;
         }
         config.bind_address()?;
+        config
+            .http_options
+            .limits()
+            .validate()
+            .map_err(|e| ConfigError::Invalid(format!("http_options: {e}")))?;
         Ok(config)
     }
 
@@ -348,12 +423,11 @@ impl Config {
         } else {
             None
         };
+        let admin = self.http_options.admin();
         let mut builder = modelmux_serve::Server::builder()
             .bind(self.bind_address()?)
-            .max_body_bytes(self.http_options.max_body_bytes);
-        if let Some(token) = &self.http_options.admin_token {
-            builder = builder.admin_token(token.clone());
-        }
+            .http_options(self.http_options.limits())
+            .admin_access(admin.clone());
         for (i, app) in self.applications.iter().enumerate() {
             let mut application = Application::new(&app.name).route_prefix(&app.route_prefix);
             let ingress = app.ingress.as_deref().unwrap_or(&app.deployments[0].name);
@@ -369,7 +443,7 @@ impl Config {
                         llm,
                         &app.route_prefix,
                         disk_cache.as_ref(),
-                        self.http_options.admin_token.as_deref(),
+                        &admin,
                     )
                     .map_err(invalid)?;
                     let server = settings(both.server, d, None);

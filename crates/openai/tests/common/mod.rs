@@ -55,7 +55,7 @@ fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
 
 /// A server on a free port serving `config` with `replicas` LLM replicas.
 pub async fn serve(config: &LlmConfig, replicas: usize) -> Server {
-    let both = llm_deployments("llm", config, "/", None, None).unwrap();
+    let both = llm_deployments("llm", config, "/", None, &Default::default()).unwrap();
     Server::builder()
         .bind("127.0.0.1:0".parse().unwrap())
         .application(

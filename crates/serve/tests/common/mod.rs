@@ -54,10 +54,10 @@ pub async fn send(
     let stream = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await.unwrap();
     tokio::spawn(conn);
-    let mut request = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", addr.to_string());
+    let mut request = hyper::Request::builder().method(method).uri(path);
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        request = request.header("host", addr.to_string());
+    }
     for (k, v) in headers {
         request = request.header(*k, *v);
     }

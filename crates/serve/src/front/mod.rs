@@ -1,0 +1,133 @@
+//! The front door: accepts connections (at most `max_connections` at once), serves each with
+//! hyper under the HTTP timeouts, closes idle keep-alive connections, and puts application
+//! requests through a tower stack (load shedding, a concurrency cap, the request timeout).
+//!
+//! What bounds what:
+//! - a connection that has not sent a whole request head within `header_read_timeout` is cut
+//!   off by hyper's own timer;
+//! - a connection with no request in progress and no bytes moving for `keep_alive_timeout` is
+//!   closed here (hyper has no idle timeout of its own), by the connection's watchdog;
+//! - a body that has not fully arrived within `body_read_timeout` gets 408 (`ingress.rs`);
+//! - memory: connections × [`MAX_BUF_BYTES`] plus `max_inflight_body_bytes`.
+
+mod activity;
+mod options;
+mod stack;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::{Semaphore, watch};
+
+pub use options::{HttpOptions, MAX_BUF_BYTES};
+pub(crate) use stack::Apps;
+
+use crate::server::ServerState;
+use activity::{Activity, Watched};
+
+/// Accepts connections until `stopped` turns true, each under a connection permit.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<ServerState>,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let options = state.config.http.clone();
+    let permits = Arc::new(Semaphore::new(options.max_connections));
+    let apps = stack::build(state.clone());
+    loop {
+        // The permit is taken before accepting: past the cap, clients wait in the kernel's
+        // (bounded) listen backlog, costing this process nothing.
+        let permit = tokio::select! {
+            _ = stopped.changed() => return,
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            _ = stopped.changed() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                Err(e) => {
+                    // Out of file descriptors and the like: back off a little, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        let open = state.connection_opened();
+        let state = state.clone();
+        let apps = apps.clone();
+        let stopped = stopped.clone();
+        let options = options.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _open = open;
+            serve_connection(stream, peer, state, apps, options, stopped).await;
+        });
+    }
+}
+
+async fn serve_connection(
+    stream: tokio::net::TcpStream,
+    peer: SocketAddr,
+    state: Arc<ServerState>,
+    apps: stack::Apps,
+    options: HttpOptions,
+    mut stopped: watch::Receiver<bool>,
+) {
+    let activity = Arc::new(Activity::new());
+    let service = {
+        let activity = activity.clone();
+        hyper::service::service_fn(move |request| {
+            let busy = activity.begin();
+            let handling = crate::ingress::handle(state.clone(), apps.clone(), request);
+            async move {
+                let response = handling.await;
+                drop(busy);
+                response
+            }
+        })
+    };
+    let io = TokioIo::new(Watched::new(stream, activity.clone()));
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_read_timeout)
+        .max_buf_size(MAX_BUF_BYTES)
+        .serve_connection(io, service);
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        let idle_at = activity.idle_deadline(options.keep_alive_timeout);
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(%peer, error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            changed = stopped.changed(), if !closing => {
+                // Either the server stops or its sender is gone: finish the request in
+                // progress, take no more.
+                let _ = changed;
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            _ = tokio::time::sleep_until(idle_at), if !closing => {
+                if activity.is_idle_since(options.keep_alive_timeout) {
+                    tracing::trace!(%peer, "closing an idle keep-alive connection");
+                    closing = true;
+                    // On an idle connection this closes it at once; a request that slipped in
+                    // meanwhile is answered first.
+                    conn.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The tower stack every application request goes through, outermost first: load shedding
+//! (refuse at once when the concurrency cap is reached), the cap itself
+//! (`max_inflight_requests`, shared by all connections), and the request timeout
+//! (`request_timeout`, which drops, and so cancels, the request's work when it runs out).
+//! The admin API and `/metrics` do not go through it: a probe must answer under overload.
+
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use modelmux_cache::BoxError;
+use tower::ServiceBuilder;
+use tower::limit::GlobalConcurrencyLimitLayer;
+use tower::util::BoxCloneSyncService;
+
+use crate::Response;
+use crate::server::ServerState;
+
+/// The application requests' service, cloned into every connection.
+pub(crate) type Apps = BoxCloneSyncService<http::Request<Incoming>, Response, BoxError>;
+
+/// Builds the stack over [`crate::ingress::route`].
+pub(super) fn build(state: Arc<ServerState>) -> Apps {
+    let options = &state.config.http;
+    let cap = Arc::new(tokio::sync::Semaphore::new(options.max_inflight_requests));
+    let timeout = options
+        .request_timeout
+        .map(tower::timeout::TimeoutLayer::new);
+    let service = ServiceBuilder::new()
+        .load_shed()
+        .layer(GlobalConcurrencyLimitLayer::with_semaphore(cap))
+        .option_layer(timeout)
+        .service_fn(move |request: http::Request<Incoming>| {
+            let state = state.clone();
+            async move { Ok::<_, BoxError>(crate::ingress::route(&state, request).await) }
+        });
+    BoxCloneSyncService::new(service)
+}
