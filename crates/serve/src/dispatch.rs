@@ -1,11 +1,15 @@
 //! Sending one request to one replica of a deployment: choose (router.rs), reserve a slot on
 //! the replica, queue (bounded, with a timeout) when nothing has room, call, count, log.
 //!
-//! The request path takes no lock: the replica list and each replica's model set are read
-//! through `ArcSwap`, and a replica slot is reserved with one compare-and-swap. Only a request
-//! that has to wait registers with the `Notify` that finishing requests and model events wake.
+//! The request path takes no lock while nobody waits: the replica list and each replica's
+//! model set are read through `ArcSwap`, and a replica slot is reserved with one
+//! compare-and-swap. Once requests wait, the queue is fair: a new request joins the end of it,
+//! and whenever capacity may have freed (a request finished, a model loaded, the replica set
+//! changed) one pass hands each free slot to the first waiter that can use it, so a finished
+//! request wakes one waiter, not all of them, and nobody overtakes the queue.
 
 use std::cell::Cell;
+use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,7 +21,6 @@ use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use modelmux_cache::{BoxError, ModelId};
 use modelmux_context::RequestContext;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::deployment::DeploymentConfig;
@@ -34,9 +37,9 @@ pub(crate) struct DeploymentRouter {
     pub(crate) app: Arc<str>,
     pub(crate) config: DeploymentConfig,
     replicas: ArcSwap<Vec<Arc<Replica>>>,
-    /// Woken when a request finishes while others wait, when a model event arrives, and when
-    /// the replica set changes.
-    pub(crate) wake: Arc<Notify>,
+    /// Requests waiting for a replica, first come first served.
+    waiting: parking_lot::Mutex<WaitQueue>,
+    /// `waiting`'s length, read without its lock.
     queued: AtomicUsize,
     shutting_down: AtomicBool,
     /// Held while a request places a model (loads it somewhere new): the decision is made
@@ -102,7 +105,7 @@ impl DeploymentRouter {
             app,
             config,
             replicas: ArcSwap::default(),
-            wake: Arc::new(Notify::new()),
+            waiting: parking_lot::Mutex::default(),
             queued: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
             placing: parking_lot::Mutex::new(()),
@@ -117,19 +120,28 @@ impl DeploymentRouter {
         self.replicas.load_full()
     }
 
-    pub(crate) fn set_replicas(&self, replicas: Vec<Arc<Replica>>) {
+    pub(crate) fn set_replicas(self: &Arc<Self>, replicas: Vec<Arc<Replica>>) {
         self.replicas.store(Arc::new(replicas));
-        self.wake.notify_waiters();
+        self.grant();
+    }
+
+    /// What replicas call when their models change (a load ended, a model was evicted): the
+    /// queue may move.
+    pub(crate) fn waker(self: &Arc<Self>) -> Waker {
+        Waker(Arc::downgrade(self))
     }
 
     pub(crate) fn queued(&self) -> usize {
         self.queued.load(Ordering::SeqCst)
     }
 
-    /// Refuses new requests (they get 503) and wakes queued ones so they leave.
+    /// Refuses new requests (they get 503) and sends queued ones away with the same answer.
     pub(crate) fn stop_accepting(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-        self.wake.notify_waiters();
+        let mut waiting = self.waiting.lock();
+        // Dropping their senders tells them.
+        waiting.entries.clear();
+        self.queued.store(0, Ordering::SeqCst);
     }
 
     /// Routes `request` to a replica and runs it there. Returns the response (or the error)
@@ -143,11 +155,8 @@ impl DeploymentRouter {
         let model = context.multiplexed_model_id().cloned();
         let (result, replica) = match self.acquire(model.as_ref()).await {
             Err(e) => (Err(e), None),
-            Ok((replica, reason)) => {
-                let guard = Ongoing {
-                    router: self.clone(),
-                    replica: replica.clone(),
-                };
+            Ok((guard, reason)) => {
+                let replica = guard.replica.clone();
                 tracing::trace!(replica = %replica.id, ?reason, "routed");
                 let result = replica.call(request, context.clone()).await;
                 let status = result
@@ -184,44 +193,103 @@ impl DeploymentRouter {
         (result, replica)
     }
 
-    /// A replica with a reserved slot, waiting in the queue if there is none.
-    async fn acquire(&self, model: Option<&ModelId>) -> Result<(Arc<Replica>, Reason), ServeError> {
-        if let Some(found) = self.try_acquire(model) {
-            return Ok(found);
+    /// A replica with a reserved slot, waiting in the queue if there is none (or if others
+    /// already wait: they came first).
+    async fn acquire(
+        self: &Arc<Self>,
+        model: Option<&ModelId>,
+    ) -> Result<(Ongoing, Reason), ServeError> {
+        if self.shutting_down.load(Ordering::SeqCst) {
+            return Err(ServeError::ShuttingDown);
         }
-        let queued = QueueTicket::enter(&self.queued);
-        if queued.position >= self.config.max_queued_requests {
-            return Err(ServeError::Overloaded {
-                deployment: self.config.name.clone(),
-                queued: queued.position,
-            });
-        }
-        let start = Instant::now();
-        let deadline = start + self.config.queue_timeout;
-        loop {
-            let notified = self.wake.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.shutting_down.load(Ordering::SeqCst) {
-                return Err(ServeError::ShuttingDown);
-            }
+        if self.queued.load(Ordering::SeqCst) == 0 {
             if let Some(found) = self.try_acquire(model) {
                 return Ok(found);
             }
-            // Wake-ups come from finishing requests and model events; the periodic look also
-            // catches what no event announces (a placement that expired unconfirmed).
-            let slice = deadline.min(Instant::now() + RECHECK);
-            if tokio::time::timeout_at(slice, notified).await.is_err() && Instant::now() >= deadline
-            {
-                return Err(ServeError::QueueTimeout {
+        }
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let ticket = {
+            let mut waiting = self.waiting.lock();
+            if self.shutting_down.load(Ordering::SeqCst) {
+                return Err(ServeError::ShuttingDown);
+            }
+            let queued = waiting.entries.len();
+            if queued >= self.config.max_queued_requests {
+                return Err(ServeError::Overloaded {
                     deployment: self.config.name.clone(),
-                    waited: start.elapsed(),
+                    queued,
                 });
+            }
+            waiting.next_ticket += 1;
+            let ticket = waiting.next_ticket;
+            waiting.entries.push_back(Waiter {
+                ticket,
+                model: model.cloned(),
+                grant: tx,
+            });
+            self.queued.store(waiting.entries.len(), Ordering::SeqCst);
+            ticket
+        };
+        let _leave = LeaveQueue {
+            router: self,
+            ticket,
+        };
+        // What is free now goes to whoever is first in line and can use it; maybe this one.
+        self.grant();
+        let start = Instant::now();
+        let deadline = start + self.config.queue_timeout;
+        loop {
+            // The periodic look catches what no event announces (a placement that expired
+            // unconfirmed); only the first in line makes it, so it costs one pass per period.
+            let slice = deadline.min(Instant::now() + RECHECK);
+            match tokio::time::timeout_at(slice, &mut rx).await {
+                Ok(Ok(granted)) => return Ok(granted),
+                Ok(Err(_)) => return Err(ServeError::ShuttingDown),
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(ServeError::QueueTimeout {
+                        deployment: self.config.name.clone(),
+                        waited: start.elapsed(),
+                    });
+                }
+                Err(_) => {
+                    let first = self.waiting.lock().entries.front().map(|w| w.ticket);
+                    if first == Some(ticket) {
+                        self.grant();
+                    }
+                }
             }
         }
     }
 
-    fn try_acquire(&self, model: Option<&ModelId>) -> Option<(Arc<Replica>, Reason)> {
+    /// Hands free capacity to waiters in order: each waiter, from the first, gets a slot if the
+    /// routing rules find one for its model now; a waiter that cannot be served yet (its
+    /// model's holders are busy) does not block those behind it from other replicas.
+    pub(crate) fn grant(self: &Arc<Self>) {
+        if self.queued.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        // Reservations for waiters that left meanwhile are released after the lock is let go
+        // (releasing one runs this again).
+        let mut unclaimed = Vec::new();
+        {
+            let mut waiting = self.waiting.lock();
+            let mut i = 0;
+            while i < waiting.entries.len() {
+                let Some(granted) = self.try_acquire(waiting.entries[i].model.as_ref()) else {
+                    i += 1;
+                    continue;
+                };
+                let waiter = waiting.entries.remove(i).expect("index checked");
+                if let Err(granted) = waiter.grant.send(granted) {
+                    unclaimed.push(granted);
+                }
+            }
+            self.queued.store(waiting.entries.len(), Ordering::SeqCst);
+        }
+        drop(unclaimed);
+    }
+
+    fn try_acquire(self: &Arc<Self>, model: Option<&ModelId>) -> Option<(Ongoing, Reason)> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return None;
         }
@@ -250,7 +318,11 @@ impl DeploymentRouter {
                             }
                             replica.slot.note_routed(model);
                         }
-                        return Some((replica.clone(), reason));
+                        let reserved = Ongoing {
+                            router: self.clone(),
+                            replica: replica.clone(),
+                        };
+                        return Some((reserved, reason));
                     }
                 }
                 Choice::Wait => return None,
@@ -260,27 +332,52 @@ impl DeploymentRouter {
     }
 }
 
-/// Counts a request as queued for as long as it lives.
-struct QueueTicket<'a> {
-    queued: &'a AtomicUsize,
-    position: usize,
+/// The requests waiting for a replica, in arrival order.
+#[derive(Default)]
+struct WaitQueue {
+    entries: VecDeque<Waiter>,
+    next_ticket: u64,
 }
 
-impl<'a> QueueTicket<'a> {
-    fn enter(queued: &'a AtomicUsize) -> Self {
-        let position = queued.fetch_add(1, Ordering::SeqCst);
-        Self { queued, position }
-    }
+struct Waiter {
+    ticket: u64,
+    model: Option<ModelId>,
+    grant: tokio::sync::oneshot::Sender<(Ongoing, Reason)>,
 }
 
-impl Drop for QueueTicket<'_> {
+/// Takes a waiter out of the queue when it stops waiting (served, timed out, or its client
+/// went away).
+struct LeaveQueue<'a> {
+    router: &'a DeploymentRouter,
+    ticket: u64,
+}
+
+impl Drop for LeaveQueue<'_> {
     fn drop(&mut self) {
-        self.queued.fetch_sub(1, Ordering::SeqCst);
+        let mut waiting = self.router.waiting.lock();
+        if let Some(i) = waiting.entries.iter().position(|w| w.ticket == self.ticket) {
+            waiting.entries.remove(i);
+            self.router
+                .queued
+                .store(waiting.entries.len(), Ordering::SeqCst);
+        }
     }
 }
 
-/// A reserved slot on a replica, released on drop (waking queued requests).
-struct Ongoing {
+/// Tells a deployment's router that its replicas' models changed.
+#[derive(Clone)]
+pub(crate) struct Waker(std::sync::Weak<DeploymentRouter>);
+
+impl Waker {
+    pub(crate) fn wake(&self) {
+        if let Some(router) = self.0.upgrade() {
+            router.grant();
+        }
+    }
+}
+
+/// A reserved slot on a replica, released on drop (handing it to the queue).
+pub(crate) struct Ongoing {
     router: Arc<DeploymentRouter>,
     replica: Arc<Replica>,
 }
@@ -288,10 +385,8 @@ struct Ongoing {
 impl Drop for Ongoing {
     fn drop(&mut self) {
         self.replica.slot.end();
-        // SeqCst pairs with the queued request's `enter` then `try_acquire`.
-        if self.router.queued.load(Ordering::SeqCst) > 0 {
-            self.router.wake.notify_waiters();
-        }
+        // SeqCst pairs with a new waiter's enqueue-then-grant.
+        self.router.grant();
     }
 }
 

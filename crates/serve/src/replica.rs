@@ -11,7 +11,6 @@ use modelmux_cache::{
     Subscription,
 };
 use modelmux_context::{RequestContext, RequestId};
-use tokio::sync::Notify;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -117,7 +116,7 @@ impl Replica {
         spec: &DeploymentSpec,
         app: &Arc<str>,
         handles: HandleDirectory,
-        wake: Arc<Notify>,
+        wake: crate::dispatch::Waker,
     ) -> Result<Replica, BoxError> {
         let deployment: Arc<str> = spec.config.name.as_str().into();
         let id: Arc<str> = format!("{deployment}#{}", &RequestId::generate().as_str()[..6]).into();
@@ -264,7 +263,7 @@ fn spawn_feed(
     source: usize,
     cache: Arc<dyn ModelCache>,
     slot: Arc<ReplicaSlot>,
-    wake: Arc<Notify>,
+    wake: crate::dispatch::Waker,
 ) -> JoinHandle<()> {
     let mut sub = cache.subscribe();
     slot.apply_snapshot(source, &sub.snapshot);
@@ -273,12 +272,12 @@ fn spawn_feed(
             match sub.events.recv().await {
                 Ok(event) => {
                     slot.apply(source, &event);
-                    wake.notify_waiters();
+                    wake.wake();
                 }
                 Err(RecvError::Lagged(_)) => {
                     sub = cache.subscribe();
                     slot.apply_snapshot(source, &sub.snapshot);
-                    wake.notify_waiters();
+                    wake.wake();
                 }
                 Err(RecvError::Closed) => return,
             }

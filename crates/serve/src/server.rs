@@ -356,7 +356,7 @@ impl Server {
             for spec in app.deployments {
                 let router = routers[&spec.config.name].clone();
                 let starts = (0..spec.config.num_replicas)
-                    .map(|_| Replica::start(&spec, &name, handles.clone(), router.wake.clone()));
+                    .map(|_| Replica::start(&spec, &name, handles.clone(), router.waker()));
                 let replicas =
                     futures_util::future::try_join_all(starts)
                         .await
@@ -530,7 +530,7 @@ async fn health_loop(
             tracing::warn!(replica = %replica.id, %reason, "replica failed its health check; replacing it");
             // The old replica keeps serving while its replacement starts: a deployment of one
             // replica is never left with none.
-            match Replica::start(&spec, &app, handles.clone(), router.wake.clone()).await {
+            match Replica::start(&spec, &app, handles.clone(), router.waker()).await {
                 Ok(fresh) => {
                     let fresh = Arc::new(fresh);
                     let next = router

@@ -1,0 +1,167 @@
+//! The queue in front of a deployment's replicas: first come, first served; requests that
+//! leave it (timed out, or their client hung up) give back what they held.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use common::get;
+use http::StatusCode;
+use modelmux_serve::{
+    Application, Body, BoxError, Deployment, DeploymentSpec, Request, Response, Server,
+};
+
+/// Records the order requests start in (by their `x-seq` header) and the most in progress at
+/// once; each takes `delay`.
+struct Recorder {
+    delay: Duration,
+    order: Arc<parking_lot::Mutex<Vec<u32>>>,
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Deployment for Recorder {
+    async fn call(&self, request: Request) -> Result<Response, BoxError> {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        // Counted down even when the request is cancelled (its client hung up).
+        let _running = Running(self.running.clone());
+        if let Some(seq) = request.headers().get("x-seq") {
+            self.order.lock().push(seq.to_str()?.parse()?);
+        }
+        tokio::time::sleep(self.delay).await;
+        Ok(Response::new(Body::from("ok")))
+    }
+}
+
+struct Running(Arc<AtomicUsize>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+struct Recorded {
+    order: Arc<parking_lot::Mutex<Vec<u32>>>,
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+async fn start(
+    replicas: usize,
+    max_ongoing: usize,
+    delay: Duration,
+    queue_timeout: Duration,
+) -> (Server, Recorded) {
+    let recorded = Recorded {
+        order: Arc::default(),
+        running: Arc::default(),
+        peak: Arc::default(),
+    };
+    let (order, running, peak) = (
+        recorded.order.clone(),
+        recorded.running.clone(),
+        recorded.peak.clone(),
+    );
+    let spec = DeploymentSpec::new("Recorder", move |_ctx| {
+        let (order, running, peak) = (order.clone(), running.clone(), peak.clone());
+        async move {
+            Ok(Recorder {
+                delay,
+                order,
+                running,
+                peak,
+            })
+        }
+    })
+    .num_replicas(replicas)
+    .max_ongoing_requests(max_ongoing)
+    .max_queued_requests(10_000)
+    .queue_timeout(queue_timeout);
+    let server = Server::builder()
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .application(Application::new("a").ingress(spec))
+        .start()
+        .await
+        .unwrap();
+    (server, recorded)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_requests_are_served_in_arrival_order_and_newcomers_do_not_overtake() {
+    let (server, recorded) = start(1, 1, Duration::from_millis(80), Duration::from_secs(30)).await;
+    let addr = server.local_addr();
+    let mut requests = Vec::new();
+    for seq in 0..12u32 {
+        requests.push(tokio::spawn(async move {
+            let seq = seq.to_string();
+            get(addr, "/", &[("x-seq", &seq)]).await.status
+        }));
+        // Far apart enough that arrival order is certain, close enough that all queue.
+        tokio::time::sleep(Duration::from_millis(15)).await;
+    }
+    for r in requests {
+        assert_eq!(r.await.unwrap(), StatusCode::OK);
+    }
+    assert_eq!(
+        *recorded.order.lock(),
+        (0..12).collect::<Vec<_>>(),
+        "served out of arrival order"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stampede_with_clients_leaving_keeps_every_slot_and_never_exceeds_capacity() {
+    // 2 replicas x 3 slots; 400 requests from 100 clients, a third of whom hang up while
+    // queued or while served, and a short queue timeout that some requests hit.
+    let (server, recorded) =
+        start(2, 3, Duration::from_millis(5), Duration::from_millis(400)).await;
+    let addr = server.local_addr();
+    let served = Arc::new(AtomicUsize::new(0));
+    let clients: Vec<_> = (0..100)
+        .map(|c| {
+            let served = served.clone();
+            tokio::spawn(async move {
+                for i in 0..4 {
+                    let request = get(addr, "/", &[]);
+                    if (c + i) % 3 == 0 {
+                        // Hang up after a moment, wherever the request is.
+                        let _ = tokio::time::timeout(Duration::from_millis(3), request).await;
+                    } else {
+                        let status = request.await.status;
+                        assert!(
+                            status == StatusCode::OK || status == StatusCode::SERVICE_UNAVAILABLE,
+                            "{status}"
+                        );
+                        if status == StatusCode::OK {
+                            served.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert!(served.load(Ordering::SeqCst) > 100);
+    assert!(
+        recorded.peak.load(Ordering::SeqCst) <= 6,
+        "{} requests ran at once on 6 slots",
+        recorded.peak.load(Ordering::SeqCst)
+    );
+    // Nothing leaked: all six slots serve six slow requests at once, and nothing stays queued.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let models = get(addr, "/-/models", &[]).await.json();
+    let deployment = &models["applications"][0]["deployments"][0];
+    assert_eq!(deployment["queued_requests"], 0, "{models}");
+    for r in deployment["replicas"].as_array().unwrap() {
+        assert_eq!(r["ongoing_requests"], 0, "a slot leaked: {models}");
+    }
+    server.shutdown().await;
+}
