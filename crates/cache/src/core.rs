@@ -41,6 +41,13 @@ pub(crate) struct Core<M: Model> {
     clock: AtomicU64,
     /// GDSF's inflation `L` (f64 bits): the priority of the last model evicted for room.
     inflation: AtomicU64,
+    /// The next loaded copy's serial number.
+    serials: AtomicU64,
+    /// The largest charge of any model admitted so far (0: none yet): what a load of unknown
+    /// size reserves under a byte cap.
+    pub(crate) largest_charge: AtomicU64,
+    /// Loads waiting for a load turn.
+    pub(crate) queued_loads: std::sync::atomic::AtomicUsize,
     pub(crate) room: Arc<RoomSignal>,
     pub(crate) load_permits: Semaphore,
     events: broadcast::Sender<ModelEvent>,
@@ -65,6 +72,8 @@ pub(crate) struct State<M: Model> {
 /// An evicted model whose unload has not finished.
 struct Draining<M: Model> {
     id: ModelId,
+    /// Which copy: the same id may be draining twice (evicted in use, reloaded, evicted again).
+    serial: u64,
     size: u64,
     /// Alive while guards hold the model; gone once its unload has started.
     resident: Weak<Resident<M>>,
@@ -106,6 +115,9 @@ impl<M: Model> Core<M> {
             }),
             clock: AtomicU64::new(0),
             inflation: AtomicU64::new(0f64.to_bits()),
+            serials: AtomicU64::new(0),
+            largest_charge: AtomicU64::new(0),
+            queued_loads: std::sync::atomic::AtomicUsize::new(0),
             room: Arc::default(),
             metrics: Metrics::default(),
             runtime,
@@ -144,6 +156,10 @@ impl<M: Model> Core<M> {
     /// GDSF's inflation value `L`.
     pub(crate) fn inflation(&self) -> f64 {
         f64::from_bits(self.inflation.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn next_serial(&self) -> u64 {
+        self.serials.fetch_add(1, Ordering::Relaxed)
     }
 
     pub(crate) fn next_tick(&self) -> u64 {
@@ -215,7 +231,7 @@ impl<M: Model> Core<M> {
                 break;
             }
             after_slots -= 1;
-            after_bytes -= r.size_or_zero();
+            after_bytes -= r.charged;
             victims.push(r.id.clone());
             victims_priority.push(r.gdsf_priority());
         }
@@ -303,7 +319,8 @@ impl<M: Model> Core<M> {
     pub(crate) fn drain_unadmitted(&self, st: &mut State<M>, r: &Arc<Resident<M>>) {
         st.draining.push(Draining {
             id: r.id.clone(),
-            size: r.size_or_zero(),
+            serial: r.serial,
+            size: r.charged,
             resident: Arc::downgrade(r),
         });
     }
@@ -311,28 +328,24 @@ impl<M: Model> Core<M> {
     /// Called by the unload task when a model's unload hook has finished.
     pub(crate) fn finish_unload(
         &self,
-        id: ModelId,
-        size: Option<u64>,
+        copy: crate::guard::CopyId,
         took: Duration,
         error: Option<String>,
     ) {
+        let id = copy.id;
         Metrics::add(&self.metrics.unloads);
         if error.is_some() {
             Metrics::add(&self.metrics.unload_failures);
         }
         self.metrics.unload_duration.observe(took);
-        let size = size.unwrap_or(0);
         {
             let mut st = self.state.lock();
-            // Entries with the same id and size are interchangeable for the accounting.
-            if let Some(pos) = st
-                .draining
-                .iter()
-                .position(|d| d.id == id && d.size == size)
-            {
-                st.draining.swap_remove(pos);
+            // By serial, not by id: another copy of the same model may still be draining, in
+            // use, and must keep counting as not coming back soon.
+            if let Some(pos) = st.draining.iter().position(|d| d.serial == copy.serial) {
+                let d = st.draining.swap_remove(pos);
                 st.used_slots -= 1;
-                st.used_bytes -= size;
+                st.used_bytes -= d.size;
             } else {
                 debug_assert!(false, "unloaded model '{id}' was not draining");
             }

@@ -100,11 +100,27 @@ pub enum Error {
     #[error("the model multiplexer is shutting down")]
     ShuttingDown,
 
-    /// The load's task ended without a result (its runtime is shutting down).
+    /// The load's task ended without a result (its runtime is shutting down), or everyone
+    /// waiting for it left before it started.
     #[error("loading model '{id}' was cancelled before it finished")]
     LoadCancelled {
         /// The model.
         id: ModelId,
+    },
+
+    /// Too many loads wait for one of the `max_concurrent_loads` turns: the queue of waiting
+    /// loads was full, or this load waited `capacity_timeout` for its turn.
+    #[error(
+        "too many model loads in progress to load '{id}': {queued} loads wait for one of the \
+         replica's {max_concurrent_loads} load turns; retry later"
+    )]
+    LoadsBusy {
+        /// The model.
+        id: ModelId,
+        /// Loads waiting for a turn.
+        queued: usize,
+        /// Loads that run at once.
+        max_concurrent_loads: usize,
     },
 }
 
@@ -121,6 +137,7 @@ impl Error {
             Error::ModelTooLarge { .. } => "model_too_large",
             Error::ShuttingDown => "shutting_down",
             Error::LoadCancelled { .. } => "load_cancelled",
+            Error::LoadsBusy { .. } => "loads_busy",
         }
     }
 
@@ -128,9 +145,9 @@ impl Error {
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::BackingOff { retry_after, .. } => Some(*retry_after),
-            Error::CapacityExhausted { .. } | Error::LoadCancelled { .. } => {
-                Some(Duration::from_secs(1))
-            }
+            Error::CapacityExhausted { .. }
+            | Error::LoadCancelled { .. }
+            | Error::LoadsBusy { .. } => Some(Duration::from_secs(1)),
             _ => None,
         }
     }

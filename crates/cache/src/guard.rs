@@ -83,6 +83,11 @@ pub(crate) struct Resident<M: Model> {
     pub(crate) cost_per_mib: f64,
     pub(crate) id: ModelId,
     pub(crate) size: Option<u64>,
+    /// Bytes counted against `max_bytes`: the reported size, or, for a model that reports
+    /// none, what its load reserved.
+    pub(crate) charged: u64,
+    /// Tells this copy from any other of the same id (a draining copy and a fresh one).
+    pub(crate) serial: u64,
     room: Arc<RoomSignal>,
     core: Weak<Core<M>>,
     runtime: Handle,
@@ -95,7 +100,7 @@ impl<M: Model> Resident<M> {
     pub(crate) fn new(
         id: ModelId,
         model: M,
-        size: Option<u64>,
+        (size, charged): (Option<u64>, u64),
         load_time: std::time::Duration,
         tick: u64,
         core: &Core<M>,
@@ -108,6 +113,8 @@ impl<M: Model> Resident<M> {
             cost_per_mib: load_time.as_secs_f64().max(0.001) / mib,
             id,
             size,
+            charged,
+            serial: core.next_serial(),
             model: Some(model),
             in_use: AtomicUsize::new(0),
             last_used_tick: AtomicU64::new(tick),
@@ -123,10 +130,6 @@ impl<M: Model> Resident<M> {
     /// Neither in use nor pinned: a candidate for eviction.
     pub(crate) fn is_idle(&self) -> bool {
         self.in_use.load(Ordering::SeqCst) == 0 && !self.pinned.load(Ordering::Relaxed)
-    }
-
-    pub(crate) fn size_or_zero(&self) -> u64 {
-        self.size.unwrap_or(0)
     }
 
     /// GDSF priority: `L` at the last access plus frequency times reload cost per byte. The
@@ -159,29 +162,47 @@ impl<M: Model> Drop for Resident<M> {
         let Some(model) = self.model.take() else {
             return;
         };
-        let core = self.core.clone();
-        let id = self.id.clone();
-        let size = self.size;
+        let copy = CopyId {
+            id: self.id.clone(),
+            serial: self.serial,
+        };
         // If the runtime is already shut down the task is dropped unrun, and so is the model:
         // its `Drop` is the fallback.
-        let unload = unload(core, id, size, model).instrument(self.span.clone());
+        let unload = unload(self.core.clone(), copy, model).instrument(self.span.clone());
         drop(self.runtime.spawn(unload));
     }
 }
 
-async fn unload<M: Model>(core: Weak<Core<M>>, id: ModelId, size: Option<u64>, model: M) {
+/// Which copy of a model an unload is for.
+pub(crate) struct CopyId {
+    pub(crate) id: ModelId,
+    pub(crate) serial: u64,
+}
+
+async fn unload<M: Model>(core: Weak<Core<M>>, copy: CopyId, model: M) {
+    let id = copy.id.clone();
     tracing::info!(model_id = %id, "Unloading model '{id}'.");
     let start = Instant::now();
+    let limit = core.upgrade().and_then(|c| c.config.unload_timeout);
     // The hook is called inside the guarded future, so a panic while building it is caught too.
     // Formatting the error is user code too (its `Display`), so it happens inside the guard.
-    let outcome = AssertUnwindSafe(async move { model.unload().await.map_err(|e| e.to_string()) })
-        .catch_unwind()
-        .await;
+    let hook = AssertUnwindSafe(async move { model.unload().await.map_err(|e| e.to_string()) })
+        .catch_unwind();
+    // A hook that hangs must not hold the model's capacity forever: past the limit it is
+    // dropped (and the model with it) and the capacity is released.
+    let outcome = match limit {
+        Some(limit) => tokio::time::timeout(limit, hook).await.map_err(|_| limit),
+        None => Ok(hook.await),
+    };
     let elapsed = start.elapsed();
     let error = match outcome {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e),
-        Err(panic) => Some(format!("unload hook panicked: {}", panic_message(&*panic))),
+        Ok(Ok(Ok(()))) => None,
+        Ok(Ok(Err(e))) => Some(e),
+        Ok(Err(panic)) => Some(format!("unload hook panicked: {}", panic_message(&*panic))),
+        Err(limit) => Some(format!(
+            "unload hook did not finish within {limit:?}; it was dropped and the model's \
+             capacity released"
+        )),
     };
     match &error {
         None => tracing::info!(
@@ -193,7 +214,7 @@ async fn unload<M: Model>(core: Weak<Core<M>>, id: ModelId, size: Option<u64>, m
         Some(e) => tracing::warn!(model_id = %id, error = %e, "Unloading model '{id}' failed: {e}"),
     }
     if let Some(core) = core.upgrade() {
-        core.finish_unload(id, size, elapsed, error);
+        core.finish_unload(copy, elapsed, error);
     }
 }
 

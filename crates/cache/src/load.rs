@@ -1,12 +1,17 @@
 //! The miss path: single-flight loads, failure memory, admission into the index.
 //!
-//! Every load runs on its own task, so a caller that gives up (a client disconnects) cancels
-//! nothing: the others waiting on the same id still get the result, and the model stays warm.
+//! Every load runs on its own task, so a caller that gives up (a client disconnects) does not
+//! cancel a load that has started: the others waiting on the same id still get the result, and
+//! the model stays warm. A load that has not started yet (it waits for a load turn) is dropped
+//! once nobody waits for it any more, so abandoned requests cost no loads; and the queue of
+//! loads waiting for a turn is bounded, in length (`max_queued_loads`) and in time
+//! (`capacity_timeout`).
 //! Whatever way a load ends (success, error, panic, timeout, abort), a [`LoadTicket`] makes
 //! sure its reservation is released and its `Loading` advertisement is retracted.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use futures_util::FutureExt;
@@ -25,10 +30,13 @@ use crate::{BoxError, Error, Model, ModelId};
 
 type Outcome<M> = Result<ModelGuard<M>, Error>;
 type LoadSender<M> = watch::Sender<Option<Outcome<M>>>;
+type LoadReceiver<M> = watch::Receiver<Option<Outcome<M>>>;
 
 /// A load in progress, shared by everyone asking for its id.
 pub(crate) struct LoadSlot<M: Model> {
-    rx: watch::Receiver<Option<Outcome<M>>>,
+    /// Its result, when there is one; every waiter holds one receiver, so the receiver count
+    /// says whether anyone still waits.
+    tx: Arc<LoadSender<M>>,
     /// Set just after the task is spawned (outside the lock); `None` for that instant.
     pub(crate) task: Option<AbortHandle>,
     /// Tells this load from a later one for the same id.
@@ -61,7 +69,7 @@ impl<M: Model> Core<M> {
             }
             self.metrics.misses.inc();
             match st.loading.get(&id) {
-                Some(slot) => (slot.rx.clone(), None),
+                Some(slot) => (slot.tx.subscribe(), None),
                 None => {
                     if let Some(err) = self.backing_off(&st, &id) {
                         Metrics::add(&self.metrics.backoff_rejections);
@@ -105,12 +113,13 @@ impl<M: Model> Core<M> {
         &self,
         st: &mut State<M>,
         id: &ModelId,
-    ) -> (watch::Receiver<Option<Outcome<M>>>, LoadSender<M>, u64) {
+    ) -> (LoadReceiver<M>, Arc<LoadSender<M>>, u64) {
         let (tx, rx) = watch::channel(None);
+        let tx = Arc::new(tx);
         self.emit(st, id, ModelEventKind::Loading);
         let generation = self.next_tick();
         let slot = LoadSlot {
-            rx: rx.clone(),
+            tx: tx.clone(),
             task: None,
             generation,
         };
@@ -121,7 +130,7 @@ impl<M: Model> Core<M> {
     /// Spawns the load. Called without the state lock: the ticket exists before the task, so
     /// if the task is dropped unpolled (aborted at once, or its runtime is gone) the ticket's
     /// `Drop` still cleans up, and that takes the lock.
-    fn spawn_load(self: &Arc<Self>, id: ModelId, tx: LoadSender<M>, generation: u64) {
+    fn spawn_load(self: &Arc<Self>, id: ModelId, tx: Arc<LoadSender<M>>, generation: u64) {
         let ticket = LoadTicket {
             core: self.clone(),
             id: id.clone(),
@@ -142,13 +151,13 @@ impl<M: Model> Core<M> {
         }
     }
 
-    async fn run_load(mut ticket: LoadTicket<M>, tx: LoadSender<M>) {
+    async fn run_load(mut ticket: LoadTicket<M>, tx: Arc<LoadSender<M>>) {
         let core = ticket.core.clone();
         let id = ticket.id.clone();
-        let outcome = core.load_and_admit(&mut ticket).await;
+        let outcome = core.load_and_admit(&mut ticket, &tx).await;
         let over_caps = matches!(outcome, Ok((_, true)));
-        // Fails only when nobody waits any more; the model stays warm regardless.
-        let _ = tx.send(Some(outcome.map(|(guard, _)| guard)));
+        // Nobody may wait any more; the model stays warm regardless.
+        tx.send_replace(Some(outcome.map(|(guard, _)| guard)));
         drop(tx);
         if over_caps {
             // The model turned out larger than its reservation: evict idle models to get back
@@ -164,6 +173,7 @@ impl<M: Model> Core<M> {
     async fn load_and_admit(
         &self,
         ticket: &mut LoadTicket<M>,
+        tx: &LoadSender<M>,
     ) -> Result<(ModelGuard<M>, bool), Error> {
         let id = &ticket.id.clone();
         let size = match self
@@ -182,19 +192,19 @@ impl<M: Model> Core<M> {
                 max_bytes,
             }));
         }
-        let estimate = size.unwrap_or_else(|| self.mean_loaded_size());
+        let estimate = self.estimate(size);
         // The permit first, then the room: a load waiting its turn needs no memory yet, so it
         // must not hold a slot (or evict a model) while other loads run.
-        let permit = self
-            .load_permits
-            .acquire()
-            .await
-            .expect("the load semaphore is never closed");
+        let permit = self.load_turn(ticket, tx).await?;
         let deadline = Instant::now() + self.config.capacity_timeout;
         if let Err(e) = self.reserve(id, 1, estimate, deadline).await {
             return Err(ticket.fail(e));
         }
         ticket.reserved = Some(estimate);
+        // Room may have taken a while: if everyone left meanwhile, load nothing.
+        if let Some(e) = self.cancel_if_abandoned(ticket, tx) {
+            return Err(e);
+        }
         Metrics::add(&self.metrics.loads);
         tracing::info!(model_id = %id, "Loading model '{id}'.");
         let start = Instant::now();
@@ -204,6 +214,97 @@ impl<M: Model> Core<M> {
             Ok(model) => self.admit(ticket, model, start.elapsed()),
             Err(e) => Err(ticket.fail(e)),
         }
+    }
+
+    /// What a load reserves: the probed size; else, under a byte cap, the largest charge of
+    /// any model admitted so far, or the whole cap for the first (so loads of unknown size
+    /// never overcommit it; the charge is settled when the model reports its size).
+    fn estimate(&self, probed: Option<u64>) -> u64 {
+        match (probed, self.config.max_bytes) {
+            (Some(size), _) => size,
+            (None, Some(max_bytes)) => match self.largest_charge.load(Ordering::Relaxed) {
+                0 => max_bytes,
+                largest => largest.min(max_bytes),
+            },
+            (None, None) => self.mean_loaded_size(),
+        }
+    }
+
+    /// Waits for one of the `max_concurrent_loads` turns: refused at once when
+    /// `max_queued_loads` loads already wait, given up after `capacity_timeout`, and dropped as
+    /// soon as nobody waits for the load any more.
+    async fn load_turn<'a>(
+        &'a self,
+        ticket: &mut LoadTicket<M>,
+        tx: &LoadSender<M>,
+    ) -> Result<tokio::sync::SemaphorePermit<'a>, Error> {
+        if let Ok(permit) = self.load_permits.try_acquire() {
+            return Ok(permit);
+        }
+        let queued = QueuedLoad::enter(&self.queued_loads);
+        let id = ticket.id.clone();
+        let busy = |queued: usize| Error::LoadsBusy {
+            id: id.clone(),
+            queued,
+            max_concurrent_loads: self.config.max_concurrent_loads,
+        };
+        if queued.position >= self.config.max_queued_loads {
+            let error = busy(queued.position);
+            return Err(ticket.fail(error));
+        }
+        let deadline = Instant::now() + self.config.capacity_timeout;
+        loop {
+            tokio::select! {
+                permit = self.load_permits.acquire() => {
+                    return Ok(permit.expect("the load semaphore is never closed"));
+                }
+                () = tx.closed() => {
+                    if let Some(e) = self.cancel_if_abandoned(ticket, tx) {
+                        return Err(e);
+                    }
+                    // Someone joined just then: keep waiting (for a while, so a join that
+                    // keeps racing the check cannot spin).
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                () = tokio::time::sleep_until(deadline) => {
+                    let error = busy(self.queued_loads.load(Ordering::Relaxed));
+                    return Err(ticket.fail(error));
+                }
+            }
+        }
+    }
+
+    /// Ends a load nobody waits for any more, before it calls the loader: its reservation is
+    /// released and its `Loading` retracted, and no failure is remembered. `None` if someone
+    /// still waits (checked under the state lock, which every joiner holds to join).
+    fn cancel_if_abandoned(&self, ticket: &mut LoadTicket<M>, tx: &LoadSender<M>) -> Option<Error> {
+        let error = {
+            let mut st = self.state.lock();
+            if tx.receiver_count() > 0 {
+                return None;
+            }
+            ticket.open = false;
+            if let Some(bytes) = ticket.reserved.take() {
+                st.used_slots -= 1;
+                st.used_bytes -= bytes;
+            }
+            st.loading.remove(&ticket.id);
+            let error = Error::LoadCancelled {
+                id: ticket.id.clone(),
+            };
+            self.emit(
+                &mut st,
+                &ticket.id,
+                ModelEventKind::Failed {
+                    error: error.clone(),
+                },
+            );
+            error
+        };
+        Metrics::add(&self.metrics.loads_abandoned);
+        self.room.wake();
+        tracing::debug!(model_id = %ticket.id, "load dropped: nobody waits for it any more");
+        Some(error)
     }
 
     /// Runs a user future (probe or load) with the load timeout, turning its error, panic or
@@ -251,15 +352,20 @@ impl<M: Model> Core<M> {
             Ok(size) => (size, None),
             Err(panic) => (None, Some(panic_message(&*panic))),
         };
+        if reported_size.is_none() && self.config.max_bytes.is_some() {
+            tracing::warn!(model_id = %id, charged = estimate, "model '{id}' reports no size (Model::size_bytes): it is charged its reservation of {estimate} bytes against max_bytes");
+        }
+        let charged = reported_size.unwrap_or(estimate);
+        self.largest_charge.fetch_max(charged, Ordering::Relaxed);
         let resident = Arc::new(Resident::new(
             id.clone(),
             model,
-            reported_size,
+            (reported_size, charged),
             took,
             self.next_tick(),
             self,
         ));
-        let size = resident.size_or_zero();
+        let size = charged;
 
         let mut st = self.state.lock();
         st.loading.remove(id);
@@ -365,6 +471,25 @@ impl<M: Model> Core<M> {
                 error: error.clone(),
             },
         );
+    }
+}
+
+/// Counts a load as waiting for a load turn while it lives.
+struct QueuedLoad<'a> {
+    count: &'a std::sync::atomic::AtomicUsize,
+    position: usize,
+}
+
+impl<'a> QueuedLoad<'a> {
+    fn enter(count: &'a std::sync::atomic::AtomicUsize) -> Self {
+        let position = count.fetch_add(1, Ordering::SeqCst);
+        Self { count, position }
+    }
+}
+
+impl Drop for QueuedLoad<'_> {
+    fn drop(&mut self) {
+        self.count.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

@@ -132,6 +132,7 @@ pub(crate) struct Metrics {
     pub(crate) load_failures: AtomicU64,
     pub(crate) backoff_rejections: AtomicU64,
     pub(crate) capacity_exhausted: AtomicU64,
+    pub(crate) loads_abandoned: AtomicU64,
     pub(crate) evictions: AtomicU64,
     pub(crate) unloads: AtomicU64,
     pub(crate) unload_failures: AtomicU64,
@@ -155,6 +156,7 @@ impl Metrics {
             load_failures: self.load_failures.load(Ordering::Relaxed),
             backoff_rejections: self.backoff_rejections.load(Ordering::Relaxed),
             capacity_exhausted: self.capacity_exhausted.load(Ordering::Relaxed),
+            loads_abandoned: self.loads_abandoned.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             unloads: self.unloads.load(Ordering::Relaxed),
             unload_failures: self.unload_failures.load(Ordering::Relaxed),
@@ -205,6 +207,8 @@ pub struct MetricsSnapshot {
     pub backoff_rejections: u64,
     /// Loads refused because no room could be made in time.
     pub capacity_exhausted: u64,
+    /// Loads dropped before they started because nobody waited for them any more.
+    pub loads_abandoned: u64,
     /// Models evicted to make room (not counting explicit evictions and shutdown).
     pub evictions: u64,
     /// Unload hooks that have run.

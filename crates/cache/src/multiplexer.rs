@@ -35,6 +35,12 @@ pub struct Config {
     pub event_capacity: usize,
     /// Which idle model goes first when room is needed.
     pub eviction: EvictionPolicy,
+    /// How long a model's unload hook may run; after it the hook is dropped (and the model
+    /// with it) and its capacity released. `None` = no limit.
+    pub unload_timeout: Option<Duration>,
+    /// Most loads waiting for one of the `max_concurrent_loads` turns; a load past it fails at
+    /// once with [`Error::LoadsBusy`].
+    pub max_queued_loads: usize,
 }
 
 /// Which idle model is evicted first when a load needs room. Models in use or pinned are
@@ -63,6 +69,8 @@ impl Default for Config {
             max_failure_backoff: Duration::from_secs(60),
             event_capacity: 1024,
             eviction: EvictionPolicy::Lru,
+            unload_timeout: Some(Duration::from_secs(60)),
+            max_queued_loads: 256,
         }
     }
 }
@@ -125,6 +133,22 @@ impl MultiplexerBuilder {
     pub fn failure_backoff(mut self, base: Duration, max: Duration) -> Self {
         self.config.failure_backoff = base;
         self.config.max_failure_backoff = max;
+        self
+    }
+
+    /// How long an unload hook may run (default 60 s); `None` for no limit.
+    pub fn unload_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.config.unload_timeout = timeout;
+        self
+    }
+
+    /// Most loads waiting for a load turn (default 256).
+    ///
+    /// # Panics
+    /// If `n` is 0.
+    pub fn max_queued_loads(mut self, n: usize) -> Self {
+        assert!(n > 0, "max_queued_loads must be at least 1");
+        self.config.max_queued_loads = n;
         self
     }
 

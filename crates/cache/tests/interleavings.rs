@@ -76,11 +76,31 @@ fn check(
     probe.assert_clean();
 }
 
-async fn run(ops: Vec<Op>, max_models: usize, max_bytes: u64, policy: EvictionPolicy) {
+/// Model sizes: known in advance (each its own, told by the loader's probe), or `Unknown`: one
+/// shape for all (the multiplexed case), told only by the loaded model.
+#[derive(Debug, Clone, Copy)]
+enum Sizes {
+    Known,
+    Unknown(u64),
+}
+
+async fn run(
+    ops: Vec<Op>,
+    max_models: usize,
+    max_bytes: u64,
+    policy: EvictionPolicy,
+    sizes: Sizes,
+) {
     let probe = Probe::new();
-    probe.hint_sizes.store(true, Ordering::SeqCst);
+    probe
+        .hint_sizes
+        .store(matches!(sizes, Sizes::Known), Ordering::SeqCst);
     for i in 0..IDS.len() {
-        probe.sizes.lock().insert(IDS[i].into(), SIZES[i]);
+        let size = match sizes {
+            Sizes::Known => SIZES[i],
+            Sizes::Unknown(shape) => shape,
+        };
+        probe.sizes.lock().insert(IDS[i].into(), size);
         probe
             .delay
             .lock()
@@ -146,6 +166,17 @@ async fn run(ops: Vec<Op>, max_models: usize, max_bytes: u64, policy: EvictionPo
     settle().await;
     probe.assert_all_unloaded_once();
     probe.assert_clean();
+    // The peaks, not only the states seen between steps: no moment overcommitted the caps.
+    let peak = probe.max_live_bytes.load(Ordering::SeqCst);
+    assert!(
+        peak <= max_bytes,
+        "{peak} bytes alive at once, cap {max_bytes}"
+    );
+    let peak = probe.max_live.load(Ordering::SeqCst);
+    assert!(
+        peak <= max_models,
+        "{peak} instances alive at once, cap {max_models}"
+    );
     assert_eq!(mux.gauges().used_slots, 0);
     assert_eq!(mux.gauges().used_bytes, 0);
 }
@@ -159,6 +190,7 @@ proptest! {
         max_models in 1..4usize,
         max_bytes in 4..10u64,
         gdsf in any::<bool>(),
+        unknown in proptest::option::of(1..4u64),
     ) {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -166,6 +198,7 @@ proptest! {
             .build()
             .unwrap();
         let policy = if gdsf { EvictionPolicy::Gdsf } else { EvictionPolicy::Lru };
-        rt.block_on(run(ops, max_models, max_bytes, policy));
+        let sizes = unknown.map_or(Sizes::Known, Sizes::Unknown);
+        rt.block_on(run(ops, max_models, max_bytes, policy, sizes));
     }
 }

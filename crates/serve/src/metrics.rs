@@ -81,6 +81,7 @@ fn cache_metrics(replica: &Replica) -> Option<MetricsSnapshot> {
         a.unloads += b.unloads;
         a.unload_failures += b.unload_failures;
         a.evictions += b.evictions;
+        a.loads_abandoned += b.loads_abandoned;
         a.gauges.loaded += b.gauges.loaded;
         a.gauges.loading += b.gauges.loading;
         a.gauges.used_bytes += b.gauges.used_bytes;
@@ -90,7 +91,7 @@ fn cache_metrics(replica: &Replica) -> Option<MetricsSnapshot> {
 
 type Counter = fn(&MetricsSnapshot) -> u64;
 
-const CACHE_COUNTERS: [(&str, &str, Counter); 7] = [
+const CACHE_COUNTERS: [(&str, &str, Counter); 8] = [
     (
         "modelmux_cache_hits_total",
         "Model gets served from the replica's cache.",
@@ -121,6 +122,11 @@ const CACHE_COUNTERS: [(&str, &str, Counter); 7] = [
         "modelmux_model_evictions_total",
         "Models evicted to make room.",
         |m| m.evictions,
+    ),
+    (
+        "modelmux_model_loads_abandoned_total",
+        "Loads dropped before they started: everyone waiting for them had left.",
+        |m| m.loads_abandoned,
     ),
 ];
 

@@ -1,5 +1,6 @@
 //! The queue in front of a deployment's replicas: first come, first served; requests that
-//! leave it (timed out, or their client hung up) give back what they held.
+//! leave it (timed out, or their client hung up) give back what they held, and cold requests
+//! whose clients left cost no model loads.
 
 mod common;
 
@@ -8,8 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::get;
+use common::{Counters, counted, get, get_model};
 use http::StatusCode;
+use modelmux_cache::Multiplexer;
 use modelmux_serve::{
     Application, Body, BoxError, Deployment, DeploymentSpec, Request, Response, Server,
 };
@@ -163,5 +165,67 @@ async fn a_stampede_with_clients_leaving_keeps_every_slot_and_never_exceeds_capa
     for r in deployment["replicas"].as_array().unwrap() {
         assert_eq!(r["ongoing_requests"], 0, "a slot leaked: {models}");
     }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_requests_whose_clients_hung_up_cause_no_loads() {
+    let counters = Arc::new(Counters::default());
+    let spec = counted(
+        "Model",
+        counters.clone(),
+        Multiplexer::builder().max_models(4).max_concurrent_loads(1),
+        Duration::from_millis(300),
+        Duration::ZERO,
+    )
+    .num_replicas(2)
+    .max_queued_requests(1000);
+    let server = Server::builder()
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .application(Application::new("a").ingress(spec))
+        .start()
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    // Warm models on both replicas, to see they are not evicted by abandoned loads.
+    for m in ["warm-0", "warm-1"] {
+        assert_eq!(get_model(addr, m).await.status, StatusCode::OK);
+    }
+    let warm_loads = counters.loads.load(Ordering::SeqCst);
+    let abandoned: Vec<_> = (0..60)
+        .map(|i| {
+            tokio::spawn(async move {
+                let id = format!("cold-{i}");
+                let _ = tokio::time::timeout(Duration::from_millis(20), get_model(addr, &id)).await;
+            })
+        })
+        .collect();
+    for a in abandoned {
+        a.await.unwrap();
+    }
+    // Long enough for every queued load to have run, had it not been dropped.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let loads = counters.loads.load(Ordering::SeqCst) - warm_loads;
+    assert!(
+        loads <= 2,
+        "{loads} loads for 60 cold requests whose clients left at 20 ms (one may have started per replica)"
+    );
+    // A new model right after is not stuck behind them, and the warm ones stayed.
+    let started = tokio::time::Instant::now();
+    assert_eq!(get_model(addr, "fresh").await.status, StatusCode::OK);
+    assert!(
+        started.elapsed() < Duration::from_millis(1000),
+        "{:?}",
+        started.elapsed()
+    );
+    let before = counters.loads.load(Ordering::SeqCst);
+    for m in ["warm-0", "warm-1"] {
+        assert_eq!(get_model(addr, m).await.status, StatusCode::OK);
+    }
+    assert_eq!(
+        counters.loads.load(Ordering::SeqCst),
+        before,
+        "warm models were evicted"
+    );
     server.shutdown().await;
 }

@@ -18,6 +18,8 @@ pub enum UnloadBehaviour {
     Ok,
     Err,
     Panic,
+    /// Never returns.
+    Hang,
 }
 
 #[derive(Default)]
@@ -174,16 +176,17 @@ impl Model for TestModel {
             tokio::time::sleep(delay).await;
         }
         drop(self.life.take());
-        match probe
+        let behaviour = probe
             .unload_behaviour
             .lock()
             .get(&self.id)
             .copied()
-            .unwrap_or(UnloadBehaviour::Ok)
-        {
+            .unwrap_or(UnloadBehaviour::Ok);
+        match behaviour {
             UnloadBehaviour::Ok => Ok(()),
             UnloadBehaviour::Err => Err("device refused to free memory".into()),
             UnloadBehaviour::Panic => panic!("unload of {} exploded", self.id),
+            UnloadBehaviour::Hang => std::future::pending().await,
         }
     }
 }
