@@ -137,13 +137,17 @@ async fn the_wait_for_a_load_turn_is_bounded_in_time_and_length() {
     settle().await;
     // A third waiting load is refused at once.
     let started = Instant::now();
-    let refused = mux.get("q3").await.err().expect("q3 loaded");
+    let Err(refused) = mux.get("q3").await else {
+        panic!("q3 loaded");
+    };
     assert!(matches!(refused, Error::LoadsBusy { .. }), "{refused}");
     assert!(started.elapsed() < ms(10));
     assert!(refused.retry_after().is_some());
     // The two queued ones give up after capacity_timeout, not after the 10 s load.
     for q in [q1, q2] {
-        let e = q.await.unwrap().err().expect("loaded");
+        let Err(e) = q.await.unwrap() else {
+            panic!("loaded");
+        };
         assert!(matches!(e, Error::LoadsBusy { .. }), "{e}");
     }
     assert!(started.elapsed() < ms(1000));
