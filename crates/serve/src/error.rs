@@ -265,9 +265,15 @@ impl ServeError {
     /// The JSON body of this error, shaped as OpenAI's API shapes errors, plus the request id:
     /// `{"error": {"message", "type", "param", "code", "request_id"}}` (`code` is the status).
     pub fn body(&self, request_id: Option<&str>) -> serde_json::Value {
+        // The request's own path is echoed as it came; everything else may carry a server's
+        // paths or a URL's secrets (from a loader, a store, a runtime).
+        let message = match self {
+            Self::NoRoute { .. } => self.to_string(),
+            _ => crate::redact::redact(&self.to_string()),
+        };
         serde_json::json!({
             "error": {
-                "message": self.to_string(),
+                "message": message,
                 "type": self.error_type(),
                 "param": self.param(),
                 "code": self.http_status().as_u16(),
@@ -316,6 +322,28 @@ mod tests {
         let e = ServeError::from_deployment("d", "plain failure".into());
         assert_eq!(e.http_status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(e.to_string(), "deployment 'd' failed: plain failure");
+    }
+
+    #[test]
+    fn error_bodies_do_not_reveal_local_paths_or_url_secrets() {
+        let e = ServeError::from_deployment(
+            "d",
+            "cannot read /home/alice/models/acme/model.onnx from https://k:s3cr3t@store.example/x?sig=abc"
+                .into(),
+        );
+        let body = e.body(None).to_string();
+        assert!(!body.contains("/home/alice"), "{body}");
+        assert!(
+            !body.contains("s3cr3t") && !body.contains("sig=abc"),
+            "{body}"
+        );
+        assert!(body.contains("…/model.onnx"), "{body}");
+        // The log keeps it all.
+        assert!(e.to_string().contains("/home/alice/models/acme/model.onnx"));
+        let route = ServeError::NoRoute {
+            path: "/api/v1/x".into(),
+        };
+        assert!(route.body(None).to_string().contains("/api/v1/x"));
     }
 
     #[test]

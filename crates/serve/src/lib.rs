@@ -23,6 +23,7 @@ mod ingress;
 mod metrics;
 mod model;
 mod placement;
+mod redact;
 mod replica;
 mod router;
 mod server;
