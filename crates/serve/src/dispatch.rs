@@ -26,7 +26,7 @@ use tokio::time::Instant;
 use crate::deployment::DeploymentConfig;
 use crate::placement::ReplicaView;
 use crate::replica::Replica;
-use crate::router::{Choice, Reason, Rng, choose};
+use crate::router::{Choice, Reason, Rng, choose_with};
 use crate::{Body, Request, Response, ServeError};
 
 /// How often a queued request looks again even without a wake-up.
@@ -80,6 +80,15 @@ impl ReplicaView for Replica {
     }
     fn oldest_use(&self) -> u64 {
         self.slot.oldest_use()
+    }
+    fn service_time(&self) -> Option<std::time::Duration> {
+        self.slot.service_time()
+    }
+    fn load_time(&self, id: &ModelId) -> Option<std::time::Duration> {
+        self.slot.load_time(id)
+    }
+    fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
+        self.slot.backing_off(id, now)
     }
 }
 
@@ -158,7 +167,14 @@ impl DeploymentRouter {
             Ok((guard, reason)) => {
                 let replica = guard.replica.clone();
                 tracing::trace!(replica = %replica.id, ?reason, "routed");
+                // Service time is measured on requests whose model was loaded when they were
+                // routed: one that waited for a load would count the load as service.
+                let timed = model.as_ref().is_none_or(|m| replica.slot.holds_loaded(m));
+                let began = Instant::now();
                 let result = replica.call(request, context.clone()).await;
+                if timed {
+                    replica.slot.observe_service(began.elapsed());
+                }
                 let status = result
                     .as_ref()
                     .map_or_else(|e| e.http_status(), |r| r.status());
@@ -298,12 +314,15 @@ impl DeploymentRouter {
         let model = model.filter(|_| replicas.iter().any(|r| r.slot.tracks_models()));
         // A lost race for the last slot on a replica just means choosing again.
         for _ in 0..4 {
-            let mut choice = with_rng(|rng| choose(&replicas, model, Instant::now(), rng));
+            let waiting = self.queued.load(Ordering::Relaxed);
+            let mut choice =
+                with_rng(|rng| choose_with(&replicas, model, Instant::now(), rng, waiting));
             // Placing a model: decide again, and mark, under the placement lock.
             let _placing = match choice {
                 Choice::Replica(_, Reason::Placed | Reason::NewCopy) => {
                     let lock = self.placing.lock();
-                    choice = with_rng(|rng| choose(&replicas, model, Instant::now(), rng));
+                    choice =
+                        with_rng(|rng| choose_with(&replicas, model, Instant::now(), rng, waiting));
                     Some(lock)
                 }
                 _ => None,

@@ -39,7 +39,7 @@ pub use ingress::{MODEL_ID_HEADER, MODEL_ID_HEADER_DASHED, REPLICA_HEADER, REQUE
 pub use model::{ModelKind, model_deployment};
 pub use modelmux_cache::BoxError;
 pub use placement::{Holding, ReplicaSlot, ReplicaView};
-pub use router::{Choice, Reason, Rng, choose, place, rendezvous_score};
+pub use router::{Choice, Reason, Rng, choose, choose_with, place, rendezvous_score};
 pub use server::{Application, Server, ServerBuilder, ServerConfig, StartError};
 
 /// A request as deployments see it.

@@ -59,6 +59,20 @@ pub trait ReplicaView {
     /// is older; `u64::MAX` when it has none). A full replica with an older model is the
     /// better place for a new one: that model is the one a global LRU would evict.
     fn oldest_use(&self) -> u64;
+    /// How long its requests take lately (their service time, not counting queueing), if
+    /// known: the router weighs waiting for a busy holder against loading another copy.
+    fn service_time(&self) -> Option<Duration> {
+        None
+    }
+    /// How long loading `id` took here, if it holds it loaded and the load was timed.
+    fn load_time(&self, _id: &ModelId) -> Option<Duration> {
+        None
+    }
+    /// Whether a load of `id` failed here recently: placing it here again would only be
+    /// refused while the replica backs off.
+    fn backing_off(&self, _id: &ModelId, _now: Instant) -> bool {
+        false
+    }
 
     /// At `max_ongoing_requests`.
     fn is_saturated(&self) -> bool {
@@ -78,7 +92,17 @@ pub struct ReplicaSlot {
     /// `max_models` of the replica's caches (summed), `None` if unbounded or unknown.
     model_capacity: Option<usize>,
     models: ArcSwap<HashMap<ModelId, Entry>>,
+    /// Recent service time, an exponentially weighted mean in microseconds (0: none yet).
+    service_micros: AtomicU64,
+    /// Models whose load failed here: until when to place them elsewhere, and failures in a
+    /// row (the avoidance doubles with each, as the cache's backoff does).
+    failed: parking_lot::Mutex<HashMap<ModelId, (Instant, u32)>>,
 }
+
+/// How long a replica is avoided for a model after its first failed load there; doubles per
+/// consecutive failure up to [`MAX_AVOID`].
+const FIRST_AVOID: Duration = Duration::from_secs(1);
+const MAX_AVOID: Duration = Duration::from_secs(60);
 
 /// A model in a replica's set: how it is held, who reported it, when it was last routed here.
 #[derive(Debug, Clone)]
@@ -88,6 +112,8 @@ struct Entry {
     source: usize,
     /// Coarse monotonic ticks of the last routing here (shared across copies of the map).
     routed: Arc<AtomicU64>,
+    /// How long the load took, once loaded.
+    load_time: Option<Duration>,
 }
 
 impl Entry {
@@ -96,6 +122,7 @@ impl Entry {
             holding,
             source,
             routed: Arc::new(AtomicU64::new(coarse_now())),
+            load_time: None,
         }
     }
 }
@@ -136,7 +163,21 @@ impl ReplicaSlot {
             tracks_models: caches > 0,
             model_capacity,
             models: ArcSwap::default(),
+            service_micros: AtomicU64::new(0),
+            failed: parking_lot::Mutex::default(),
         }
+    }
+
+    /// Folds one request's service time into the recent mean (weight 1/8).
+    pub(crate) fn observe_service(&self, took: Duration) {
+        let sample = u64::try_from(took.as_micros()).unwrap_or(u64::MAX).max(1);
+        let old = self.service_micros.load(Ordering::Relaxed);
+        let new = if old == 0 {
+            sample
+        } else {
+            old - old / 8 + sample / 8
+        };
+        self.service_micros.store(new.max(1), Ordering::Relaxed);
     }
 
     pub(crate) fn set_available(&self, available: bool) {
@@ -226,9 +267,35 @@ impl ReplicaSlot {
 
     /// Folds in one event from cache number `source` of the replica.
     pub(crate) fn apply(&self, source: usize, event: &ModelEvent) {
+        match &event.kind {
+            ModelEventKind::Loaded { .. } => {
+                self.failed.lock().remove(&event.id);
+            }
+            ModelEventKind::Failed { error }
+                if matches!(
+                    error.error_type(),
+                    "load_failed" | "load_panicked" | "load_timeout" | "model_too_large"
+                ) =>
+            {
+                let mut failed = self.failed.lock();
+                let attempts = failed
+                    .get(&event.id)
+                    .map_or(1, |(_, n)| n.saturating_add(1));
+                let avoid = FIRST_AVOID
+                    .saturating_mul(2u32.saturating_pow(attempts - 1))
+                    .min(MAX_AVOID);
+                failed.insert(event.id.clone(), (Instant::now() + avoid, attempts));
+            }
+            _ => {}
+        }
         self.update(|m| match event.kind {
             ModelEventKind::Loading => set(m, &event.id, Holding::Loading, source),
-            ModelEventKind::Loaded { .. } => set(m, &event.id, Holding::Loaded, source),
+            ModelEventKind::Loaded { load_time, .. } => {
+                set(m, &event.id, Holding::Loaded, source);
+                if let Some(e) = m.get_mut(&event.id) {
+                    e.load_time = Some(load_time);
+                }
+            }
             // Failed retracts the Loading (and any pending placement); Evicting means new
             // requests can no longer be served from it. Unloaded changes nothing more. Another
             // cache's entry for the same id stays.
@@ -313,11 +380,38 @@ impl ReplicaView for ReplicaSlot {
             .min()
             .unwrap_or(u64::MAX)
     }
+
+    fn service_time(&self) -> Option<Duration> {
+        match self.service_micros.load(Ordering::Relaxed) {
+            0 => None,
+            micros => Some(Duration::from_micros(micros)),
+        }
+    }
+
+    fn load_time(&self, id: &ModelId) -> Option<Duration> {
+        self.models.load().get(id).and_then(|e| e.load_time)
+    }
+
+    fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
+        self.failed
+            .lock()
+            .get(id)
+            .is_some_and(|(until, _)| now < *until)
+    }
 }
 
 impl<T: ReplicaView> ReplicaView for Arc<T> {
     fn id(&self) -> &str {
         (**self).id()
+    }
+    fn service_time(&self) -> Option<Duration> {
+        (**self).service_time()
+    }
+    fn load_time(&self, id: &ModelId) -> Option<Duration> {
+        (**self).load_time(id)
+    }
+    fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
+        (**self).backing_off(id, now)
     }
     fn ongoing(&self) -> usize {
         (**self).ongoing()

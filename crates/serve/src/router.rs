@@ -6,11 +6,18 @@
 //!    capacity: the less loaded of two picked at random (power of two choices).
 //! 2. Holders all saturated, but one is still loading `m`: wait for it. A second copy started
 //!    now would be ready no sooner, and a burst of first requests must trigger one load.
-//! 3. Holders all saturated with `m` loaded, or no holder: place `m` on the best other replica:
-//!    one with a free model slot, then the fewest models, then the highest rendezvous hash of
-//!    `(m, replica)`. The hash makes the choice deterministic, so every router (and every
-//!    ingress process) with the same view sends `m`'s first requests to the same replica.
-//! 4. Nothing has room: wait (the dispatcher queues, bounded).
+//! 3. Holders all saturated with `m` loaded: a further copy only if it pays, that is if the
+//!    expected wait for a holder (its recent service time, scaled by the requests already
+//!    queued per holder slot) is longer than loading `m` took. Bursts of cheap requests then
+//!    wait for the holder instead of loading copies that take other models' slots; a hot
+//!    model with slow requests still gets copies.
+//! 4. No holder, or a copy pays: place `m` on the best other replica: one with a free model
+//!    slot, then the fewest models, then the highest rendezvous hash of `(m, replica)`. The
+//!    hash makes the choice deterministic, so every router (and every ingress process) with
+//!    the same view sends `m`'s first requests to the same replica. Replicas where `m` failed
+//!    to load recently are passed over while another can take it, so one replica's transient
+//!    failure does not take the model offline.
+//! 5. Nothing has room: wait (the dispatcher queues, bounded).
 //!
 //! A request naming no model goes to the less loaded of two random available replicas.
 
@@ -138,12 +145,53 @@ pub fn place<R: ReplicaView>(replicas: &[R], model: &ModelId, now: Instant) -> O
         .or_else(|| best_placement(replicas, model, now, available))
 }
 
-/// Applies the rules above.
+/// Applies the rules above, with nothing queued.
 pub fn choose<R: ReplicaView>(
     replicas: &[R],
     model: Option<&ModelId>,
     now: Instant,
     rng: &mut Rng,
+) -> Choice {
+    choose_with(replicas, model, now, rng, 0)
+}
+
+/// Whether another copy of `model` pays, with every holder saturated: the expected wait for a
+/// holder is longer than a load of it took. With no request measured yet on the holders, it
+/// waits for the first measurement (the requests of a first burst finish in about one service
+/// time, and copying then would race the holder's drain); with no load time known, a copy is
+/// made, as before any measurement.
+fn copy_pays<R: ReplicaView>(
+    replicas: &[R],
+    holders: &[usize],
+    model: &ModelId,
+    waiting: usize,
+) -> bool {
+    let Some(load) = holders
+        .iter()
+        .filter_map(|&i| replicas[i].load_time(model))
+        .max()
+    else {
+        return true;
+    };
+    let Some(service) = holders
+        .iter()
+        .filter_map(|&i| replicas[i].service_time())
+        .min()
+    else {
+        return false;
+    };
+    let slots: usize = holders.iter().map(|&i| replicas[i].max_ongoing()).sum();
+    let wait = service.mul_f64(1.0 + waiting as f64 / slots.max(1) as f64);
+    wait > load
+}
+
+/// Applies the rules above, with `waiting` requests already queued in front of this one.
+pub fn choose_with<R: ReplicaView>(
+    replicas: &[R],
+    model: Option<&ModelId>,
+    now: Instant,
+    rng: &mut Rng,
+    waiting: usize,
 ) -> Choice {
     let open = |r: &R| r.is_available() && !r.is_saturated();
     let Some(model) = model else {
@@ -173,9 +221,14 @@ pub fn choose<R: ReplicaView>(
     {
         return Choice::Wait;
     }
+    if !holders.is_empty() && !copy_pays(replicas, &holders, model, waiting) {
+        return Choice::Wait;
+    }
+    let candidate = |i: usize| open(&replicas[i]) && !holders.contains(&i);
     let best = best_placement(replicas, model, now, |i| {
-        open(&replicas[i]) && !holders.contains(&i)
-    });
+        candidate(i) && !replicas[i].backing_off(model, now)
+    })
+    .or_else(|| best_placement(replicas, model, now, candidate));
     match best {
         Some(i) if holders.is_empty() => Choice::Replica(i, Reason::Placed),
         Some(i) => Choice::Replica(i, Reason::NewCopy),
@@ -186,6 +239,8 @@ pub fn choose<R: ReplicaView>(
 #[cfg(test)]
 mod tests {
     use std::collections::HashMap;
+
+    use std::time::Duration;
 
     use super::*;
     use crate::placement::Holding;
@@ -200,6 +255,9 @@ mod tests {
         models: HashMap<ModelId, Holding>,
         capacity: Option<usize>,
         oldest: u64,
+        service: Option<Duration>,
+        load: Option<Duration>,
+        failed: Vec<ModelId>,
     }
 
     fn fake(id: &str) -> Fake {
@@ -211,6 +269,9 @@ mod tests {
             models: HashMap::new(),
             capacity: Some(3),
             oldest: u64::MAX,
+            service: None,
+            load: None,
+            failed: Vec::new(),
         }
     }
 
@@ -248,6 +309,68 @@ mod tests {
         fn oldest_use(&self) -> u64 {
             self.oldest
         }
+        fn service_time(&self) -> Option<Duration> {
+            self.service
+        }
+        fn load_time(&self, id: &ModelId) -> Option<Duration> {
+            self.models.contains_key(id).then_some(self.load).flatten()
+        }
+        fn backing_off(&self, id: &ModelId, _now: Instant) -> bool {
+            self.failed.contains(id)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_copy_is_loaded_only_when_waiting_for_the_holder_would_take_longer() {
+        let ms = Duration::from_millis;
+        let mut rs = vec![fake("a"), fake("b")];
+        rs[0].models.insert(id("m"), Holding::Loaded);
+        rs[0].ongoing = 5;
+        rs[0].load = Some(ms(100));
+        let mut rng = Rng::new(3);
+        let at = |rs: &[Fake], waiting: usize, rng: &mut Rng| {
+            choose_with(rs, Some(&id("m")), Instant::now(), rng, waiting)
+        };
+        // Cheap requests (2 ms each) on a model that took 100 ms to load: wait for the holder,
+        // even with a queue of 100 (2 ms x (1 + 100/5) = 42 ms).
+        rs[0].service = Some(ms(2));
+        assert_eq!(at(&rs, 0, &mut rng), Choice::Wait);
+        assert_eq!(at(&rs, 100, &mut rng), Choice::Wait);
+        // ...but a queue of 300 would wait 122 ms: a copy pays.
+        assert_eq!(at(&rs, 300, &mut rng), Choice::Replica(1, Reason::NewCopy));
+        // Slow requests (a second each) on the same model: a copy pays at once.
+        rs[0].service = Some(ms(1000));
+        assert_eq!(at(&rs, 0, &mut rng), Choice::Replica(1, Reason::NewCopy));
+        // No request measured yet: wait for the first to finish.
+        rs[0].service = None;
+        assert_eq!(at(&rs, 0, &mut rng), Choice::Wait);
+        // No load time known: copy, as before any measurement.
+        rs[0].load = None;
+        assert_eq!(at(&rs, 0, &mut rng), Choice::Replica(1, Reason::NewCopy));
+    }
+
+    #[tokio::test]
+    async fn a_replica_backing_off_a_model_is_passed_over_while_another_can_take_it() {
+        let mut rs = vec![fake("a"), fake("b"), fake("c")];
+        let m = id("m");
+        let first = match pick(&rs, Some("m"), &mut Rng::new(1)) {
+            Choice::Replica(i, Reason::Placed) => i,
+            other => panic!("{other:?}"),
+        };
+        rs[first].failed.push(m.clone());
+        let second = match pick(&rs, Some("m"), &mut Rng::new(1)) {
+            Choice::Replica(i, Reason::Placed) => i,
+            other => panic!("{other:?}"),
+        };
+        assert_ne!(second, first, "placed again where it just failed");
+        // Backing off everywhere: placed anyway (the replica answers with its backoff).
+        for r in &mut rs {
+            r.failed.push(m.clone());
+        }
+        assert!(matches!(
+            pick(&rs, Some("m"), &mut Rng::new(1)),
+            Choice::Replica(_, Reason::Placed)
+        ));
     }
 
     fn id(s: &str) -> ModelId {
