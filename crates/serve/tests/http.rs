@@ -359,9 +359,11 @@ async fn saturated_holders_get_a_second_copy() {
     .max_ongoing_requests(1);
     let server = start(Application::new("a").ingress(spec)).await;
     let addr = server.local_addr();
-    // Warm `hot` on one replica, then two at once: the holder is busy with the first, so the
-    // second gets a copy on the other replica instead of waiting.
+    // Warm `hot` on one replica (the second request measures its 800 ms service time), then
+    // two at once: the holder is busy with the first, and waiting for it would take longer
+    // than the 20 ms load, so the second gets a copy on the other replica.
     let warm = get_model(addr, "hot").await;
+    assert_eq!(get_model(addr, "hot").await.replica(), warm.replica());
     let (a, b) = tokio::join!(get_model(addr, "hot"), async {
         tokio::time::sleep(ms(200)).await;
         get_model(addr, "hot").await
