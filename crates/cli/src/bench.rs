@@ -4,7 +4,8 @@
 //! `--duration` seconds. Request `i` names model `ids[k]`, where `k` is drawn from a uniform
 //! or Zipf(`--zipf`) popularity by a function of `(seed, i)` alone, so the sequence is
 //! reproducible: `--lru-slots K` replays the same sequence through an offline global K-slot
-//! LRU, the yardstick for how many loads a multiplexed fleet should need. Server-side loads,
+//! LRU, the yardstick for how many loads a multiplexed fleet should need, and through Belady's
+//! optimal K-slot cache, the fewest loads any policy could do. Server-side loads,
 //! evictions and hits are read from `/metrics` before and after.
 
 use std::net::SocketAddr;
@@ -123,6 +124,36 @@ pub fn lru_loads(sequence: impl IntoIterator<Item = usize>, slots: usize) -> u64
             }
         }
         order.push(m);
+    }
+    loads
+}
+
+/// Loads an omniscient cache of `slots` would do on `sequence` (Belady's MIN: on a miss with
+/// no free slot, evict the model whose next request is furthest away): the fewest any cache
+/// of that size can do, so `1 - loads / requests` bounds every eviction policy's hit ratio.
+pub fn optimal_loads(sequence: &[usize], slots: usize) -> u64 {
+    // next[i]: where sequence[i] is asked for again (usize::MAX: never).
+    let mut next = vec![usize::MAX; sequence.len()];
+    let mut seen = std::collections::HashMap::new();
+    for (i, &m) in sequence.iter().enumerate().rev() {
+        next[i] = seen.insert(m, i).unwrap_or(usize::MAX);
+    }
+    // (model, where it is next asked for) for each held model.
+    let mut held: Vec<(usize, usize)> = Vec::with_capacity(slots);
+    let mut loads = 0;
+    for (i, &m) in sequence.iter().enumerate() {
+        if let Some(entry) = held.iter_mut().find(|(x, _)| *x == m) {
+            entry.1 = next[i];
+            continue;
+        }
+        loads += 1;
+        if held.len() == slots {
+            let furthest = (0..held.len())
+                .max_by_key(|&k| held[k].1)
+                .expect("slots is at least 1");
+            held.swap_remove(furthest);
+        }
+        held.push((m, next[i]));
     }
     loads
 }
@@ -366,11 +397,20 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         .filter(|(b, a)| a.iter().zip(b).all(|(a, b)| a >= b))
         .map(|(b, a)| a.iter().zip(&b).map(|(a, b)| a - b).collect::<Vec<_>>());
     let simulated = args.lru_slots.filter(|_| args.models > 0).map(|slots| {
+        let sequence: Vec<usize> = (0..sent).map(|i| popularity.model_for(i)).collect();
         (
             slots,
-            lru_loads((0..sent).map(|i| popularity.model_for(i)), slots),
+            lru_loads(sequence.iter().copied(), slots),
+            optimal_loads(&sequence, slots),
         )
     });
+    let offline = |slots: usize, loads: u64| {
+        serde_json::json!({
+            "slots": slots, "loads": loads, "requests": sent,
+            "hit_ratio": 1.0 - loads as f64 / (sent as f64).max(1.0),
+            "loads_per_10k_requests": loads as f64 * 10_000.0 / (sent as f64).max(1.0),
+        })
+    };
 
     let report = serde_json::json!({
         "requests": completed,
@@ -387,11 +427,8 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             "cache_get_hit_ratio": d[2] / (d[2] + d[3]).max(1.0),
             "loads_per_10k_requests": d[0] * 10_000.0 / (completed as f64).max(1.0),
         })),
-        "global_lru": simulated.map(|(slots, loads)| serde_json::json!({
-            "slots": slots, "loads": loads, "requests": sent,
-            "hit_ratio": 1.0 - loads as f64 / (sent as f64).max(1.0),
-            "loads_per_10k_requests": loads as f64 * 10_000.0 / (sent as f64).max(1.0),
-        })),
+        "global_lru": simulated.map(|(slots, lru, _)| offline(slots, lru)),
+        "global_optimal": simulated.map(|(slots, _, opt)| offline(slots, opt)),
     });
     if completed == 0 {
         return Err(format!(
@@ -427,15 +464,20 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
             s["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
         );
     }
-    if let Some(g) = &report["global_lru"].as_object() {
-        out!(
-            "global LRU  {} slots, same {} requests offline: loads {}  hit ratio {:.2}%  loads/10k requests {:.1}",
-            g["slots"],
-            g["requests"],
-            g["loads"],
-            g["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
-            g["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
-        );
+    for (key, name) in [
+        ("global_lru", "global LRU"),
+        ("global_optimal", "optimal   "),
+    ] {
+        if let Some(g) = &report[key].as_object() {
+            out!(
+                "{name}  {} slots, same {} requests offline: loads {}  hit ratio {:.2}%  loads/10k requests {:.1}",
+                g["slots"],
+                g["requests"],
+                g["loads"],
+                g["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+                g["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
+            );
+        }
     }
     Ok(())
 }
@@ -468,6 +510,24 @@ mod tests {
     fn the_offline_lru_counts_misses() {
         assert_eq!(lru_loads([1, 2, 1, 3, 2], 2), 4);
         assert_eq!(lru_loads([1, 1, 1], 1), 1);
+    }
+
+    #[test]
+    fn the_offline_optimum_evicts_the_model_wanted_last() {
+        // LRU evicts 2 for 3 and loads it again; the optimum evicts 1, never asked for again.
+        assert_eq!(optimal_loads(&[1, 2, 1, 3, 2], 2), 3);
+        assert_eq!(optimal_loads(&[1, 2, 3, 1, 2, 3], 2), 4);
+        let p = Popularity::new(64, 1.1, 3);
+        let sequence: Vec<usize> = (0..5_000).map(|i| p.model_for(i)).collect();
+        for slots in [1, 4, 16, 64] {
+            let (opt, lru) = (
+                optimal_loads(&sequence, slots),
+                lru_loads(sequence.iter().copied(), slots),
+            );
+            assert!(opt <= lru, "{slots} slots: optimum {opt} > LRU {lru}");
+        }
+        // Room for every model: both load each distinct model once.
+        assert_eq!(optimal_loads(&sequence, 64), lru_loads(sequence, 64));
     }
 
     #[test]

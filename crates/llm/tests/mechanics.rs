@@ -76,7 +76,8 @@ async fn the_tiny_model_generates_and_its_adapter_changes_the_output() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_stream_frees_its_sequence_kv_and_adapter() {
     let engine = engine(EngineConfig::default());
-    let adapter = tiny().adapter.clone();
+    // An adapter of its own: the shared one is used by the tests running beside this one.
+    let adapter = Arc::new(common::tiny::adapter(&tiny().model));
     let before = Arc::strong_count(&adapter);
     let mut stream = engine
         .submit(GenerationRequest {

@@ -90,7 +90,9 @@ fn write(path: &Path, tokenizer_from: &Path) {
 }
 
 /// A random rank-4 PEFT adapter on q, v and down for the tiny model.
-fn adapter(model: &LlamaModel) -> LoraAdapter {
+/// A fresh random adapter for `model`, owned by its caller alone (so a test can count its
+/// references while other tests run).
+pub fn adapter(model: &LlamaModel) -> LoraAdapter {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     let kv = D / HEADS * KV_HEADS;
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
