@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::{InvalidModelId, ModelId};
+use crate::{ErrorKind, Failure, InvalidModelId, ModelId};
 
 /// A user error shared by every caller that waited on the same load.
 pub type SharedError = Arc<dyn std::error::Error + Send + Sync + 'static>;
@@ -125,6 +125,24 @@ pub enum Error {
 }
 
 impl Error {
+    /// What this error is about, for the layer that answers the client. A failed load is of
+    /// its loader's kind (a [`Failure`](crate::Failure) it returned; else internal), also
+    /// while it is remembered in the backoff.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::InvalidModelId(_) => ErrorKind::InvalidInput,
+            Error::LoadFailed { source, .. } => Failure::kind_of(&**source),
+            Error::BackingOff { cause, .. } => cause.kind(),
+            Error::LoadPanicked { .. } => ErrorKind::Internal,
+            Error::LoadTimeout { .. } => ErrorKind::Timeout,
+            Error::ModelTooLarge { .. } => ErrorKind::UnusableModel,
+            Error::CapacityExhausted { .. }
+            | Error::LoadCancelled { .. }
+            | Error::LoadsBusy { .. } => ErrorKind::Overloaded,
+            Error::ShuttingDown => ErrorKind::Unavailable,
+        }
+    }
+
     /// A short, stable name for the kind of error, for metric labels and logs.
     pub fn error_type(&self) -> &'static str {
         match self {

@@ -48,6 +48,7 @@ mod error;
 mod events;
 mod guard;
 mod id;
+mod kind;
 mod load;
 mod metrics;
 mod model;
@@ -57,6 +58,7 @@ pub use error::{Error, SharedError, panic_message};
 pub use events::{EvictReason, ModelEvent, ModelEventKind, ModelStatus, Subscription};
 pub use guard::ModelGuard;
 pub use id::{InvalidModelId, MAX_MODEL_ID_LEN, ModelId};
+pub use kind::{ErrorKind, Failure};
 pub use metrics::{
     DURATION_BUCKETS, DurationHistogram, Gauges, HistogramSnapshot, MetricsSnapshot,
 };

@@ -31,6 +31,11 @@
 //!
 //! Task-locals do not cross `tokio::spawn`: to keep the context in a spawned task, wrap its
 //! future with [`RequestContext::current_or_empty`]`().scope(..)`.
+//!
+//! The context also carries the request's claim on its replica (a [`Hold`], set by whoever
+//! dispatched the request): work a runtime starts with [`spawn_blocking`] keeps it, so a
+//! replica counts the work as in progress until it really ends, even when the client that
+//! asked for it has gone.
 
 use std::fmt;
 use std::future::Future;
@@ -130,7 +135,44 @@ impl fmt::Debug for RequestId {
 pub struct RequestContext {
     request_id: Option<RequestId>,
     multiplexed_model_id: Option<ModelId>,
+    hold: Option<Hold>,
 }
+
+/// A request's claim on the capacity that serves it (its replica slot): the claim ends when
+/// the last clone of its `Hold` is dropped. Opaque here: the dispatcher decides what it holds.
+#[derive(Clone)]
+pub struct Hold(Arc<dyn std::any::Any + Send + Sync>);
+
+impl Hold {
+    /// A hold that keeps `claim` alive (and so its `Drop` from running) while any clone lives.
+    pub fn new(claim: impl std::any::Any + Send + Sync) -> Self {
+        Self(Arc::new(claim))
+    }
+
+    /// The claim, if it is a `T` (for the dispatcher that made it).
+    pub fn claim<T: std::any::Any>(&self) -> Option<&T> {
+        self.0.downcast_ref()
+    }
+}
+
+/// The current request's [`Hold`], if it runs inside a request that has one.
+pub fn current_hold() -> Option<Hold> {
+    CONTEXT.try_with(|c| c.hold.clone()).ok().flatten()
+}
+
+impl fmt::Debug for Hold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Hold")
+    }
+}
+
+impl PartialEq for Hold {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for Hold {}
 
 impl RequestContext {
     /// An empty context: no request id, no model id.
@@ -149,6 +191,13 @@ impl RequestContext {
     #[must_use]
     pub fn with_multiplexed_model_id(mut self, id: ModelId) -> Self {
         self.multiplexed_model_id = Some(id);
+        self
+    }
+
+    /// Sets the request's claim on its capacity, kept by work started with [`spawn_blocking`].
+    #[must_use]
+    pub fn with_hold(mut self, hold: Hold) -> Self {
+        self.hold = Some(hold);
         self
     }
 
@@ -172,9 +221,15 @@ impl RequestContext {
         CONTEXT.sync_scope(self, f)
     }
 
-    /// The current context, if the caller runs inside a request.
+    /// The current context, if the caller runs inside a request; without its [`Hold`], so a
+    /// task spawned with it (which may outlive the request) does not keep the request's slot.
     pub fn current() -> Option<RequestContext> {
-        CONTEXT.try_with(Clone::clone).ok()
+        CONTEXT
+            .try_with(|c| RequestContext {
+                hold: None,
+                ..c.clone()
+            })
+            .ok()
     }
 
     /// The current context, or an empty one: handy to carry the context into a spawned task.
@@ -195,6 +250,23 @@ pub fn multiplexed_model_id() -> Option<ModelId> {
 /// The id of the request being served, or `None` outside a request.
 pub fn request_id() -> Option<RequestId> {
     CONTEXT.try_with(|c| c.request_id.clone()).ok().flatten()
+}
+
+/// Runs `f` on Tokio's blocking pool, keeping the current request's [`Hold`] until `f`
+/// returns: the replica counts the work as in progress until it really ends, even if the
+/// request is cancelled (its client gone, its timeout passed) while `f` runs. Outside a request
+/// it is `tokio::task::spawn_blocking`.
+pub fn spawn_blocking<F, R>(f: F) -> tokio::task::JoinHandle<R>
+where
+    F: FnOnce() -> R + Send + 'static,
+    R: Send + 'static,
+{
+    let hold = current_hold();
+    tokio::task::spawn_blocking(move || {
+        let result = f();
+        drop(hold);
+        result
+    })
 }
 
 #[cfg(test)]
@@ -286,6 +358,36 @@ mod tests {
         assert!(
             ids.iter()
                 .all(|id| id.as_str().len() == 16 && RequestId::new(id.as_str()).is_ok())
+        );
+    }
+
+    #[tokio::test]
+    async fn blocking_work_keeps_the_hold_after_its_request_is_gone() {
+        struct Claim(Arc<AtomicU64>);
+        impl Drop for Claim {
+            fn drop(&mut self) {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        let released = Arc::new(AtomicU64::new(0));
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        let request = ctx("m", "r")
+            .with_hold(Hold::new(Claim(released.clone())))
+            .scope(async move {
+                // A spawned task does not inherit the hold; blocking work does.
+                let current = RequestContext::current().unwrap();
+                assert_eq!(current.hold, None);
+                Some(spawn_blocking(move || wait.recv().unwrap()))
+            });
+        let work = request.await.unwrap();
+        // The request's future is done (as if cancelled): the claim lives on in the work.
+        assert_eq!(released.load(Ordering::SeqCst), 0);
+        go.send(()).unwrap();
+        work.await.unwrap();
+        assert_eq!(
+            released.load(Ordering::SeqCst),
+            1,
+            "released when the work ended"
         );
     }
 

@@ -1,29 +1,11 @@
 //! The one error type of the LLM runtime. It says what went wrong and what to do about it; it
-//! never chooses an HTTP status: [`LlmError::kind`] is what the serving layer maps, in one place.
+//! never chooses an HTTP status: its [`ErrorKind`] (the one every runtime uses) is what the
+//! serving layer maps, in one place.
 
 use std::time::Duration;
 
-/// What an [`LlmError`] is about, for whoever maps errors to a protocol (HTTP statuses,
-/// metric labels).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ErrorKind {
-    /// The request itself is wrong (a prompt longer than the context, `max_tokens` 0, a
-    /// sampling parameter out of range): the client must change it.
-    InvalidRequest,
-    /// An adapter or model that does not exist.
-    NotFound,
-    /// A model or adapter file that cannot be used (corrupt, unsupported, made for another
-    /// base model).
-    InvalidModel,
-    /// The engine has no room now (KV memory, sequence slots, queue): try again later.
-    Overloaded,
-    /// The storage an adapter comes from failed.
-    Storage,
-    /// The engine stopped (shut down, or its thread died).
-    Unavailable,
-    /// A bug or an unexpected failure of a kernel.
-    Internal,
-}
+pub use modelmux_cache::ErrorKind;
+use modelmux_cache::Failure;
 
 /// An error of the LLM runtime.
 #[derive(Debug, thiserror::Error)]
@@ -107,11 +89,11 @@ impl LlmError {
     /// What the error is about.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::InvalidGguf { .. } | Self::InvalidAdapter { .. } => ErrorKind::InvalidModel,
+            Self::InvalidGguf { .. } | Self::InvalidAdapter { .. } => ErrorKind::UnusableModel,
             Self::AdapterNotFound { .. } => ErrorKind::NotFound,
-            Self::Storage { .. } => ErrorKind::Storage,
+            Self::Storage { .. } => ErrorKind::Upstream,
             Self::ContextOverflow { .. } | Self::InvalidRequest(_) | Self::Text(_) => {
-                ErrorKind::InvalidRequest
+                ErrorKind::InvalidInput
             }
             Self::Overloaded { .. } => ErrorKind::Overloaded,
             Self::EngineStopped(_) => ErrorKind::Unavailable,
@@ -123,6 +105,18 @@ impl LlmError {
         Self::InvalidAdapter {
             adapter: adapter.to_owned(),
             message: message.into(),
+        }
+    }
+}
+
+/// An LLM error as the serving layer answers it: its [`kind`](LlmError::kind), its message and,
+/// when the engine is full, when to try again.
+impl From<&LlmError> for Failure {
+    fn from(error: &LlmError) -> Self {
+        let failure = Failure::new(error.kind(), error.to_string());
+        match error {
+            LlmError::Overloaded { retry_after, .. } => failure.with_retry_after(*retry_after),
+            _ => failure,
         }
     }
 }

@@ -126,11 +126,11 @@ async fn broken_adapters_are_typed_errors_that_name_the_problem() {
     let rt = runtime_over(root, 4).await;
     let cases = [
         ("missing", ErrorKind::NotFound, "not found in"),
-        ("truncated", ErrorKind::InvalidModel, "safetensors"),
-        ("garbage", ErrorKind::InvalidModel, "safetensors"),
-        ("dora", ErrorKind::InvalidModel, "use_dora"),
-        ("other-base", ErrorKind::InvalidModel, "another base model"),
-        ("../pirate", ErrorKind::InvalidRequest, "pirate"),
+        ("truncated", ErrorKind::UnusableModel, "safetensors"),
+        ("garbage", ErrorKind::UnusableModel, "safetensors"),
+        ("dora", ErrorKind::UnusableModel, "use_dora"),
+        ("other-base", ErrorKind::UnusableModel, "another base model"),
+        ("../pirate", ErrorKind::InvalidInput, "pirate"),
     ];
     for (id, kind, message) in cases {
         let Err(err) = rt.adapter(id).await else {

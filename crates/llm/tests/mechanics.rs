@@ -137,7 +137,7 @@ async fn bad_requests_are_typed_errors() {
         let Err(err) = engine.submit(request(&prompt, params)) else {
             panic!("{message}: accepted");
         };
-        assert_eq!(err.kind(), ErrorKind::InvalidRequest, "{err}");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
         assert!(
             err.to_string().contains(message),
             "{err} should say {message}"

@@ -27,9 +27,9 @@ mod json;
 
 use std::sync::Arc;
 
-use http::{HeaderValue, StatusCode, header};
-use modelmux_cache::{BoxError, Model, ModelId};
-use modelmux_serve::{Body, ModelKind, Request, Response, ServeError};
+use http::{HeaderValue, header};
+use modelmux_cache::{BoxError, ErrorKind, Failure, Model, ModelId};
+use modelmux_serve::{Body, ModelKind, Request, Response};
 use modelmux_store::{ModelRepository, StoreError};
 use tract_onnx::prelude::*;
 
@@ -97,25 +97,10 @@ impl Model for OnnxModel {
     }
 }
 
-fn with_status(status: StatusCode, message: impl Into<String>) -> BoxError {
-    Box::new(ServeError::status(status, message))
-}
-
-/// The status each store error is answered with: an unknown model is the client's 404, an id
-/// that cannot be a path its 400; storage that failed or refused the server is a 502 (the
-/// server's upstream failed), a disk cache without room a 503 (try again later); anything
-/// else is a 500.
+/// A store error as a [`Failure`] of its kind (an unknown model is the client's, failed
+/// storage the upstream's), which the serving layer maps to a status.
 fn store_error(error: StoreError) -> BoxError {
-    let status = match &error {
-        StoreError::NotFound { .. } => StatusCode::NOT_FOUND,
-        StoreError::InvalidId { .. } => StatusCode::BAD_REQUEST,
-        StoreError::PermissionDenied { .. } | StoreError::Transfer { .. } => {
-            StatusCode::BAD_GATEWAY
-        }
-        StoreError::CacheFull { .. } => StatusCode::SERVICE_UNAVAILABLE,
-        _ => return Box::new(error),
-    };
-    with_status(status, error.to_string())
+    Failure::from(error).into()
 }
 
 impl ModelKind for Onnx {
@@ -144,9 +129,12 @@ impl ModelKind for Onnx {
             // Downloaded fine, but not a model we can run: do not keep the bad copy, so a
             // fixed upload is picked up by the next load.
             self.repository.discard(id, MODEL_FILE);
-            format!(
-                "model '{id}': {MODEL_FILE} in {} is not a valid ONNX model tract can run: {e:#}",
-                self.repository.url()
+            Failure::new(
+                ErrorKind::UnusableModel,
+                format!(
+                    "model '{id}': {MODEL_FILE} in {} is not a valid ONNX model tract can run: {e:#}",
+                    self.repository.url()
+                ),
             )
             .into()
         })
@@ -165,10 +153,11 @@ impl ModelKind for Onnx {
         let owned_id = id.clone();
         // Parsing the JSON, running the model and writing the answer are all CPU work: none of
         // it runs on the async workers that route requests.
-        let body = tokio::task::spawn_blocking(move || {
+        // The replica counts the work until it ends, even if the client leaves before.
+        let body = modelmux_context::spawn_blocking(move || {
             let inputs = signature
                 .parse_request(&body)
-                .map_err(|message| with_status(StatusCode::BAD_REQUEST, message))?;
+                .map_err(Failure::invalid_input)?;
             let outputs = plan
                 .run(inputs)
                 .map_err(|e| format!("model '{owned_id}' failed to run: {e:#}"))?;

@@ -1,34 +1,21 @@
-//! The one place where the LLM runtime's errors become HTTP answers.
+//! The one place where the LLM runtime's errors become the serve layer's: each keeps its
+//! [`ErrorKind`](modelmux_llm::ErrorKind), which the serve layer maps to a status; a context
+//! overflow also names the parameter at fault.
 
-use http::StatusCode;
-use modelmux_llm::{ErrorKind, LlmError};
+use modelmux_cache::Failure;
+use modelmux_llm::LlmError;
 use modelmux_serve::ServeError;
 
 use crate::params::invalid;
 
-/// `error` as the serve layer answers it: 400 for a request to change (naming the parameter
-/// when one is at fault), 404 for an adapter that does not exist (naming the repository
-/// searched), 422 for an adapter that exists but cannot be used, 502 when the adapter storage
-/// fails, 503 with `Retry-After` when the engine has no room, 500 for the rest.
+/// `error` as the serve layer answers it: by its kind (a request to change is a 400, an
+/// adapter that does not exist a 404 naming the repository searched, one that cannot be used a
+/// 422, failed adapter storage a 502, an engine without room a 503 with `Retry-After`), with
+/// `max_tokens` named when the prompt and the tokens asked for overflow the context.
 pub(crate) fn serve_error(error: &LlmError) -> ServeError {
-    let message = error.to_string();
-    match (error.kind(), error) {
-        (_, LlmError::ContextOverflow { .. }) => invalid("max_tokens", message),
-        (ErrorKind::InvalidRequest, _) => ServeError::BadRequest { message },
-        (ErrorKind::NotFound, _) => ServeError::NotFound { what: message },
-        (ErrorKind::InvalidModel, _) => {
-            ServeError::status(StatusCode::UNPROCESSABLE_ENTITY, message)
-        }
-        (ErrorKind::Storage, _) => ServeError::status(StatusCode::BAD_GATEWAY, message),
-        (ErrorKind::Overloaded, LlmError::Overloaded { retry_after, .. }) => ServeError::Busy {
-            message,
-            retry_after: *retry_after,
-        },
-        (ErrorKind::Overloaded | ErrorKind::Unavailable, _) => ServeError::Busy {
-            message,
-            retry_after: std::time::Duration::from_secs(1),
-        },
-        (ErrorKind::Internal, _) => ServeError::status(StatusCode::INTERNAL_SERVER_ERROR, message),
+    match error {
+        LlmError::ContextOverflow { .. } => invalid("max_tokens", error.to_string()),
+        _ => ServeError::Failed(Failure::from(error)),
     }
 }
 

@@ -271,10 +271,9 @@ impl Deployment for OpenAiIngress {
                 | "/v1/completions"
                 | "/tokenize"
                 | "/detokenize",
-            ) => Err(ServeError::status(
-                http::StatusCode::METHOD_NOT_ALLOWED,
-                format!("{method} is not allowed on {path}"),
-            )),
+            ) => Err(ServeError::MethodNotAllowed {
+                message: format!("{method} is not allowed on {path}"),
+            }),
             _ => Err(ServeError::NotFound {
                 what: format!(
                     "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /tokenize, /detokenize)"

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use modelmux_cache::BoxError;
+use modelmux_cache::{BoxError, Failure};
 use modelmux_llm::{LlmRuntime, TextTokenizer};
 use modelmux_serve::{Deployment, Request, Response, ServeError, json_response};
 use serde_json::json;
@@ -67,7 +67,7 @@ impl LlmServer {
             ));
         }
         let runtime = self.runtime.clone();
-        let ids = tokio::task::spawn_blocking(move || match prompt {
+        let ids = modelmux_context::spawn_blocking(move || match prompt {
             Prompt::Chat(messages) => runtime.chat_prompt(&messages),
             Prompt::Text(text) => runtime.tokenizer().encode_prompt(&text, true),
             Prompt::Tokens(ids) => {
@@ -81,7 +81,7 @@ impl LlmServer {
             }
         })
         .await
-        .map_err(|e| ServeError::status(http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ServeError::Failed(Failure::internal(e.to_string())))?
         .map_err(|e| serve_error(&e))?;
         if ids.len() >= self.context() {
             return Err(invalid(
@@ -158,7 +158,7 @@ impl LlmServer {
         let (_, input) = parse_tokenize(body)?;
         let runtime = self.runtime.clone();
         let max_bytes = self.max_prompt_bytes;
-        let ids = tokio::task::spawn_blocking(move || match input {
+        let ids = modelmux_context::spawn_blocking(move || match input {
             TokenizeInput::Chat(messages) => runtime.chat_prompt(&messages),
             TokenizeInput::Text { text, .. } if text.len() > max_bytes * 4 => {
                 Err(modelmux_llm::LlmError::InvalidRequest(format!(
@@ -175,7 +175,7 @@ impl LlmServer {
             }
         })
         .await
-        .map_err(|e| ServeError::status(http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| ServeError::Failed(Failure::internal(e.to_string())))?
         .map_err(|e| serve_error(&e))?;
         Ok(json_response(&json!({
             "count": ids.len(),
@@ -292,10 +292,9 @@ impl Deployment for LlmServer {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
                 if let Some(e) = engine.wake_error() {
-                    return Err(ServeError::status(
-                        http::StatusCode::INTERNAL_SERVER_ERROR,
-                        format!("the weights could not be loaded again: {e}"),
-                    )
+                    return Err(Failure::internal(format!(
+                        "the weights could not be loaded again: {e}"
+                    ))
                     .into());
                 }
             }

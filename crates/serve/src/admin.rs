@@ -24,7 +24,7 @@ use std::sync::Arc;
 use http::{HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use modelmux_cache::ModelId;
+use modelmux_cache::{ErrorKind, Failure, ModelId};
 use modelmux_context::RequestId;
 use serde_json::{Value, json};
 use tokio::time::Instant;
@@ -80,11 +80,11 @@ impl AdminAccess {
         }
         self.check_host(headers)?;
         if changes_state && !is_json(headers) {
-            return Err(ServeError::status(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "admin calls that change state need 'Content-Type: application/json' (or the \
-                 admin token): a plain cross-site POST must not reach them",
-            ));
+            return Err(ServeError::UnsupportedMediaType {
+                message: "admin calls that change state need 'Content-Type: application/json' \
+                          (or the admin token): a plain cross-site POST must not reach them"
+                    .into(),
+            });
         }
         Ok(())
     }
@@ -113,11 +113,11 @@ impl AdminAccess {
         if allowed {
             Ok(())
         } else {
-            Err(ServeError::status(
-                StatusCode::FORBIDDEN,
-                "the admin API does not answer to this Host; add it to http_options.allowed_hosts \
-                 or use an IP address",
-            ))
+            Err(ServeError::Forbidden {
+                message: "the admin API does not answer to this Host; add it to \
+                          http_options.allowed_hosts or use an IP address"
+                    .into(),
+            })
         }
     }
 }
@@ -291,10 +291,9 @@ async fn models(
     if path == "/-/models" {
         return match *method {
             Method::GET => Ok(json_response(StatusCode::OK, &list_models(state))),
-            _ => Err(ServeError::status(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "use GET on /-/models",
-            )),
+            _ => Err(ServeError::MethodNotAllowed {
+                message: "use GET on /-/models".into(),
+            }),
         };
     }
     let rest = &path["/-/models/".len()..];
@@ -307,10 +306,11 @@ async fn models(
         (&Method::POST, Some((id, "unpin"))) => (id, Action::Unpin),
         (&Method::DELETE, _) => (rest, Action::Evict),
         _ => {
-            return Err(ServeError::status(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "use POST .../{model_id}/load, POST .../{model_id}/unpin or DELETE .../{model_id}",
-            ));
+            return Err(ServeError::MethodNotAllowed {
+                message: "use POST .../{model_id}/load, POST .../{model_id}/unpin or DELETE \
+                          .../{model_id}"
+                    .into(),
+            });
         }
     };
     let id = ModelId::new(percent_decode(id)?)?;
@@ -361,13 +361,13 @@ enum Action {
 async fn load(router: &DeploymentRouter, id: &ModelId, pin: bool) -> Result<Response, ServeError> {
     let replicas = router.replicas();
     let index = crate::router::place(&replicas, id, Instant::now()).ok_or_else(|| {
-        ServeError::status(
-            StatusCode::SERVICE_UNAVAILABLE,
+        ServeError::Failed(Failure::new(
+            ErrorKind::Unavailable,
             format!(
                 "no replica of '{}' is available to load into",
                 router.name()
             ),
-        )
+        ))
     })?;
     let replica = &replicas[index];
     let cache = replica
@@ -444,6 +444,7 @@ fn replica_models(replica: &crate::replica::Replica) -> Value {
         "id": &*replica.id,
         "available": replica.is_available(),
         "ongoing_requests": replica.ongoing(),
+        "waiting_for_load": replica.slot.loading_waiters(),
         "max_ongoing_requests": replica.max_ongoing(),
         "loaded": loaded,
         "loading": loading,

@@ -20,7 +20,7 @@ use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http_body::{Frame, SizeHint};
 use modelmux_cache::{BoxError, ModelId};
-use modelmux_context::RequestContext;
+use modelmux_context::{Hold, RequestContext};
 use tokio::time::Instant;
 
 use crate::deployment::DeploymentConfig;
@@ -166,12 +166,17 @@ impl DeploymentRouter {
             Err(e) => (Err(e), None),
             Ok((guard, reason)) => {
                 let replica = guard.replica.clone();
+                // The slot is held by the request and by any blocking work it starts
+                // (`modelmux_context::spawn_blocking`), until both are done.
+                let hold = Hold::new(guard);
                 tracing::trace!(replica = %replica.id, ?reason, "routed");
                 // Service time is measured on requests whose model was loaded when they were
                 // routed: one that waited for a load would count the load as service.
                 let timed = model.as_ref().is_none_or(|m| replica.slot.holds_loaded(m));
                 let began = Instant::now();
-                let result = replica.call(request, context.clone()).await;
+                let result = replica
+                    .call(request, context.clone().with_hold(hold.clone()))
+                    .await;
                 if timed {
                     replica.slot.observe_service(began.elapsed());
                 }
@@ -182,12 +187,7 @@ impl DeploymentRouter {
                 // A streamed body keeps its replica slot until the last chunk is sent.
                 let result = result.map(|response| match response.body().as_full() {
                     Some(_) => response,
-                    None => response.map(|body| {
-                        Body::wrap(HoldSlot {
-                            body,
-                            _guard: guard,
-                        })
-                    }),
+                    None => response.map(|body| Body::wrap(HoldSlot { body, _hold: hold })),
                 });
                 (result, Some(replica.id.clone()))
             }
@@ -340,6 +340,7 @@ impl DeploymentRouter {
                         let reserved = Ongoing {
                             router: self.clone(),
                             replica: replica.clone(),
+                            suspended: AtomicBool::new(false),
                         };
                         return Some((reserved, reason));
                     }
@@ -399,20 +400,56 @@ impl Waker {
 pub(crate) struct Ongoing {
     router: Arc<DeploymentRouter>,
     replica: Arc<Replica>,
+    /// Whether the slot is given back while the request waits for its model's load.
+    suspended: AtomicBool,
 }
 
 impl Drop for Ongoing {
     fn drop(&mut self) {
-        self.replica.slot.end();
+        if self.suspended.load(Ordering::SeqCst) {
+            self.replica.slot.abandon_suspended();
+        } else {
+            self.replica.slot.end();
+        }
         // SeqCst pairs with a new waiter's enqueue-then-grant.
         self.router.grant();
     }
 }
 
+/// Awaits `load` (a deployment's wait for a model, such as `Multiplexer::get`), giving the
+/// request's replica slot back while the model loads and taking it back, ahead of newcomers,
+/// once it has: a request waiting for a load uses no inference capacity, so it must not keep
+/// requests for the replica's loaded models waiting (Ray counts it against
+/// `max_ongoing_requests`, which saturates replicas with loads under model churn). The replica
+/// still counts it as inside (a drain waits for it). A `load` that is ready at once (the model
+/// was loaded) gives nothing back. Outside a request dispatched by this server it is
+/// `load.await`.
+pub async fn waiting_for_load<F: std::future::Future>(load: F) -> F::Output {
+    let mut load = std::pin::pin!(load);
+    let first = std::future::poll_fn(|cx| Poll::Ready(load.as_mut().poll(cx))).await;
+    if let Poll::Ready(out) = first {
+        return out;
+    }
+    let hold = modelmux_context::current_hold();
+    let Some(ongoing) = hold.as_ref().and_then(|h| h.claim::<Ongoing>()) else {
+        return load.await;
+    };
+    if ongoing.suspended.swap(true, Ordering::SeqCst) {
+        // Already given back by an outer wait.
+        return load.await;
+    }
+    ongoing.replica.slot.suspend();
+    ongoing.router.grant();
+    let out = load.await;
+    ongoing.replica.slot.resume().await;
+    ongoing.suspended.store(false, Ordering::SeqCst);
+    out
+}
+
 /// A streamed response body that holds its replica slot until it ends.
 struct HoldSlot {
     body: Body,
-    _guard: Ongoing,
+    _hold: Hold,
 }
 
 impl http_body::Body for HoldSlot {

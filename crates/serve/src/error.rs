@@ -3,16 +3,17 @@
 use std::time::Duration;
 
 use http::{HeaderValue, StatusCode, header};
-use modelmux_cache::{BoxError, InvalidModelId};
+use modelmux_cache::{BoxError, ErrorKind, Failure, InvalidModelId};
 
 use crate::{Body, Response};
 
 /// Everything that can go wrong between a request arriving and a response leaving.
 ///
-/// Deployments may return one of these (boxed) to choose the status themselves; any other
-/// error from a deployment is a 500 that says what failed. Errors from the model cache
-/// (`modelmux_cache::Error`) keep their meaning: a model that is backing off or a replica
-/// without room is a 503 with `Retry-After`, a load that timed out a 504.
+/// Runtimes and deployments say what went wrong with a [`Failure`] of an [`ErrorKind`] (or
+/// one of these, boxed); any other error from a deployment is a 500 that says what failed.
+/// Errors from the model cache (`modelmux_cache::Error`) keep their meaning: a model that is
+/// backing off or a replica without room is a 503 with `Retry-After`, a load that timed out a
+/// 504, a failed load the kind its loader gave. Statuses are chosen here and nowhere else.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {
@@ -118,50 +119,52 @@ pub enum ServeError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
-    /// A deployment has no room now (an engine's memory is full, say): 503 with `Retry-After`.
+    /// The admin API does not answer to this request's `Host`.
     #[error("{message}")]
-    Busy {
-        /// What is full.
-        message: String,
-        /// When to try again.
-        retry_after: Duration,
-    },
-    /// A status and message chosen by the deployment.
-    #[error("{message}")]
-    Status {
-        /// The status to answer with.
-        status: StatusCode,
-        /// The message.
+    Forbidden {
+        /// Why.
         message: String,
     },
+    /// The path exists but not with this method.
+    #[error("{message}")]
+    MethodNotAllowed {
+        /// The methods the path takes.
+        message: String,
+    },
+    /// The request's content type is not one this endpoint takes.
+    #[error("{message}")]
+    UnsupportedMediaType {
+        /// The content type needed.
+        message: String,
+    },
+    /// A runtime's (or a deployment's) failure of a known [`ErrorKind`]: an unknown model, a
+    /// bad input, no room now, failed storage.
+    #[error(transparent)]
+    Failed(#[from] Failure),
 }
 
-/// The status a model loader chose for its failure, by failing with a [`ServeError`] (a model
-/// that does not exist in the repository is a 404, say), also while that failure is backing off.
-fn chosen_status(error: &modelmux_cache::Error) -> Option<StatusCode> {
-    use modelmux_cache::Error as M;
-    match error {
-        M::LoadFailed { source, .. } => source
-            .downcast_ref::<ServeError>()
-            .map(ServeError::http_status),
-        M::BackingOff { cause, .. } => chosen_status(cause),
-        _ => None,
+/// The status of each [`ErrorKind`]: the one place a kind becomes HTTP.
+fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+        ErrorKind::UnusableModel => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::Overloaded | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Upstream => StatusCode::BAD_GATEWAY,
+        ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
 impl ServeError {
-    /// An error with a status of the deployment's choosing (`404 model not found`, say).
-    pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
-        Self::Status {
-            status,
-            message: message.into(),
-        }
-    }
-
     /// Turns a deployment's error into a `ServeError`, keeping a typed one as it is.
     pub fn from_deployment(deployment: &str, error: BoxError) -> Self {
         let error = match error.downcast::<ServeError>() {
             Ok(e) => return *e,
+            Err(e) => e,
+        };
+        let error = match error.downcast::<Failure>() {
+            Ok(f) => return Self::Failed(*f),
             Err(e) => e,
         };
         match error.downcast::<modelmux_cache::Error>() {
@@ -175,7 +178,6 @@ impl ServeError {
 
     /// The HTTP status this error is answered with.
     pub fn http_status(&self) -> StatusCode {
-        use modelmux_cache::Error as M;
         match self {
             Self::NoRoute { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
             Self::BadRequest { .. } | Self::InvalidParameter { .. } | Self::InvalidModelId(_) => {
@@ -187,27 +189,22 @@ impl ServeError {
             Self::ServerOverloaded { .. }
             | Self::Overloaded { .. }
             | Self::QueueTimeout { .. }
-            | Self::ShuttingDown
-            | Self::Busy { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
+            Self::Forbidden { .. } => StatusCode::FORBIDDEN,
+            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::UnknownDeployment { .. } | Self::Deployment { .. } | Self::Panicked { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            Self::Status { status, .. } => *status,
-            Self::Model(e) => chosen_status(e).unwrap_or(match e {
-                M::InvalidModelId(_) => StatusCode::BAD_REQUEST,
-                M::BackingOff { .. }
-                | M::CapacityExhausted { .. }
-                | M::ShuttingDown
-                | M::LoadCancelled { .. } => StatusCode::SERVICE_UNAVAILABLE,
-                M::LoadTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            }),
+            Self::Model(e) => status_of(e.kind()),
+            Self::Failed(f) => status_of(f.kind()),
         }
     }
 
     /// A short, stable name for metrics labels and the JSON body's `type`.
     pub fn error_type(&self) -> &'static str {
+        use modelmux_cache::Error as M;
         match self {
             Self::NoRoute { .. } => "no_route",
             Self::BadRequest { .. } => "bad_request",
@@ -222,21 +219,21 @@ impl ServeError {
             Self::UnknownDeployment { .. } => "unknown_deployment",
             Self::Unauthorized => "unauthorized",
             Self::NotFound { .. } => "not_found",
-            Self::Model(e) => match chosen_status(e) {
-                Some(StatusCode::NOT_FOUND) => "model_not_found",
-                Some(status) if status.is_client_error() => "bad_model_request",
+            // A failed load says what its loader said (an unknown model, a broken one).
+            Self::Model(e) => match (e.kind(), e) {
+                (ErrorKind::NotFound, _) => "model_not_found",
+                (kind, M::LoadFailed { .. } | M::BackingOff { .. }) if kind.is_client_error() => {
+                    "bad_model_request"
+                }
                 _ => e.error_type(),
             },
+            Self::Failed(f) => f.kind().as_str(),
+            Self::Forbidden { .. } => "forbidden",
+            Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::UnsupportedMediaType { .. } => "unsupported_media_type",
             Self::Deployment { .. } => "deployment_error",
             Self::Panicked { .. } => "deployment_panicked",
             Self::ShuttingDown => "shutting_down",
-            Self::Busy { .. } => "busy",
-            Self::Status { status, .. } => match *status {
-                StatusCode::BAD_REQUEST => "bad_request",
-                StatusCode::NOT_FOUND => "not_found",
-                StatusCode::FORBIDDEN => "forbidden",
-                _ => "deployment_status",
-            },
         }
     }
 
@@ -247,8 +244,11 @@ impl ServeError {
             | Self::ServerOverloaded { .. }
             | Self::QueueTimeout { .. }
             | Self::ShuttingDown => Some(Duration::from_secs(1)),
-            Self::Busy { retry_after, .. } => Some(*retry_after),
             Self::Model(e) => e.retry_after(),
+            Self::Failed(f) => f.retry_after().or_else(|| {
+                matches!(f.kind(), ErrorKind::Overloaded | ErrorKind::Unavailable)
+                    .then_some(Duration::from_secs(1))
+            }),
             _ => None,
         }
     }
@@ -307,10 +307,7 @@ mod tests {
 
     #[test]
     fn typed_errors_from_deployments_keep_their_status() {
-        let e = ServeError::from_deployment(
-            "d",
-            Box::new(ServeError::status(StatusCode::NOT_FOUND, "no such model")),
-        );
+        let e = ServeError::from_deployment("d", Box::new(Failure::not_found("no such model")));
         assert_eq!(e.http_status(), StatusCode::NOT_FOUND);
         let cache = modelmux_cache::Error::LoadTimeout {
             id: modelmux_cache::ModelId::new("m").unwrap(),

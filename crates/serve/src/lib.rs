@@ -32,6 +32,7 @@ pub use admin::AdminAccess;
 pub use body::{Body, BodyError, BodySender, bearer_token_matches, json_response};
 pub use custom_metrics::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};
 pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};
+pub use dispatch::waiting_for_load;
 pub use error::ServeError;
 pub use front::{HttpOptions, MAX_BUF_BYTES};
 pub use handle::{DeploymentHandle, HandleOptions};

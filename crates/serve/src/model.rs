@@ -5,10 +5,9 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use http::StatusCode;
-use modelmux_cache::{BoxError, Loader, Model, ModelId, Multiplexer, MultiplexerBuilder};
+use modelmux_cache::{BoxError, Failure, Loader, Model, ModelId, Multiplexer, MultiplexerBuilder};
 
-use crate::{Deployment, DeploymentSpec, Request, Response, ServeError};
+use crate::{Deployment, DeploymentSpec, Request, Response};
 
 /// A kind of model: how to load one by id, and how to answer a request with it.
 pub trait ModelKind: Send + Sync + 'static {
@@ -25,8 +24,11 @@ pub trait ModelKind: Send + Sync + 'static {
         async { Ok(None) }
     }
 
-    /// Answers `request` with `model`. Heavy computation belongs on a blocking thread
-    /// (`tokio::task::spawn_blocking`), not on the async workers that route requests.
+    /// Answers `request` with `model`. Heavy computation belongs on a blocking thread started
+    /// with [`modelmux_context::spawn_blocking`] (not on the async workers that route
+    /// requests): the replica then counts it until it ends, even if the client leaves first.
+    /// Failures say their kind with a [`Failure`](modelmux_cache::Failure) (an input that
+    /// does not fit the model is [`ErrorKind::InvalidInput`](modelmux_cache::ErrorKind)).
     fn infer(
         &self,
         model: &Self::Model,
@@ -55,12 +57,11 @@ struct ModelDeployment<K: ModelKind> {
 impl<K: ModelKind> Deployment for ModelDeployment<K> {
     async fn call(&self, request: Request) -> Result<Response, BoxError> {
         let id = modelmux_context::multiplexed_model_id().ok_or_else(|| {
-            ServeError::status(
-                StatusCode::BAD_REQUEST,
+            Failure::invalid_input(
                 "this deployment serves many models: name one in the serve_multiplexed_model_id header",
             )
         })?;
-        let model = self.models.get(&id).await?;
+        let model = crate::dispatch::waiting_for_load(self.models.get(&id)).await?;
         self.kind.infer(&model, &id, request).await
     }
 }

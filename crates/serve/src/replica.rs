@@ -26,6 +26,7 @@ pub(crate) trait ModelCache: Send + Sync + 'static {
     fn models(&self) -> Vec<ModelInfo>;
     fn metrics(&self) -> MetricsSnapshot;
     fn max_models(&self) -> Option<usize>;
+    fn max_bytes(&self) -> Option<u64>;
     fn subscribe(&self) -> Subscription;
     fn load(&self, id: &str, pin: bool) -> BoxFuture<'_, Result<(), modelmux_cache::Error>>;
     fn evict(&self, id: &str) -> bool;
@@ -42,6 +43,9 @@ impl<M: Model> ModelCache for Multiplexer<M> {
     }
     fn max_models(&self) -> Option<usize> {
         self.config().max_models
+    }
+    fn max_bytes(&self) -> Option<u64> {
+        self.config().max_bytes
     }
     fn subscribe(&self) -> Subscription {
         Multiplexer::subscribe(self)
@@ -139,12 +143,20 @@ impl Replica {
             .map(|c| c.max_models())
             .sum::<Option<usize>>()
             .filter(|_| !caches.is_empty());
-        let slot = Arc::new(ReplicaSlot::new(
-            id.clone(),
-            spec.config.max_ongoing_requests,
-            caches.len(),
-            capacity,
-        ));
+        let bytes = caches
+            .iter()
+            .map(|c| c.max_bytes())
+            .sum::<Option<u64>>()
+            .filter(|_| !caches.is_empty());
+        let slot = Arc::new(
+            ReplicaSlot::new(
+                id.clone(),
+                spec.config.max_ongoing_requests,
+                caches.len(),
+                capacity,
+            )
+            .with_byte_capacity(bytes),
+        );
         let feeds = caches
             .iter()
             .enumerate()

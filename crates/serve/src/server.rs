@@ -504,7 +504,7 @@ impl Server {
 /// Waits until `replica` has no request in progress, or `deadline`.
 async fn drain(replica: &Replica, deadline: Instant) {
     replica.slot.set_available(false);
-    while crate::placement::ReplicaView::ongoing(&*replica.slot) > 0 && Instant::now() < deadline {
+    while replica.slot.inside() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

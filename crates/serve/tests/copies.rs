@@ -3,7 +3,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -11,7 +10,6 @@ use std::time::Duration;
 use common::{Counters, counted, get_model};
 use http::StatusCode;
 use modelmux_cache::Multiplexer;
-use modelmux_serve::{Application, Server};
 
 async fn burst(load: Duration, infer: Duration, requests: usize) -> (usize, Vec<String>) {
     let counters = Arc::new(Counters::default());
@@ -25,12 +23,7 @@ async fn burst(load: Duration, infer: Duration, requests: usize) -> (usize, Vec<
     .num_replicas(2)
     .max_ongoing_requests(4)
     .max_queued_requests(1000);
-    let server = Server::builder()
-        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .application(Application::new("a").ingress(spec))
-        .start()
-        .await
-        .unwrap();
+    let server = common::serve(spec).await;
     let addr = server.local_addr();
     // One request first, so the load and a service time are measured.
     assert_eq!(get_model(addr, "hot").await.status, StatusCode::OK);

@@ -1,10 +1,9 @@
 //! The queue in front of a deployment's replicas: first come, first served; requests that
 //! leave it (timed out, or their client hung up) give back what they held, and cold requests
-//! whose clients left cost no model loads.
+//! whose clients left cost no model loads; blocking work keeps its slot until it ends.
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -12,9 +11,7 @@ use std::time::Duration;
 use common::{Counters, counted, get, get_model};
 use http::StatusCode;
 use modelmux_cache::Multiplexer;
-use modelmux_serve::{
-    Application, Body, BoxError, Deployment, DeploymentSpec, Request, Response, Server,
-};
+use modelmux_serve::{Body, BoxError, Deployment, DeploymentSpec, Request, Response, Server};
 
 /// Records the order requests start in (by their `x-seq` header) and the most in progress at
 /// once; each takes `delay`.
@@ -84,12 +81,7 @@ async fn start(
     .max_ongoing_requests(max_ongoing)
     .max_queued_requests(10_000)
     .queue_timeout(queue_timeout);
-    let server = Server::builder()
-        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .application(Application::new("a").ingress(spec))
-        .start()
-        .await
-        .unwrap();
+    let server = common::serve(spec).await;
     (server, recorded)
 }
 
@@ -180,12 +172,7 @@ async fn cold_requests_whose_clients_hung_up_cause_no_loads() {
     )
     .num_replicas(2)
     .max_queued_requests(1000);
-    let server = Server::builder()
-        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .application(Application::new("a").ingress(spec))
-        .start()
-        .await
-        .unwrap();
+    let server = common::serve(spec).await;
     let addr = server.local_addr();
     // Warm models on both replicas, to see they are not evicted by abandoned loads.
     for m in ["warm-0", "warm-1"] {
@@ -227,5 +214,105 @@ async fn cold_requests_whose_clients_hung_up_cause_no_loads() {
         before,
         "warm models were evicted"
     );
+    server.shutdown().await;
+}
+
+/// Runs each request's work on the blocking pool for `work`, recording how many run at once.
+struct BlockingWork {
+    work: Duration,
+    running: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+impl Deployment for BlockingWork {
+    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
+        let (work, running, peak) = (self.work, self.running.clone(), self.peak.clone());
+        modelmux_context::spawn_blocking(move || {
+            let now = running.fetch_add(1, Ordering::SeqCst) + 1;
+            peak.fetch_max(now, Ordering::SeqCst);
+            std::thread::sleep(work);
+            running.fetch_sub(1, Ordering::SeqCst);
+        })
+        .await?;
+        Ok(Response::new(Body::from("ok")))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn blocking_work_holds_its_slot_until_it_ends_though_its_client_left() {
+    let (running, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (r, p) = (running.clone(), peak.clone());
+    let spec = DeploymentSpec::new("Blocking", move |_ctx| {
+        let (running, peak) = (r.clone(), p.clone());
+        async move {
+            Ok(BlockingWork {
+                work: Duration::from_millis(300),
+                running,
+                peak,
+            })
+        }
+    })
+    .max_ongoing_requests(1)
+    .max_queued_requests(100);
+    let server = common::serve(spec).await;
+    let addr = server.local_addr();
+    // A client that hangs up while its work runs.
+    let _ = tokio::time::timeout(Duration::from_millis(60), get(addr, "/", &[])).await;
+    let models = get(addr, "/-/models", &[]).await.json();
+    let replica = &models["applications"][0]["deployments"][0]["replicas"][0];
+    assert_eq!(
+        replica["ongoing_requests"], 1,
+        "the work still runs, so its slot is still taken: {models}"
+    );
+    // More clients that leave, then one that waits: one slot, so one piece of work at a time.
+    for _ in 0..3 {
+        let _ = tokio::time::timeout(Duration::from_millis(40), get(addr, "/", &[])).await;
+    }
+    assert_eq!(get(addr, "/", &[]).await.status, StatusCode::OK);
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        1,
+        "blocking work of abandoned requests ran beside newer work on a single slot"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_waiting_for_a_load_does_not_keep_loaded_models_waiting() {
+    // One replica, one slot; loads take 400 ms, requests 20 ms.
+    let counters = Arc::new(Counters::default());
+    let spec = counted(
+        "Model",
+        counters.clone(),
+        Multiplexer::builder().max_models(4),
+        Duration::from_millis(400),
+        Duration::from_millis(20),
+    )
+    .max_ongoing_requests(1)
+    .max_queued_requests(100);
+    let server = common::serve(spec).await;
+    let addr = server.local_addr();
+    assert_eq!(get_model(addr, "warm").await.status, StatusCode::OK);
+    let cold = tokio::spawn(async move { get_model(addr, "cold").await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let models = get(addr, "/-/models", &[]).await.json();
+    let replica = &models["applications"][0]["deployments"][0]["replicas"][0];
+    assert_eq!(replica["ongoing_requests"], 0, "{models}");
+    assert_eq!(replica["waiting_for_load"], 1, "{models}");
+    // The warm model is served while the cold one loads, one request at a time.
+    let started = tokio::time::Instant::now();
+    for _ in 0..5 {
+        assert_eq!(get_model(addr, "warm").await.status, StatusCode::OK);
+    }
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "warm requests waited for the cold load: {:?}",
+        started.elapsed()
+    );
+    assert!(!cold.is_finished(), "the cold load takes 400 ms");
+    assert_eq!(cold.await.unwrap().status, StatusCode::OK);
+    let models = get(addr, "/-/models", &[]).await.json();
+    let replica = &models["applications"][0]["deployments"][0]["replicas"][0];
+    assert_eq!(replica["waiting_for_load"], 0, "{models}");
     server.shutdown().await;
 }

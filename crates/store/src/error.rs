@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use modelmux_cache::{ErrorKind, Failure};
+
 /// An error from a [`ModelRepository`](crate::ModelRepository) or a
 /// [`DiskCache`](crate::DiskCache). Every message names the model and the repository, so it can
 /// be shown to the client as it is.
@@ -99,13 +101,19 @@ impl StoreError {
         matches!(self, Self::NotFound { .. })
     }
 
-    /// Whether the request itself is at fault: an unknown model, an id that is not a path, or
-    /// denied access. Such errors are the client's (4xx); the others are the server's (5xx).
-    pub fn is_client_error(&self) -> bool {
-        matches!(
-            self,
-            Self::NotFound { .. } | Self::InvalidId { .. } | Self::PermissionDenied { .. }
-        )
+    /// What this error is about: an unknown model, an id that cannot be a path (the
+    /// client's); storage that failed or refused the server (its upstream's); a disk cache
+    /// without room (try later); a configuration or local file problem (the server's own).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Self::NotFound { .. } => ErrorKind::NotFound,
+            Self::InvalidId { .. } => ErrorKind::InvalidInput,
+            Self::PermissionDenied { .. } | Self::Transfer { .. } | Self::Store { .. } => {
+                ErrorKind::Upstream
+            }
+            Self::CacheFull { .. } => ErrorKind::Overloaded,
+            Self::Config(_) | Self::Io { .. } => ErrorKind::Internal,
+        }
     }
 
     /// A copy, for errors shared by every waiter of a load (`std::io::Error` is not `Clone`).
@@ -172,5 +180,12 @@ impl StoreError {
             path: path.into(),
             source,
         }
+    }
+}
+
+/// A store error as the serving layer answers it: its [`kind`](StoreError::kind) and message.
+impl From<StoreError> for Failure {
+    fn from(error: StoreError) -> Self {
+        Failure::new(error.kind(), error.to_string())
     }
 }

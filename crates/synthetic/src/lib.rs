@@ -2,7 +2,8 @@
 //!
 //! A synthetic model takes `load_ms` to load, really allocates and writes `size_mb` of memory
 //! (so resident memory and byte caps are real), takes `infer_ms` per request and `unload_ms`
-//! to unload, and fails to load if its id is in `fail_ids`. Its response echoes the model id
+//! to unload, and fails to load if its id is in `fail_ids` (or at random, `fail_rate` of its
+//! loads). Its response echoes the model id
 //! and a checksum of the model's bytes, computed from the memory itself when it was loaded:
 //!
 //! ```json
@@ -38,6 +39,38 @@ pub struct SyntheticConfig {
     /// Ids whose load fails (a broken model).
     #[serde(default)]
     pub fail_ids: HashSet<String>,
+    /// The fraction of loads that fail at random (0 to 1), after their `load_ms`: a flaky
+    /// store, for soak tests of failure handling.
+    #[serde(default, deserialize_with = "fraction")]
+    pub fail_rate: f64,
+}
+
+fn fraction<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    let x = <f64 as serde::Deserialize>::deserialize(d)?;
+    if (0.0..=1.0).contains(&x) {
+        Ok(x)
+    } else {
+        Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Float(x),
+            &"a fraction from 0 to 1",
+        ))
+    }
+}
+
+/// Whether this load is one of the `rate` that fail: a draw from a hasher seeded at random
+/// once per process, over a count of draws.
+fn unlucky(rate: f64) -> bool {
+    use std::hash::BuildHasher;
+    use std::sync::LazyLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEED: LazyLock<std::collections::hash_map::RandomState> =
+        LazyLock::new(Default::default);
+    static DRAWS: AtomicU64 = AtomicU64::new(0);
+    if rate <= 0.0 {
+        return false;
+    }
+    let draw = SEED.hash_one(DRAWS.fetch_add(1, Ordering::Relaxed));
+    ((draw >> 11) as f64 / (1u64 << 53) as f64) < rate
 }
 
 fn size_mb<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
@@ -136,6 +169,9 @@ impl ModelKind for Synthetic {
         if self.config.fail_ids.contains(id.as_str()) {
             return Err(format!("synthetic model '{id}' is configured to fail (fail_ids)").into());
         }
+        if unlucky(self.config.fail_rate) {
+            return Err(format!("synthetic model '{id}' failed to load (fail_rate)").into());
+        }
         let len = usize::try_from(self.config.size_bytes())?;
         // Writing megabytes is CPU work: keep it off the async workers that route requests.
         let owned = id.to_string();
@@ -207,6 +243,34 @@ mod tests {
             .err()
             .unwrap();
         assert!(err.to_string().contains("configured to fail"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_fail_rate_fails_about_that_fraction_of_loads() {
+        let kind = Synthetic::new(SyntheticConfig {
+            fail_rate: 0.1,
+            ..Default::default()
+        });
+        let id = ModelId::new("flaky").unwrap();
+        let mut failed = 0;
+        for _ in 0..2000 {
+            if let Err(e) = kind.load(&id).await {
+                assert!(e.to_string().contains("fail_rate"), "{e}");
+                failed += 1;
+            }
+        }
+        // 200 expected; the standard deviation is 13.
+        assert!((120..280).contains(&failed), "{failed} of 2000 failed");
+        let never = Synthetic::default();
+        for _ in 0..100 {
+            assert!(never.load(&id).await.is_ok());
+        }
+        for bad in ["-0.1", "1.5"] {
+            let err =
+                serde_json::from_str::<SyntheticConfig>(&format!(r#"{{"fail_rate": {bad}}}"#))
+                    .unwrap_err();
+            assert!(err.to_string().contains("fraction"), "{bad}: {err}");
+        }
     }
 
     #[test]

@@ -247,13 +247,14 @@ pub struct DeploymentConfig {
     /// Bytes of models per replica.
     #[serde(default)]
     pub max_bytes_per_replica: Option<u64>,
-    /// Which idle model is evicted first: `lru` (default, as Ray) or `gdsf` (frequency, load
-    /// cost and size aware; fewer loads on skewed traffic).
+    /// Which idle model is evicted first: `gdsf` (the default: frequency, load cost and size
+    /// aware, so a model asked for once does not push out a popular one) or `lru` (as Ray).
     #[serde(default)]
     pub eviction_policy: EvictionPolicyName,
-    /// Loads running at once per replica.
-    #[serde(default = "four")]
-    pub max_concurrent_loads: NonZeroUsize,
+    /// Loads running at once per replica; by default half the model slots (rounded up), at
+    /// most 4, so loads in flight never evict more than half of what a replica can serve.
+    #[serde(default)]
+    pub max_concurrent_loads: Option<NonZeroUsize>,
     /// Longest a model load may take, in seconds.
     #[serde(default = "default_load_timeout")]
     pub model_load_timeout_s: Seconds,
@@ -263,9 +264,6 @@ pub struct DeploymentConfig {
 
 fn one() -> NonZeroUsize {
     NonZeroUsize::MIN
-}
-fn four() -> NonZeroUsize {
-    NonZeroUsize::new(4).expect("4 is not 0")
 }
 fn default_max_queued() -> usize {
     1024
@@ -471,8 +469,16 @@ async fn deployment(
     d: &DeploymentConfig,
     disk_cache: Option<&DiskCache>,
 ) -> Result<modelmux_serve::DeploymentSpec, modelmux_store::StoreError> {
+    let concurrent_loads = d.max_concurrent_loads.map_or_else(
+        || {
+            d.max_models_per_replica
+                .0
+                .map_or(4, |models| models.div_ceil(2).clamp(1, 4))
+        },
+        NonZeroUsize::get,
+    );
     let mut cache = Multiplexer::builder()
-        .max_concurrent_loads(d.max_concurrent_loads.get())
+        .max_concurrent_loads(concurrent_loads)
         .load_timeout(Some(d.model_load_timeout_s.0))
         .eviction_policy(match d.eviction_policy {
             EvictionPolicyName::Lru => EvictionPolicy::Lru,

@@ -11,9 +11,9 @@ use serde::Deserialize;
 #[serde(rename_all = "lowercase")]
 pub enum EvictionPolicyName {
     /// Least recently used first.
-    #[default]
     Lru,
-    /// Greedy-Dual-Size-Frequency.
+    /// Greedy-Dual-Size-Frequency (the default).
+    #[default]
     Gdsf,
 }
 

@@ -143,7 +143,8 @@ pub struct Cached {
 impl Deployment for Cached {
     async fn call(&self, _request: Request) -> Result<Response, BoxError> {
         let id = modelmux_context::multiplexed_model_id().ok_or("no model")?;
-        let _model = self.models.get(&id).await?;
+        // The slot is given back while the model loads, as `model_deployment` does.
+        let _model = modelmux_serve::waiting_for_load(self.models.get(&id)).await?;
         if !self.infer.is_zero() {
             tokio::time::sleep(self.infer).await;
         }
@@ -178,4 +179,14 @@ pub fn counted(
             })
         }
     })
+}
+
+/// A server on a free loopback port with one application whose ingress is `spec`.
+pub async fn serve(spec: DeploymentSpec) -> modelmux_serve::Server {
+    modelmux_serve::Server::builder()
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .application(modelmux_serve::Application::new("a").ingress(spec))
+        .start()
+        .await
+        .unwrap()
 }

@@ -91,7 +91,19 @@ pub struct ReplicaSlot {
     tracks_models: bool,
     /// `max_models` of the replica's caches (summed), `None` if unbounded or unknown.
     model_capacity: Option<usize>,
+    /// `max_bytes` of the replica's caches (summed), `None` if unbounded or unknown.
+    byte_capacity: Option<u64>,
+    /// Evicted copies whose unload has not run yet (still in use, or unloading), per cache and
+    /// id: how many, and their bytes. They hold capacity a new load cannot have.
+    draining: parking_lot::Mutex<HashMap<(usize, ModelId), (usize, u64)>>,
     models: ArcSwap<HashMap<ModelId, Entry>>,
+    /// Requests inside the replica waiting for their model's load, their slot given back.
+    loading_waiters: AtomicUsize,
+    /// Of those, the ones whose load is done and that wait to take a slot back: newcomers
+    /// get no slot while any does.
+    resuming: AtomicUsize,
+    /// Signalled when a slot frees while some request is resuming.
+    freed: tokio::sync::Notify,
     /// Recent service time, an exponentially weighted mean in microseconds (0: none yet).
     service_micros: AtomicU64,
     /// Models whose load failed here: until when to place them elsewhere, and failures in a
@@ -114,6 +126,8 @@ struct Entry {
     routed: Arc<AtomicU64>,
     /// How long the load took, once loaded.
     load_time: Option<Duration>,
+    /// Its size, once loaded (if it reports one).
+    size_bytes: Option<u64>,
 }
 
 impl Entry {
@@ -123,6 +137,7 @@ impl Entry {
             source,
             routed: Arc::new(AtomicU64::new(coarse_now())),
             load_time: None,
+            size_bytes: None,
         }
     }
 }
@@ -162,10 +177,21 @@ impl ReplicaSlot {
             available: AtomicBool::new(true),
             tracks_models: caches > 0,
             model_capacity,
+            byte_capacity: None,
+            draining: parking_lot::Mutex::default(),
             models: ArcSwap::default(),
+            loading_waiters: AtomicUsize::new(0),
+            resuming: AtomicUsize::new(0),
+            freed: tokio::sync::Notify::new(),
             service_micros: AtomicU64::new(0),
             failed: parking_lot::Mutex::default(),
         }
+    }
+
+    /// Sets the byte capacity (the caches' `max_bytes`, summed) placement counts against.
+    pub(crate) fn with_byte_capacity(mut self, bytes: Option<u64>) -> Self {
+        self.byte_capacity = bytes;
+        self
     }
 
     /// Folds one request's service time into the recent mean (weight 1/8).
@@ -197,12 +223,10 @@ impl ReplicaSlot {
         if !self.is_available() {
             return false;
         }
-        let taken = self
-            .ongoing
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < self.max_ongoing).then_some(n + 1)
-            })
-            .is_ok();
+        if self.resuming.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        let taken = self.take();
         if taken && !self.is_available() {
             self.end();
             return false;
@@ -210,9 +234,65 @@ impl ReplicaSlot {
         taken
     }
 
+    fn take(&self) -> bool {
+        self.ongoing
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max_ongoing).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
     /// Releases a slot; returns the number still in progress.
     pub(crate) fn end(&self) -> usize {
-        self.ongoing.fetch_sub(1, Ordering::SeqCst) - 1
+        let left = self.ongoing.fetch_sub(1, Ordering::SeqCst) - 1;
+        if self.resuming.load(Ordering::SeqCst) > 0 {
+            self.freed.notify_one();
+        }
+        left
+    }
+
+    /// Gives a request's slot back while it waits for its model's load.
+    pub(crate) fn suspend(&self) {
+        self.loading_waiters.fetch_add(1, Ordering::SeqCst);
+        self.end();
+    }
+
+    /// A request that gave its slot back for a load no longer waits (it left).
+    pub(crate) fn abandon_suspended(&self) {
+        self.loading_waiters.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Takes a slot back for a request whose load is done, before any newcomer, waiting (on
+    /// this replica, even one being drained: the request was admitted) until one frees.
+    pub(crate) async fn resume(&self) {
+        struct Resuming<'a>(&'a ReplicaSlot);
+        impl Drop for Resuming<'_> {
+            fn drop(&mut self) {
+                self.0.resuming.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        self.resuming.fetch_add(1, Ordering::SeqCst);
+        let _resuming = Resuming(self);
+        loop {
+            let freed = self.freed.notified();
+            let mut freed = std::pin::pin!(freed);
+            freed.as_mut().enable();
+            if self.take() {
+                self.loading_waiters.fetch_sub(1, Ordering::SeqCst);
+                return;
+            }
+            freed.await;
+        }
+    }
+
+    /// Requests inside the replica, with a slot or waiting for a load without one.
+    pub(crate) fn inside(&self) -> usize {
+        self.ongoing() + self.loading_waiters.load(Ordering::SeqCst)
+    }
+
+    /// Requests waiting for their model's load without a slot.
+    pub(crate) fn loading_waiters(&self) -> usize {
+        self.loading_waiters.load(Ordering::SeqCst)
     }
 
     /// Replaces the model set with `f` applied to a copy (retried if a concurrent update won).
@@ -253,6 +333,8 @@ impl ReplicaSlot {
     /// what it reports replaces what that cache reported before; other caches' entries and the
     /// router's pending placements stay.
     pub(crate) fn apply_snapshot(&self, source: usize, snapshot: &[(ModelId, ModelStatus)]) {
+        // Which of that cache's models still drain is unknown after a resync.
+        self.draining.lock().retain(|(s, _), _| *s != source);
         self.update(|m| {
             m.retain(|_, e| e.source != source);
             for (id, status) in snapshot {
@@ -286,14 +368,42 @@ impl ReplicaSlot {
                     .min(MAX_AVOID);
                 failed.insert(event.id.clone(), (Instant::now() + avoid, attempts));
             }
+            ModelEventKind::Evicting { .. } => {
+                let bytes = self
+                    .models
+                    .load()
+                    .get(&event.id)
+                    .filter(|e| e.source == source)
+                    .and_then(|e| e.size_bytes)
+                    .unwrap_or(0);
+                let mut draining = self.draining.lock();
+                let copies = draining.entry((source, event.id.clone())).or_default();
+                *copies = (copies.0 + 1, copies.1 + bytes);
+            }
+            ModelEventKind::Unloaded { .. } => {
+                let mut draining = self.draining.lock();
+                let key = (source, event.id.clone());
+                if let Some(&(n, bytes)) = draining.get(&key) {
+                    if n <= 1 {
+                        draining.remove(&key);
+                    } else {
+                        // Copies of one id are about the same size: release an even share.
+                        draining.insert(key, (n - 1, bytes - bytes / n as u64));
+                    }
+                }
+            }
             _ => {}
         }
         self.update(|m| match event.kind {
             ModelEventKind::Loading => set(m, &event.id, Holding::Loading, source),
-            ModelEventKind::Loaded { load_time, .. } => {
+            ModelEventKind::Loaded {
+                load_time,
+                size_bytes,
+            } => {
                 set(m, &event.id, Holding::Loaded, source);
                 if let Some(e) = m.get_mut(&event.id) {
                     e.load_time = Some(load_time);
+                    e.size_bytes = size_bytes;
                 }
             }
             // Failed retracts the Loading (and any pending placement); Evicting means new
@@ -366,9 +476,35 @@ impl ReplicaView for ReplicaSlot {
             .count()
     }
 
+    /// Room for one more model without evicting: counting models that still drain, and, under
+    /// a byte cap, their bytes and those of the held models (a model of unknown size, or the
+    /// new one, counted at the mean known size).
     fn has_free_slot(&self, now: Instant) -> bool {
-        self.model_capacity
-            .is_none_or(|cap| self.model_count(now) < cap)
+        if self.model_capacity.is_none() && self.byte_capacity.is_none() {
+            return true;
+        }
+        let (draining, draining_bytes) = self
+            .draining
+            .lock()
+            .values()
+            .fold((0, 0), |(n, b), &(dn, db)| (n + dn, b + db));
+        let models = self.models.load();
+        let held: Vec<&Entry> = models.values().filter(|e| live(&e.holding, now)).collect();
+        if self
+            .model_capacity
+            .is_some_and(|cap| held.len() + draining >= cap)
+        {
+            return false;
+        }
+        let Some(cap) = self.byte_capacity else {
+            return true;
+        };
+        let known: Vec<u64> = held.iter().filter_map(|e| e.size_bytes).collect();
+        let typical = known.iter().sum::<u64>() / (known.len() as u64).max(1);
+        let used = known.iter().sum::<u64>()
+            + (held.len() - known.len()) as u64 * typical
+            + draining_bytes;
+        used.saturating_add(typical.max(1)) <= cap
     }
 
     fn oldest_use(&self) -> u64 {
@@ -443,129 +579,4 @@ impl<T: ReplicaView> ReplicaView for Arc<T> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn event(id: &str, kind: ModelEventKind) -> ModelEvent {
-        ModelEvent {
-            seq: 0,
-            id: ModelId::new(id).unwrap(),
-            kind,
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn events_drive_the_model_set() {
-        let slot = ReplicaSlot::new("r".into(), 5, 1, Some(2));
-        let m = ModelId::new("m").unwrap();
-        let now = Instant::now();
-        assert!(!slot.holds(&m, now));
-        slot.apply(0, &event("m", ModelEventKind::Loading));
-        assert!(slot.holds(&m, now));
-        assert!(slot.has_free_slot(now));
-        slot.apply(0, &event("n", ModelEventKind::Loading));
-        assert!(!slot.has_free_slot(now));
-        slot.apply(
-            0,
-            &event(
-                "n",
-                ModelEventKind::Failed {
-                    error: modelmux_cache::Error::ShuttingDown,
-                },
-            ),
-        );
-        assert_eq!(slot.model_count(now), 1, "a failed load is retracted");
-        slot.apply(
-            0,
-            &event(
-                "m",
-                ModelEventKind::Evicting {
-                    reason: modelmux_cache::EvictReason::Capacity,
-                },
-            ),
-        );
-        assert!(!slot.holds(&m, now));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn pending_placements_expire() {
-        let slot = ReplicaSlot::new("r".into(), 5, 1, None);
-        let m = ModelId::new("m").unwrap();
-        slot.mark_pending(&m);
-        assert!(slot.holds(&m, Instant::now()));
-        tokio::time::advance(PENDING_TTL + Duration::from_millis(1)).await;
-        assert!(!slot.holds(&m, Instant::now()));
-        assert_eq!(slot.model_count(Instant::now()), 0);
-    }
-}
-
-#[cfg(test)]
-mod review_tests {
-    use super::*;
-
-    fn ev(id: &str, kind: ModelEventKind) -> ModelEvent {
-        ModelEvent {
-            seq: 0,
-            id: ModelId::new(id).unwrap(),
-            kind,
-        }
-    }
-
-    fn evicting() -> ModelEventKind {
-        ModelEventKind::Evicting {
-            reason: modelmux_cache::EvictReason::Capacity,
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn two_caches_on_one_replica_keep_their_own_entries() {
-        let slot = ReplicaSlot::new("r".into(), 5, 2, None);
-        let (x, y) = (ModelId::new("x").unwrap(), ModelId::new("y").unwrap());
-        slot.apply_snapshot(0, &[(x.clone(), ModelStatus::Loaded)]);
-        slot.apply_snapshot(1, &[(y.clone(), ModelStatus::Loaded)]);
-        let now = Instant::now();
-        assert!(
-            slot.holds(&x, now) && slot.holds(&y, now),
-            "the second snapshot kept the first's"
-        );
-        slot.apply(1, &ev("x", evicting()));
-        assert!(
-            slot.holds(&x, now),
-            "cache 1 evicting does not remove cache 0's model"
-        );
-        slot.apply(0, &ev("x", evicting()));
-        assert!(!slot.holds(&x, now));
-        slot.apply_snapshot(1, &[]);
-        assert!(
-            !slot.holds(&y, now),
-            "a resync replaces that cache's entries"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_new_placement_replaces_an_expired_one() {
-        let slot = ReplicaSlot::new("r".into(), 5, 1, None);
-        let m = ModelId::new("m").unwrap();
-        slot.mark_pending(&m);
-        tokio::time::advance(PENDING_TTL + Duration::from_secs(1)).await;
-        slot.mark_pending(&m);
-        assert!(slot.holds(&m, Instant::now()));
-        assert!(slot.holds_loading(&m, Instant::now()));
-        tokio::time::advance(PENDING_LOADING_GRACE + Duration::from_millis(1)).await;
-        assert!(
-            !slot.holds_loading(&m, Instant::now()),
-            "an unconfirmed placement stops holding requests back"
-        );
-    }
-
-    #[test]
-    fn a_drained_replica_takes_no_new_request() {
-        let slot = ReplicaSlot::new("r".into(), 1, 0, None);
-        assert!(slot.try_begin());
-        assert!(!slot.try_begin(), "max_ongoing is 1");
-        slot.end();
-        slot.set_available(false);
-        assert!(!slot.try_begin());
-        assert_eq!(slot.ongoing(), 0, "a refused try leaves nothing taken");
-    }
-}
+mod tests;
