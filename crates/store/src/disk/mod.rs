@@ -19,14 +19,11 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use futures_util::StreamExt;
 use md5::{Digest, Md5};
 use modelmux_cache::{
     BoxError, Error as CacheError, Loader, Model, ModelGuard, ModelId, Multiplexer,
@@ -37,6 +34,11 @@ use parking_lot::Mutex;
 
 use crate::StoreError;
 use crate::retry::{Failure, RetryPolicy, classify};
+
+mod download;
+
+pub(crate) use download::head_size;
+use download::{Attempt, TempFile, download, with_retries};
 
 const MARKER: &str = ".modelmux-disk-cache";
 
@@ -471,271 +473,9 @@ impl Loader<CachedFile> for FileLoader {
     }
 }
 
-/// The object's size, from a `HEAD` under its retry policy.
-pub(crate) async fn head_size(object: &Object) -> Result<u64, StoreError> {
-    let meta = with_retries(object, |_| async {
-        let head = object_store::GetOptions::new().with_head(true);
-        let get = object.store.get_opts(&object.location, head);
-        match tokio::time::timeout(object.retry.attempt_timeout, get).await {
-            Ok(result) => result.map(|r| r.meta).map_err(Attempt::Store),
-            Err(_) => Err(Attempt::Timeout),
-        }
-    })
-    .await?;
-    Ok(meta.size)
-}
-
-/// A download's temporary file: removed unless it was renamed into place, also when the
-/// download is cancelled half-way (then after its writer thread has let go of it).
-struct TempFile {
-    path: PathBuf,
-    writer: Option<tokio::task::JoinHandle<std::io::Result<u64>>>,
-    kept: bool,
-}
-
-impl TempFile {
-    /// It was renamed into place: leave it.
-    fn keep(&mut self) {
-        self.kept = true;
-    }
-}
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        if self.kept {
-            return;
-        }
-        match self.writer.take() {
-            None => {
-                let _ = std::fs::remove_file(&self.path);
-            }
-            Some(writer) => {
-                let path = std::mem::take(&mut self.path);
-                if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                    runtime.spawn(async move {
-                        let _ = writer.await;
-                        let _ = tokio::fs::remove_file(path).await;
-                    });
-                }
-            }
-        }
-    }
-}
-
-/// Why one attempt failed.
-enum Attempt {
-    /// The store said no.
-    Store(object_store::Error),
-    /// The transfer ended short or corrupt.
-    Verify(String),
-    /// Writing the local file failed: not worth retrying.
-    Local(StoreError),
-    /// The attempt ran out of time.
-    Timeout,
-}
-
-/// Runs `attempt` (numbered from 1) under the object's retry policy: each attempt bounded by
-/// its timeout, transient failures retried after a jittered backoff, the rest returned at once.
-async fn with_retries<T, F, Fut>(object: &Object, mut attempt: F) -> Result<T, StoreError>
-where
-    F: FnMut(u32) -> Fut,
-    Fut: Future<Output = Result<T, Attempt>>,
-{
-    let policy = object.retry;
-    let attempts = policy.attempts.max(1);
-    let mut last = String::new();
-    for n in 1..=attempts {
-        // Downloads watch their own deadline (so they can clean up); this one is the backstop.
-        let backstop = policy.attempt_timeout + Duration::from_secs(5);
-        match tokio::time::timeout(backstop, attempt(n)).await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(Attempt::Store(e))) => match classify(&e) {
-                Failure::NotFound => {
-                    return Err(StoreError::NotFound {
-                        id: object.id.clone(),
-                        file: object.file.clone(),
-                        repository: object.repository.clone(),
-                        key: object.location.to_string(),
-                    });
-                }
-                Failure::Denied => {
-                    return Err(StoreError::PermissionDenied {
-                        id: object.id.clone(),
-                        repository: object.repository.clone(),
-                        message: e.to_string(),
-                    });
-                }
-                Failure::Transient => last = e.to_string(),
-                Failure::Permanent => {
-                    return Err(StoreError::Store {
-                        id: object.id.clone(),
-                        repository: object.repository.clone(),
-                        message: e.to_string(),
-                    });
-                }
-            },
-            Ok(Err(Attempt::Verify(message))) => last = message,
-            Ok(Err(Attempt::Local(e))) => return Err(e),
-            Ok(Err(Attempt::Timeout)) | Err(_) => {
-                last = format!(
-                    "the attempt did not finish within its timeout of {:?}",
-                    policy.attempt_timeout
-                );
-            }
-        }
-        if n < attempts {
-            let pause = policy.backoff(n + 1);
-            tracing::warn!(
-                model_id = %object.id, file = %object.file, repository = %object.repository,
-                attempt = n, of = attempts, retry_in_ms = pause.as_millis() as u64, error = %last,
-                "Model download attempt failed; retrying"
-            );
-            tokio::time::sleep(pause).await;
-        }
-    }
-    Err(StoreError::Transfer {
-        id: object.id.clone(),
-        repository: object.repository.clone(),
-        attempts,
-        last,
-    })
-}
-
-/// One download attempt into `tmp`. The body streams to two threads at once: one writes the
-/// file, one hashes (when there is a checksum to check), so hashing, writing and receiving
-/// overlap. Then size and checksum are checked against the store's word.
-async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64, Attempt> {
-    let deadline = tokio::time::Instant::now() + object.retry.attempt_timeout;
-    let get = object
-        .store
-        .get_opts(&object.location, object_store::GetOptions::default());
-    let result = tokio::time::timeout_at(deadline, get)
-        .await
-        .map_err(|_| Attempt::Timeout)?
-        .map_err(Attempt::Store)?;
-    let expected = result.meta.size;
-    let expected_md5 = if object.etag_is_md5 {
-        result.meta.e_tag.as_deref().and_then(plain_md5_etag)
-    } else {
-        None
-    };
-    let (to_writer, mut chunks) = tokio::sync::mpsc::channel::<Bytes>(64);
-    let path = tmp.path.clone();
-    tmp.writer = Some(tokio::task::spawn_blocking(
-        move || -> std::io::Result<u64> {
-            let file = std::fs::File::create(&path)?;
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-            let mut written = 0u64;
-            while let Some(chunk) = chunks.blocking_recv() {
-                out.write_all(&chunk)?;
-                written += chunk.len() as u64;
-            }
-            out.flush()?;
-            Ok(written)
-        },
-    ));
-    let (to_hasher, hasher) = match expected_md5 {
-        Some(_) => {
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(64);
-            let hasher = tokio::task::spawn_blocking(move || {
-                let mut hash = Md5::new();
-                while let Some(chunk) = rx.blocking_recv() {
-                    hash.update(&chunk);
-                }
-                <[u8; 16]>::from(hash.finalize())
-            });
-            (Some(tx), Some(hasher))
-        }
-        None => (None, None),
-    };
-    let mut stream = result.into_stream();
-    let mut failed = None;
-    loop {
-        let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
-            Err(_) => {
-                failed = Some(Attempt::Timeout);
-                break;
-            }
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                failed = Some(Attempt::Store(e));
-                break;
-            }
-            Ok(Some(Ok(chunk))) => chunk,
-        };
-        // Sending waits while a thread is behind, so the deadline covers that too. A closed
-        // channel means the writer failed; its error is read below.
-        let sent = async {
-            if let Some(hasher) = &to_hasher
-                && hasher.send(chunk.clone()).await.is_err()
-            {
-                return false;
-            }
-            to_writer.send(chunk).await.is_ok()
-        };
-        match tokio::time::timeout_at(deadline, sent).await {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(_) => {
-                failed = Some(Attempt::Timeout);
-                break;
-            }
-        }
-    }
-    drop((to_writer, to_hasher));
-    // Joined in place: if this attempt is cancelled here, the TempFile still owns the writer
-    // and removes the file only once the writer has let go of it.
-    let joined = tmp.writer.as_mut().expect("set above").await;
-    tmp.writer = None;
-    let written =
-        joined.map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?;
-    if let Some(failure) = failed {
-        return Err(failure);
-    }
-    let size = written.map_err(|e| Attempt::Local(StoreError::io(&tmp.path, e)))?;
-    if size != expected {
-        return Err(Attempt::Verify(format!(
-            "the transfer was truncated: {size} of {expected} bytes arrived"
-        )));
-    }
-    if let (Some(expected_md5), Some(hasher)) = (expected_md5, hasher) {
-        let md5 = hex(&hasher
-            .await
-            .map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?);
-        if md5 != expected_md5 {
-            return Err(Attempt::Verify(format!(
-                "the transfer was corrupted: its MD5 {md5} does not match the object's ETag \
-                 {expected_md5} (objects encrypted with SSE-KMS or SSE-C have ETags that are \
-                 not MD5s: set verify_md5 to false for such buckets)"
-            )));
-        }
-    }
-    Ok(size)
-}
-
-/// The MD5 an S3 ETag stands for: only for objects uploaded in one part (multipart ETags end
-/// in `-<parts>` and are not an MD5 of the content).
-fn plain_md5_etag(etag: &str) -> Option<String> {
-    let etag = etag.trim_matches('"').to_ascii_lowercase();
-    (etag.len() == 32 && etag.bytes().all(|b| b.is_ascii_hexdigit())).then_some(etag)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn only_single_part_etags_are_checksums() {
-        assert_eq!(
-            plain_md5_etag("\"D41D8CD98F00B204E9800998ECF8427E\"").as_deref(),
-            Some("d41d8cd98f00b204e9800998ecf8427e")
-        );
-        assert_eq!(
-            plain_md5_etag("\"d41d8cd98f00b204e9800998ecf8427e-3\""),
-            None
-        );
-        assert_eq!(plain_md5_etag("1a2b-3c"), None);
-    }
 
     #[tokio::test]
     async fn a_directory_with_foreign_files_is_refused_and_a_used_one_is_locked() {

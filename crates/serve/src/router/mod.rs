@@ -1,0 +1,240 @@
+//! The routing rules, as a pure function over the replicas' views (no I/O, no waiting), so each
+//! rule can be tested on scripted replicas. Dispatching (queueing, retries) is in `dispatch.rs`.
+//!
+//! For a request naming model `m`:
+//! 1. Replicas holding `m` (loaded, loading, or just placed there by this router) with spare
+//!    capacity: the less loaded of two picked at random (power of two choices).
+//! 2. Holders all saturated, but one is still loading `m`: wait for it. A second copy started
+//!    now would be ready no sooner, and a burst of first requests must trigger one load.
+//! 3. Holders all saturated with `m` loaded: a further copy only if it pays, that is if the
+//!    expected wait for a holder (its recent service time, scaled by the requests already
+//!    queued per holder slot) is longer than loading `m` took. Bursts of cheap requests then
+//!    wait for the holder instead of loading copies that take other models' slots; a hot
+//!    model with slow requests still gets copies.
+//! 4. No holder, or a copy pays: place `m` on the best other replica: one with a free model
+//!    slot, then the fewest models, then the highest rendezvous hash of `(m, replica)`. The
+//!    hash makes the choice deterministic, so every router (and every ingress process) with
+//!    the same view sends `m`'s first requests to the same replica. Replicas where `m` failed
+//!    to load recently are passed over while another can take it, so one replica's transient
+//!    failure does not take the model offline.
+//! 5. Nothing has room: wait (the dispatcher queues, bounded).
+//!
+//! A request naming no model goes to the less loaded of two random available replicas.
+
+use modelmux_cache::ModelId;
+use tokio::time::Instant;
+
+use crate::placement::ReplicaView;
+
+/// Where a request should go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Choice {
+    /// To the replica at this index, for this reason.
+    Replica(usize, Reason),
+    /// Nowhere yet: wait for a replica to free up.
+    Wait,
+}
+
+/// Why a replica was chosen (logged, and counted in tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// No model named: the less loaded of two.
+    LeastLoaded,
+    /// It holds the model.
+    Holder,
+    /// It holds no copy, and no replica held one: the model's first placement.
+    Placed,
+    /// Every holder was saturated: a further copy.
+    NewCopy,
+}
+
+/// A small, fast random source for the power of two choices (xorshift64*).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed (any value; zero is mapped to a fixed odd constant).
+    pub fn new(seed: u64) -> Self {
+        Self(seed | 1)
+    }
+
+    /// The next value.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next_u64() % n as u64) as usize
+    }
+}
+
+/// A stable 64-bit hash of `(model, replica)` for rendezvous placement: FNV-1a, then a
+/// finaliser so that similar replica names score independently. Stable across processes and
+/// Rust versions (std's hasher is neither promised).
+pub fn rendezvous_score(model: &str, replica: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in model.bytes().chain([0xff]).chain(replica.bytes()) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^ (h >> 33)
+}
+
+/// The less loaded of two distinct random candidates (the only one, if there is one).
+fn power_of_two<R: ReplicaView>(
+    replicas: &[R],
+    candidates: &[usize],
+    rng: &mut Rng,
+) -> Option<usize> {
+    match candidates.len() {
+        0 => None,
+        1 => Some(candidates[0]),
+        n => {
+            let a = rng.below(n);
+            let b = (a + 1 + rng.below(n - 1)) % n;
+            let (a, b) = (candidates[a], candidates[b]);
+            Some(if replicas[b].ongoing() < replicas[a].ongoing() {
+                b
+            } else {
+                a
+            })
+        }
+    }
+}
+
+/// The best replica to load `model` on among those `eligible` says yes to: a free model slot
+/// first, then the fewest models, then (when full) the oldest least-recently-used model, then
+/// the highest rendezvous score.
+fn best_placement<R: ReplicaView>(
+    replicas: &[R],
+    model: &ModelId,
+    now: Instant,
+    eligible: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    (0..replicas.len())
+        .filter(|&i| eligible(i))
+        .max_by_key(|&i| {
+            let r = &replicas[i];
+            let free = r.has_free_slot(now);
+            // Among full replicas, the one whose least recently used model is oldest: loading
+            // there evicts what a single global LRU would (ModelMesh's rule).
+            let older_victim = if free { 0 } else { u64::MAX - r.oldest_use() };
+            (
+                free,
+                std::cmp::Reverse(r.model_count(now)),
+                older_victim,
+                rendezvous_score(model, r.id()),
+            )
+        })
+}
+
+/// Where an operator's prewarm of `model` should go, whatever the load: a replica that already
+/// holds it (loaded first), else where its first request would be placed.
+pub fn place<R: ReplicaView>(replicas: &[R], model: &ModelId, now: Instant) -> Option<usize> {
+    let available = |i: usize| replicas[i].is_available();
+    (0..replicas.len())
+        .filter(|&i| available(i) && replicas[i].holds(model, now))
+        .max_by_key(|&i| replicas[i].holds_loaded(model))
+        .or_else(|| best_placement(replicas, model, now, available))
+}
+
+/// Applies the rules above, with nothing queued.
+pub fn choose<R: ReplicaView>(
+    replicas: &[R],
+    model: Option<&ModelId>,
+    now: Instant,
+    rng: &mut Rng,
+) -> Choice {
+    choose_with(replicas, model, now, rng, 0)
+}
+
+/// Whether another copy of `model` pays, with every holder saturated: the expected wait for a
+/// holder is longer than a load of it took. With no request measured yet on the holders, it
+/// waits for the first measurement (the requests of a first burst finish in about one service
+/// time, and copying then would race the holder's drain); with no load time known, a copy is
+/// made, as before any measurement.
+fn copy_pays<R: ReplicaView>(
+    replicas: &[R],
+    holders: &[usize],
+    model: &ModelId,
+    waiting: usize,
+) -> bool {
+    let Some(load) = holders
+        .iter()
+        .filter_map(|&i| replicas[i].load_time(model))
+        .max()
+    else {
+        return true;
+    };
+    let Some(service) = holders
+        .iter()
+        .filter_map(|&i| replicas[i].service_time())
+        .min()
+    else {
+        return false;
+    };
+    let slots: usize = holders.iter().map(|&i| replicas[i].max_ongoing()).sum();
+    let wait = service.mul_f64(1.0 + waiting as f64 / slots.max(1) as f64);
+    wait > load
+}
+
+/// Applies the rules above, with `waiting` requests already queued in front of this one.
+pub fn choose_with<R: ReplicaView>(
+    replicas: &[R],
+    model: Option<&ModelId>,
+    now: Instant,
+    rng: &mut Rng,
+    waiting: usize,
+) -> Choice {
+    let open = |r: &R| r.is_available() && !r.is_saturated();
+    let Some(model) = model else {
+        let candidates: Vec<usize> = (0..replicas.len())
+            .filter(|&i| open(&replicas[i]))
+            .collect();
+        return power_of_two(replicas, &candidates, rng)
+            .map_or(Choice::Wait, |i| Choice::Replica(i, Reason::LeastLoaded));
+    };
+
+    let mut holders = Vec::new();
+    let mut open_holders = Vec::new();
+    for (i, r) in replicas.iter().enumerate() {
+        if r.is_available() && r.holds(model, now) {
+            holders.push(i);
+            if !r.is_saturated() {
+                open_holders.push(i);
+            }
+        }
+    }
+    if let Some(i) = power_of_two(replicas, &open_holders, rng) {
+        return Choice::Replica(i, Reason::Holder);
+    }
+    if holders
+        .iter()
+        .any(|&i| replicas[i].holds_loading(model, now))
+    {
+        return Choice::Wait;
+    }
+    if !holders.is_empty() && !copy_pays(replicas, &holders, model, waiting) {
+        return Choice::Wait;
+    }
+    let candidate = |i: usize| open(&replicas[i]) && !holders.contains(&i);
+    let best = best_placement(replicas, model, now, |i| {
+        candidate(i) && !replicas[i].backing_off(model, now)
+    })
+    .or_else(|| best_placement(replicas, model, now, candidate));
+    match best {
+        Some(i) if holders.is_empty() => Choice::Replica(i, Reason::Placed),
+        Some(i) => Choice::Replica(i, Reason::NewCopy),
+        None => Choice::Wait,
+    }
+}
+
+#[cfg(test)]
+mod tests;
