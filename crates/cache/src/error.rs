@@ -126,13 +126,17 @@ pub enum Error {
 
 impl Error {
     /// What this error is about, for the layer that answers the client. A failed load is of
-    /// its loader's kind (a [`Failure`](crate::Failure) it returned; else internal), also
-    /// while it is remembered in the backoff.
+    /// its loader's kind (a [`Failure`](crate::Failure) it returned; else internal). While it
+    /// is remembered in the backoff, a client's error (an unknown model, say) keeps its kind;
+    /// any other is [`Overloaded`](ErrorKind::Overloaded): try again after the backoff.
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidModelId(_) => ErrorKind::InvalidInput,
             Error::LoadFailed { source, .. } => Failure::kind_of(&**source),
-            Error::BackingOff { cause, .. } => cause.kind(),
+            Error::BackingOff { cause, .. } => match cause.kind() {
+                kind if kind.is_client_error() => kind,
+                _ => ErrorKind::Overloaded,
+            },
             Error::LoadPanicked { .. } => ErrorKind::Internal,
             Error::LoadTimeout { .. } => ErrorKind::Timeout,
             Error::ModelTooLarge { .. } => ErrorKind::UnusableModel,

@@ -409,7 +409,7 @@ impl Drop for Ongoing {
         if self.suspended.load(Ordering::SeqCst) {
             self.replica.slot.abandon_suspended();
         } else {
-            self.replica.slot.end();
+            self.replica.slot.finish();
         }
         // SeqCst pairs with a new waiter's enqueue-then-grant.
         self.router.grant();
@@ -440,10 +440,27 @@ pub async fn waiting_for_load<F: std::future::Future>(load: F) -> F::Output {
     }
     ongoing.replica.slot.suspend();
     ongoing.router.grant();
+    let suspension = Suspension(ongoing);
     let out = load.await;
     ongoing.replica.slot.resume().await;
     ongoing.suspended.store(false, Ordering::SeqCst);
+    drop(suspension);
     out
+}
+
+/// Ends a suspension: if the wait was cancelled before the slot was taken back (the request
+/// goes on without its load, or is being dropped), the slot is taken back at once, so the
+/// request never runs without one. Either way the queue is offered what may have freed (a
+/// resumer blocks newcomers while it waits).
+struct Suspension<'a>(&'a Ongoing);
+
+impl Drop for Suspension<'_> {
+    fn drop(&mut self) {
+        if self.0.suspended.swap(false, Ordering::SeqCst) {
+            self.0.replica.slot.force_resume();
+        }
+        self.0.router.grant();
+    }
 }
 
 /// A streamed response body that holds its replica slot until it ends.

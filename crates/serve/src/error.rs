@@ -143,6 +143,19 @@ pub enum ServeError {
     Failed(#[from] Failure),
 }
 
+/// The status a loader chose by failing with a [`ServeError`] itself (a deployment's own
+/// loader may), also while that failure backs off.
+fn loader_status(error: &modelmux_cache::Error) -> Option<StatusCode> {
+    use modelmux_cache::Error as M;
+    match error {
+        M::LoadFailed { source, .. } => source
+            .downcast_ref::<ServeError>()
+            .map(ServeError::http_status),
+        M::BackingOff { cause, .. } => loader_status(cause),
+        _ => None,
+    }
+}
+
 /// The status of each [`ErrorKind`]: the one place a kind becomes HTTP.
 fn status_of(kind: ErrorKind) -> StatusCode {
     match kind {
@@ -197,7 +210,7 @@ impl ServeError {
             Self::UnknownDeployment { .. } | Self::Deployment { .. } | Self::Panicked { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
             }
-            Self::Model(e) => status_of(e.kind()),
+            Self::Model(e) => loader_status(e).unwrap_or_else(|| status_of(e.kind())),
             Self::Failed(f) => status_of(f.kind()),
         }
     }
@@ -220,9 +233,11 @@ impl ServeError {
             Self::Unauthorized => "unauthorized",
             Self::NotFound { .. } => "not_found",
             // A failed load says what its loader said (an unknown model, a broken one).
-            Self::Model(e) => match (e.kind(), e) {
-                (ErrorKind::NotFound, _) => "model_not_found",
-                (kind, M::LoadFailed { .. } | M::BackingOff { .. }) if kind.is_client_error() => {
+            Self::Model(e) => match (self.http_status(), e) {
+                (StatusCode::NOT_FOUND, _) => "model_not_found",
+                (status, M::LoadFailed { .. } | M::BackingOff { .. })
+                    if status.is_client_error() =>
+                {
                     "bad_model_request"
                 }
                 _ => e.error_type(),
@@ -244,7 +259,10 @@ impl ServeError {
             | Self::ServerOverloaded { .. }
             | Self::QueueTimeout { .. }
             | Self::ShuttingDown => Some(Duration::from_secs(1)),
-            Self::Model(e) => e.retry_after(),
+            Self::Model(e) => e.retry_after().or_else(|| {
+                (self.http_status() == StatusCode::SERVICE_UNAVAILABLE)
+                    .then_some(Duration::from_secs(1))
+            }),
             Self::Failed(f) => f.retry_after().or_else(|| {
                 matches!(f.kind(), ErrorKind::Overloaded | ErrorKind::Unavailable)
                     .then_some(Duration::from_secs(1))
@@ -319,6 +337,53 @@ mod tests {
         let e = ServeError::from_deployment("d", "plain failure".into());
         assert_eq!(e.http_status(), StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(e.to_string(), "deployment 'd' failed: plain failure");
+    }
+
+    #[test]
+    fn failed_loads_answer_with_their_loaders_kind_and_back_off_with_503() {
+        use modelmux_cache::{Error as M, ModelId};
+        use std::sync::Arc;
+        let id = ModelId::new("m").unwrap();
+        let failed = |source: BoxError| M::LoadFailed {
+            id: id.clone(),
+            source: Arc::from(source),
+        };
+        let backing_off = |cause: M| M::BackingOff {
+            id: id.clone(),
+            retry_after: Duration::from_secs(7),
+            cause: Arc::new(cause),
+        };
+        let answer = |e: M| {
+            let e = ServeError::Model(e);
+            (e.http_status().as_u16(), e.error_type(), e.retry_after())
+        };
+        let missing = || failed(Box::new(Failure::not_found("no such model")));
+        let plain = || failed("disk on fire".into());
+        assert_eq!(answer(missing()), (404, "model_not_found", None));
+        assert_eq!(
+            answer(backing_off(missing())),
+            (404, "model_not_found", Some(Duration::from_secs(7)))
+        );
+        assert_eq!(answer(plain()), (500, "load_failed", None));
+        // A server-side failure being backed off is "try later", not a 500.
+        assert_eq!(
+            answer(backing_off(plain())),
+            (503, "backing_off", Some(Duration::from_secs(7)))
+        );
+        // A loader that fails with a status of its own keeps it.
+        let chosen = failed(Box::new(ServeError::NotFound {
+            what: "no such model".into(),
+        }));
+        assert_eq!(answer(chosen), (404, "model_not_found", None));
+        let full = failed(Box::new(Failure::overloaded(
+            "disk cache full",
+            Duration::ZERO,
+        )));
+        assert_eq!(
+            answer(full),
+            (503, "load_failed", Some(Duration::from_secs(1))),
+            "a 503 always says when to retry"
+        );
     }
 
     #[test]

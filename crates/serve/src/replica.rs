@@ -146,7 +146,7 @@ impl Replica {
         let bytes = caches
             .iter()
             .map(|c| c.max_bytes())
-            .sum::<Option<u64>>()
+            .try_fold(0u64, |sum, cap| cap.map(|cap| sum.saturating_add(cap)))
             .filter(|_| !caches.is_empty());
         let slot = Arc::new(
             ReplicaSlot::new(

@@ -316,3 +316,46 @@ async fn a_request_waiting_for_a_load_does_not_keep_loaded_models_waiting() {
     assert_eq!(replica["waiting_for_load"], 0, "{models}");
     server.shutdown().await;
 }
+
+/// Gives up waiting for a slow model after 50 ms, then works 300 ms without it.
+struct GivesUp {
+    models: Multiplexer<Nothing>,
+}
+
+struct Nothing;
+
+impl modelmux_cache::Model for Nothing {}
+
+impl Deployment for GivesUp {
+    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
+        let wait = modelmux_serve::waiting_for_load(self.models.get("slow"));
+        let _ = tokio::time::timeout(Duration::from_millis(50), wait).await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        Ok(Response::new(Body::from("done without it")))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_stops_waiting_for_a_load_takes_its_slot_back() {
+    let spec = DeploymentSpec::new("GivesUp", |ctx| async move {
+        let models = ctx.multiplexer(Multiplexer::builder(), |_id| async {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok::<_, BoxError>(Nothing)
+        });
+        Ok(GivesUp { models })
+    })
+    .max_ongoing_requests(1);
+    let server = common::serve(spec).await;
+    let addr = server.local_addr();
+    let request = tokio::spawn(async move { get(addr, "/", &[]).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let models = get(addr, "/-/models", &[]).await.json();
+    let replica = &models["applications"][0]["deployments"][0]["replicas"][0];
+    assert_eq!(
+        (&replica["ongoing_requests"], &replica["waiting_for_load"]),
+        (&serde_json::json!(1), &serde_json::json!(0)),
+        "the request works on without its load, so it holds its slot again: {models}"
+    );
+    assert_eq!(request.await.unwrap().status, StatusCode::OK);
+    server.shutdown().await;
+}

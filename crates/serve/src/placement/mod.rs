@@ -97,6 +97,9 @@ pub struct ReplicaSlot {
     /// id: how many, and their bytes. They hold capacity a new load cannot have.
     draining: parking_lot::Mutex<HashMap<(usize, ModelId), (usize, u64)>>,
     models: ArcSwap<HashMap<ModelId, Entry>>,
+    /// Requests inside the replica: with a slot, or waiting for a load without one. A drain
+    /// waits for it to reach 0. Changed only when a request enters or leaves.
+    inside: AtomicUsize,
     /// Requests inside the replica waiting for their model's load, their slot given back.
     loading_waiters: AtomicUsize,
     /// Of those, the ones whose load is done and that wait to take a slot back: newcomers
@@ -180,6 +183,7 @@ impl ReplicaSlot {
             byte_capacity: None,
             draining: parking_lot::Mutex::default(),
             models: ArcSwap::default(),
+            inside: AtomicUsize::new(0),
             loading_waiters: AtomicUsize::new(0),
             resuming: AtomicUsize::new(0),
             freed: tokio::sync::Notify::new(),
@@ -220,18 +224,28 @@ impl ReplicaSlot {
     /// if the replica was taken out of rotation meanwhile (a drain must not see 0 and then a
     /// request arrive).
     pub(crate) fn try_begin(&self) -> bool {
+        if !self.is_available() || self.resuming.load(Ordering::SeqCst) > 0 {
+            return false;
+        }
+        // Counted inside before the slot is taken, so a drain that saw the replica empty after
+        // taking it out of rotation cannot miss a request that slips in: that one sees the
+        // replica unavailable below and backs out.
+        self.inside.fetch_add(1, Ordering::SeqCst);
+        if !self.take() {
+            self.inside.fetch_sub(1, Ordering::SeqCst);
+            return false;
+        }
         if !self.is_available() {
+            self.finish();
             return false;
         }
-        if self.resuming.load(Ordering::SeqCst) > 0 {
-            return false;
-        }
-        let taken = self.take();
-        if taken && !self.is_available() {
-            self.end();
-            return false;
-        }
-        taken
+        true
+    }
+
+    /// A request with a slot leaves the replica: its slot is released.
+    pub(crate) fn finish(&self) {
+        self.end();
+        self.inside.fetch_sub(1, Ordering::SeqCst);
     }
 
     fn take(&self) -> bool {
@@ -243,7 +257,7 @@ impl ReplicaSlot {
     }
 
     /// Releases a slot; returns the number still in progress.
-    pub(crate) fn end(&self) -> usize {
+    fn end(&self) -> usize {
         let left = self.ongoing.fetch_sub(1, Ordering::SeqCst) - 1;
         if self.resuming.load(Ordering::SeqCst) > 0 {
             self.freed.notify_one();
@@ -257,8 +271,18 @@ impl ReplicaSlot {
         self.end();
     }
 
-    /// A request that gave its slot back for a load no longer waits (it left).
+    /// A request that gave its slot back for a load leaves the replica without taking it
+    /// back.
     pub(crate) fn abandon_suspended(&self) {
+        self.loading_waiters.fetch_sub(1, Ordering::SeqCst);
+        self.inside.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Takes the slot back at once, even past `max_ongoing_requests` for a moment: for a
+    /// request whose wait for a load was cancelled while the request itself goes on (or is
+    /// being dropped, which releases the slot right after).
+    pub(crate) fn force_resume(&self) {
+        self.ongoing.fetch_add(1, Ordering::SeqCst);
         self.loading_waiters.fetch_sub(1, Ordering::SeqCst);
     }
 
@@ -287,7 +311,7 @@ impl ReplicaSlot {
 
     /// Requests inside the replica, with a slot or waiting for a load without one.
     pub(crate) fn inside(&self) -> usize {
-        self.ongoing() + self.loading_waiters.load(Ordering::SeqCst)
+        self.inside.load(Ordering::SeqCst)
     }
 
     /// Requests waiting for their model's load without a slot.
@@ -378,7 +402,7 @@ impl ReplicaSlot {
                     .unwrap_or(0);
                 let mut draining = self.draining.lock();
                 let copies = draining.entry((source, event.id.clone())).or_default();
-                *copies = (copies.0 + 1, copies.1 + bytes);
+                *copies = (copies.0 + 1, copies.1.saturating_add(bytes));
             }
             ModelEventKind::Unloaded { .. } => {
                 let mut draining = self.draining.lock();
@@ -487,7 +511,9 @@ impl ReplicaView for ReplicaSlot {
             .draining
             .lock()
             .values()
-            .fold((0, 0), |(n, b), &(dn, db)| (n + dn, b + db));
+            .fold((0, 0u64), |(n, b), &(dn, db)| {
+                (n + dn, b.saturating_add(db))
+            });
         let models = self.models.load();
         let held: Vec<&Entry> = models.values().filter(|e| live(&e.holding, now)).collect();
         if self
@@ -500,10 +526,11 @@ impl ReplicaView for ReplicaSlot {
             return true;
         };
         let known: Vec<u64> = held.iter().filter_map(|e| e.size_bytes).collect();
-        let typical = known.iter().sum::<u64>() / (known.len() as u64).max(1);
-        let used = known.iter().sum::<u64>()
-            + (held.len() - known.len()) as u64 * typical
-            + draining_bytes;
+        let known_bytes = known.iter().fold(0u64, |a, &b| a.saturating_add(b));
+        let typical = known_bytes / (known.len() as u64).max(1);
+        let used = known_bytes
+            .saturating_add(((held.len() - known.len()) as u64).saturating_mul(typical))
+            .saturating_add(draining_bytes);
         used.saturating_add(typical.max(1)) <= cap
     }
 

@@ -106,7 +106,7 @@ fn a_drained_replica_takes_no_new_request() {
     let slot = ReplicaSlot::new("r".into(), 1, 0, None);
     assert!(slot.try_begin());
     assert!(!slot.try_begin(), "max_ongoing is 1");
-    slot.end();
+    slot.finish();
     slot.set_available(false);
     assert!(!slot.try_begin());
     assert_eq!(slot.ongoing(), 0, "a refused try leaves nothing taken");
