@@ -330,15 +330,8 @@ fn sigterm_fails_readiness_first_and_loses_no_accepted_request() {
         })
         .collect();
     std::thread::sleep(Duration::from_millis(600));
-    let pid = server.child.id().to_string();
     let signalled = Instant::now();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
+    server.signal_term();
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(
         raw_get(&addr, "/-/healthz", "").unwrap(),

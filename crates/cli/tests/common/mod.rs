@@ -17,9 +17,8 @@ pub struct Running {
 }
 
 impl Running {
-    /// Sends SIGTERM, waits (bounded) for the process to exit, and returns its exit status and
-    /// everything it logged.
-    pub fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+    /// Sends SIGTERM and returns at once.
+    pub fn signal_term(&self) {
         let pid = self.child.id().to_string();
         assert!(
             Command::new("kill")
@@ -28,6 +27,12 @@ impl Running {
                 .unwrap()
                 .success()
         );
+    }
+
+    /// Sends SIGTERM, waits (bounded) for the process to exit, and returns its exit status and
+    /// everything it logged.
+    pub fn terminate(&mut self) -> (std::process::ExitStatus, String) {
+        self.signal_term();
         let mut waited = Duration::ZERO;
         let exit = loop {
             if let Some(exit) = self.child.try_wait().unwrap() {
