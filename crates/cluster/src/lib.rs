@@ -1,0 +1,26 @@
+//! `modelmux-cluster`: the state a modelmux cluster shares, kept in etcd.
+//!
+//! Every process holds one etcd lease (a short TTL, kept alive) and writes its records on it:
+//! its node record and one key per model copy it holds. When the process dies its lease
+//! expires and etcd deletes its keys, so nothing needs reaping and no shared record is ever
+//! compare-and-swapped. A [`Registry`] owns one process's lease and records and puts them back
+//! if the lease is lost; a [`View`] follows every record under the cluster's prefix (one read,
+//! then a watch from the next revision, a full read again after a compaction).
+
+mod registry;
+mod view;
+
+pub use registry::{Registry, RegistryOptions};
+pub use view::{Records, View};
+
+/// What can go wrong talking to etcd.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClusterError {
+    /// etcd refused or failed a call, or could not be reached.
+    #[error("etcd: {0}")]
+    Etcd(#[from] etcd_client::Error),
+    /// etcd gave up the lease (it expired before it was kept alive).
+    #[error("the lease {0:x} expired")]
+    LeaseLost(i64),
+}

@@ -1,0 +1,182 @@
+//! One process's lease and the records it keeps on it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, PutOptions};
+use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
+
+use crate::ClusterError;
+
+/// How a [`Registry`] keeps its lease.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RegistryOptions {
+    /// The lease's time to live: how long after this process stops keeping it alive (it died,
+    /// or lost etcd) its records disappear. Kept alive every third of it.
+    pub ttl: Duration,
+}
+
+impl Default for RegistryOptions {
+    fn default() -> Self {
+        Self {
+            ttl: Duration::from_secs(3),
+        }
+    }
+}
+
+impl RegistryOptions {
+    /// Options with this lease TTL (whole seconds, at least 1).
+    pub fn with_ttl(ttl: Duration) -> Self {
+        Self { ttl }
+    }
+
+    fn ttl_secs(&self) -> i64 {
+        i64::try_from(self.ttl.as_secs().max(1)).unwrap_or(i64::MAX)
+    }
+}
+
+/// One process's records in etcd, all on one lease that it keeps alive. If etcd lets the lease
+/// expire (the process was cut off longer than the TTL), a new lease is granted and every
+/// record is written again on it.
+pub struct Registry {
+    shared: Arc<Shared>,
+    keeper: JoinHandle<()>,
+}
+
+struct Shared {
+    client: Client,
+    options: RegistryOptions,
+    lease: AtomicI64,
+    /// What this process has published: written again on a new lease.
+    records: Mutex<BTreeMap<String, Vec<u8>>>,
+}
+
+impl Registry {
+    /// Grants this process's lease and starts keeping it alive.
+    pub async fn start(client: Client, options: RegistryOptions) -> Result<Self, ClusterError> {
+        let mut c = client.clone();
+        let lease = c.lease_grant(options.ttl_secs(), None).await?.id();
+        let shared = Arc::new(Shared {
+            client,
+            options,
+            lease: AtomicI64::new(lease),
+            records: Mutex::default(),
+        });
+        let keeper = tokio::spawn(keep_alive(shared.clone()));
+        Ok(Self { shared, keeper })
+    }
+
+    /// The lease the records are on now.
+    pub fn lease_id(&self) -> i64 {
+        self.shared.lease.load(Ordering::SeqCst)
+    }
+
+    /// Publishes `key` (on the lease): it lives as long as this process keeps its lease.
+    pub async fn put(&self, key: &str, value: impl Into<Vec<u8>>) -> Result<(), ClusterError> {
+        let value = value.into();
+        let mut records = self.shared.records.lock().await;
+        records.insert(key.to_owned(), value.clone());
+        let lease = self.lease_id();
+        let mut c = self.shared.client.clone();
+        c.put(key, value, Some(PutOptions::new().with_lease(lease)))
+            .await?;
+        Ok(())
+    }
+
+    /// Removes `key`.
+    pub async fn delete(&self, key: &str) -> Result<(), ClusterError> {
+        let mut records = self.shared.records.lock().await;
+        records.remove(key);
+        let mut c = self.shared.client.clone();
+        c.delete(key, None).await?;
+        Ok(())
+    }
+
+    /// Revokes the lease, so every record disappears at once (a clean stop), and stops keeping
+    /// it alive.
+    pub async fn close(self) -> Result<(), ClusterError> {
+        self.keeper.abort();
+        let mut c = self.shared.client.clone();
+        c.lease_revoke(self.lease_id()).await?;
+        Ok(())
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        // Without `close`, the records go when the lease expires.
+        self.keeper.abort();
+    }
+}
+
+/// Keeps the lease alive every third of its TTL; on a broken stream opens a new one; when etcd
+/// says the lease is gone, grants a new one and writes every record again.
+async fn keep_alive(shared: Arc<Shared>) {
+    let period = shared.options.ttl / 3;
+    let mut c = shared.client.clone();
+    loop {
+        let lease = shared.lease.load(Ordering::SeqCst);
+        match c.lease_keep_alive(lease).await {
+            Ok((mut keeper, mut stream)) => loop {
+                tokio::time::sleep(period).await;
+                if keeper.keep_alive().await.is_err() {
+                    break;
+                }
+                match stream.message().await {
+                    Ok(Some(reply)) if reply.ttl() > 0 => {}
+                    Ok(Some(_)) => {
+                        renew(&shared, &mut c).await;
+                        break;
+                    }
+                    // The stream ended (a leader change, say): open another.
+                    Ok(None) | Err(_) => break,
+                }
+            },
+            // The first reply said the lease is gone, or etcd cannot be reached.
+            Err(e) => {
+                tracing::warn!("keeping lease {lease:x} alive: {e}");
+                if is_lease_gone(&e) {
+                    renew(&shared, &mut c).await;
+                } else {
+                    tokio::time::sleep(period.min(Duration::from_millis(200))).await;
+                }
+            }
+        }
+    }
+}
+
+fn is_lease_gone(e: &etcd_client::Error) -> bool {
+    let text = e.to_string();
+    text.contains("lease not found") || text.contains("ttl")
+}
+
+/// A new lease, with every record written on it.
+async fn renew(shared: &Shared, c: &mut Client) {
+    let records = shared.records.lock().await;
+    let lease = match c.lease_grant(shared.options.ttl_secs(), None).await {
+        Ok(reply) => reply.id(),
+        Err(e) => {
+            tracing::warn!("granting a new lease: {e}");
+            return;
+        }
+    };
+    shared.lease.store(lease, Ordering::SeqCst);
+    for (key, value) in records.iter() {
+        let put = c.put(
+            key.as_str(),
+            value.clone(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        if let Err(e) = put.await {
+            tracing::warn!("writing {key} again on lease {lease:x}: {e}");
+        }
+    }
+    tracing::info!(
+        "the lease was lost; {} records written again on a new one",
+        records.len()
+    );
+}

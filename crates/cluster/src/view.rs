@@ -1,0 +1,132 @@
+//! Every record under a prefix, followed as it changes.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::ClusterError;
+
+/// Keys and values under one prefix.
+pub type Records = BTreeMap<String, Vec<u8>>;
+
+/// The records under a prefix as etcd has them: one read at revision R, then a watch from
+/// R + 1 applying every change the moment etcd sends it; after a compaction (the watch start
+/// was compacted away) or a broken stream, read again and watch from there.
+pub struct View {
+    records: watch::Receiver<Arc<Records>>,
+    task: JoinHandle<()>,
+}
+
+impl View {
+    /// Reads the records under `prefix` once, then follows them.
+    pub async fn start(client: Client, prefix: &str) -> Result<Self, ClusterError> {
+        let mut c = client.clone();
+        let (records, revision) = read(&mut c, prefix).await?;
+        let (tx, rx) = watch::channel(Arc::new(records));
+        let task = tokio::spawn(follow(client, prefix.to_owned(), revision, tx));
+        Ok(Self { records: rx, task })
+    }
+
+    /// The records now.
+    pub fn records(&self) -> Arc<Records> {
+        self.records.borrow().clone()
+    }
+
+    /// Waits until the records change (or the view stops).
+    pub async fn changed(&mut self) {
+        let _ = self.records.changed().await;
+    }
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn read(c: &mut Client, prefix: &str) -> Result<(Records, i64), ClusterError> {
+    let reply = c.get(prefix, Some(GetOptions::new().with_prefix())).await?;
+    let revision = reply.header().map_or(0, |h| h.revision());
+    let records = reply
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.value().to_vec(),
+            )
+        })
+        .collect();
+    Ok((records, revision))
+}
+
+async fn follow(
+    client: Client,
+    prefix: String,
+    mut revision: i64,
+    tx: watch::Sender<Arc<Records>>,
+) {
+    let mut c = client;
+    loop {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_start_revision(revision + 1);
+        match c.watch(prefix.as_str(), Some(options)).await {
+            Ok(mut stream) => loop {
+                match stream.message().await {
+                    Ok(Some(reply)) if reply.canceled() => {
+                        if reply.compact_revision() > 0 {
+                            tracing::info!("the watch on {prefix} was compacted; reading again");
+                        }
+                        break;
+                    }
+                    Ok(Some(reply)) => {
+                        if reply.events().is_empty() {
+                            // A progress notification: every change up to its revision was
+                            // sent.
+                            if let Some(header) = reply.header() {
+                                revision = revision.max(header.revision());
+                            }
+                            continue;
+                        }
+                        let mut records = Records::clone(&tx.borrow());
+                        for event in reply.events() {
+                            let Some(kv) = event.kv() else { continue };
+                            let key = String::from_utf8_lossy(kv.key()).into_owned();
+                            match event.event_type() {
+                                EventType::Put => {
+                                    records.insert(key, kv.value().to_vec());
+                                }
+                                EventType::Delete => {
+                                    records.remove(&key);
+                                }
+                            }
+                            revision = revision.max(kv.mod_revision());
+                        }
+                        tx.send_replace(Arc::new(records));
+                    }
+                    Ok(None) | Err(_) => break,
+                }
+            },
+            Err(e) => tracing::warn!("watching {prefix}: {e}"),
+        }
+        // Read everything again and watch from there: no change is lost, however the watch ended.
+        loop {
+            match read(&mut c, &prefix).await {
+                Ok((records, at)) => {
+                    revision = at;
+                    tx.send_replace(Arc::new(records));
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!("reading {prefix}: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}

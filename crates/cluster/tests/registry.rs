@@ -1,0 +1,199 @@
+//! The registry and the view against a real etcd (Debian's `etcd-server`, started here on free
+//! loopback ports): records appear in a view within milliseconds, go when deleted, go with the
+//! lease when their process stops keeping it, come back on a new lease when etcd lets the old
+//! one expire, and a view follows changes across a compaction. (Not yet tested: the resync
+//! when a watch start revision itself was compacted away.)
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use etcd_client::Client;
+use modelmux_cluster::{Registry, RegistryOptions, View};
+use tokio::time::Instant;
+
+/// One etcd member on free loopback ports, with its data in a temporary directory; killed when
+/// dropped.
+struct Etcd {
+    child: Child,
+    url: String,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Etcd {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let (client, peer) = (free_port(), free_port());
+        let url = format!("http://127.0.0.1:{client}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new("etcd")
+            .args(["--name", "m0", "--data-dir"])
+            .arg(dir.path())
+            .args([
+                "--listen-client-urls",
+                &url,
+                "--advertise-client-urls",
+                &url,
+            ])
+            .args(["--listen-peer-urls", &peer_url])
+            .args(["--initial-advertise-peer-urls", &peer_url])
+            .args(["--initial-cluster", &format!("m0={peer_url}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("etcd must be installed (Debian: etcd-server; scripts/test installs it)");
+        Self {
+            child,
+            url,
+            _dir: dir,
+        }
+    }
+
+    async fn client(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(mut c) = Client::connect([self.url.as_str()], None).await {
+                if c.status().await.is_ok() {
+                    return c;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "etcd at {} did not start",
+                self.url
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits (at most `within`) until the view's records satisfy `ok`; returns how long it took.
+async fn until(
+    view: &mut View,
+    within: Duration,
+    ok: impl Fn(&modelmux_cluster::Records) -> bool,
+) -> Duration {
+    let start = Instant::now();
+    while !ok(&view.records()) {
+        let left = within.saturating_sub(start.elapsed());
+        assert!(
+            !left.is_zero(),
+            "not within {within:?}: {:?}",
+            view.records()
+        );
+        let _ = tokio::time::timeout(left, view.changed()).await;
+    }
+    start.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_appear_go_and_follow_their_lease() {
+    let etcd = Etcd::start();
+    let client = etcd.client().await;
+    let mut view = View::start(client.clone(), "mm/").await.unwrap();
+    assert!(view.records().is_empty());
+
+    let ttl = Duration::from_secs(2);
+    let a = Registry::start(client.clone(), RegistryOptions::with_ttl(ttl))
+        .await
+        .unwrap();
+    a.put("mm/nodes/a", "node a").await.unwrap();
+    a.put("mm/models/x/a", "loaded").await.unwrap();
+    let took = until(&mut view, Duration::from_secs(2), |r| r.len() == 2).await;
+    assert_eq!(view.records()["mm/nodes/a"], b"node a");
+    assert!(took < Duration::from_millis(500), "seen after {took:?}");
+    a.delete("mm/models/x/a").await.unwrap();
+    until(&mut view, Duration::from_secs(2), |r| {
+        !r.contains_key("mm/models/x/a")
+    })
+    .await;
+
+    // Kept alive past its TTL.
+    tokio::time::sleep(ttl * 2).await;
+    assert!(
+        view.records().contains_key("mm/nodes/a"),
+        "the lease was kept alive"
+    );
+
+    // etcd lets the lease go (as after a long partition): the records come back on a new one.
+    let old = a.lease_id();
+    client.clone().lease_revoke(old).await.unwrap();
+    until(&mut view, Duration::from_secs(5), |r| {
+        r.contains_key("mm/nodes/a") && r.len() == 1
+    })
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.lease_id() == old {
+        assert!(Instant::now() < deadline, "no new lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    until(&mut view, Duration::from_secs(5), |r| {
+        r.contains_key("mm/nodes/a")
+    })
+    .await;
+
+    // A process that stops keeping its lease (it died): its records go within the TTL.
+    let b = Registry::start(client.clone(), RegistryOptions::with_ttl(ttl))
+        .await
+        .unwrap();
+    b.put("mm/nodes/b", "node b").await.unwrap();
+    until(&mut view, Duration::from_secs(2), |r| {
+        r.contains_key("mm/nodes/b")
+    })
+    .await;
+    drop(b);
+    let gone = until(&mut view, ttl * 3, |r| !r.contains_key("mm/nodes/b")).await;
+    assert!(gone <= ttl * 3, "{gone:?}");
+
+    // A clean stop takes its records at once.
+    a.close().await.unwrap();
+    until(&mut view, Duration::from_secs(1), |r| r.is_empty()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_view_follows_changes_across_a_compaction_and_matches_a_fresh_read() {
+    let etcd = Etcd::start();
+    let client = etcd.client().await;
+    let mut writer = client.clone();
+    writer.put("mm/k0", "v0", None).await.unwrap();
+    let mut view = View::start(client.clone(), "mm/").await.unwrap();
+    // Many changes, then everything before the last compacted away, while the view follows.
+    for i in 1..50 {
+        writer
+            .put(format!("mm/k{i}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let last = writer.put("mm/k0", "changed", None).await.unwrap();
+    let revision = last.header().unwrap().revision();
+    writer
+        .compact(
+            revision,
+            Some(etcd_client::CompactionOptions::new().with_physical()),
+        )
+        .await
+        .unwrap();
+    writer.delete("mm/k1", None).await.unwrap();
+    until(&mut view, Duration::from_secs(5), |r| {
+        r.len() == 49 && r.get("mm/k0").is_some_and(|v| v == b"changed")
+    })
+    .await;
+    // A view started after the compaction reads the same.
+    let fresh = View::start(client.clone(), "mm/").await.unwrap();
+    assert_eq!(*fresh.records(), *view.records());
+}
