@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use modelmux_cli::config::{self, Config, LogFormat};
+use modelmux_cli::config::{self, ClusterFlags, Config, LogFormat};
 use modelmux_cli::{CliError, bench, hello, status};
+use modelmux_cluster::{ClusterNode, Role};
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +47,18 @@ enum Command {
         /// Only check the configuration, then exit.
         #[arg(long)]
         check: bool,
+        /// Join a cluster coordinated by etcd: `etcd://h1:2379,h2:2379` (overrides cluster.etcd).
+        #[arg(long, env = "MODELMUX_CLUSTER")]
+        cluster: Option<String>,
+        /// This node's id in the cluster (overrides cluster.node_id).
+        #[arg(long, env = "MODELMUX_NODE_ID")]
+        node_id: Option<String>,
+        /// Where other nodes reach this one, `http://host:port` (overrides cluster.advertise).
+        #[arg(long, env = "MODELMUX_ADVERTISE")]
+        advertise: Option<String>,
+        /// `both` (route and run replicas), `ingress` (route only) or `node` (replicas only).
+        #[arg(long, env = "MODELMUX_ROLE", value_parser = parse_role)]
+        role: Option<Role>,
     },
     /// Show the models each replica of a running server holds.
     Status {
@@ -106,7 +119,20 @@ fn main() -> ExitCode {
                 log_format,
                 log_level,
                 check,
-            } => serve(config, host, port, log_format, log_level, check).await,
+                cluster,
+                node_id,
+                advertise,
+                role,
+            } => {
+                let flags = ClusterFlags {
+                    etcd: cluster,
+                    node_id,
+                    advertise,
+                    role,
+                };
+                let logging = (log_format, log_level);
+                serve(config, host, port, logging, flags, check).await
+            }
             Command::Status { url, token } => status::run(&url, token.as_deref()).await,
             Command::Bench(args) => bench::run(args).await,
             Command::HelloServer { port } => hello::run(port).await,
@@ -121,12 +147,21 @@ fn main() -> ExitCode {
     }
 }
 
+fn parse_role(value: &str) -> Result<Role, String> {
+    match value {
+        "both" => Ok(Role::Both),
+        "ingress" => Ok(Role::Ingress),
+        "node" => Ok(Role::Node),
+        other => Err(format!("{other:?}: expected both, ingress or node")),
+    }
+}
+
 async fn serve(
     path: Option<PathBuf>,
     host: Option<String>,
     port: Option<u16>,
-    log_format: Option<LogFormat>,
-    log_level: Option<String>,
+    (log_format, log_level): (Option<LogFormat>, Option<String>),
+    flags: ClusterFlags,
     check: bool,
 ) -> Result<(), CliError> {
     let (text, source) = match &path {
@@ -143,15 +178,33 @@ async fn serve(
     if let Some(port) = port {
         config.http_options.port = port;
     }
+    if config.http_options.admin_token.is_none() {
+        config.http_options.admin_token = std::env::var("MODELMUX_ADMIN_TOKEN")
+            .ok()
+            .filter(|t| !t.is_empty());
+    }
+    let listen = config
+        .bind_address()
+        .map_err(|e| format!("{source}: {e}"))?;
+    let cluster = config
+        .cluster
+        .options(&flags, listen)
+        .map_err(|e| format!("{source}: {e}"))?;
     if check {
         config.check().await.map_err(|e| format!("{source}: {e}"))?;
         say(format_args!("{source}: configuration is valid"));
         return Ok(());
     }
-    let builder = config
+    let mut builder = config
         .server()
         .await
         .map_err(|e| format!("{source}: {e}"))?;
+    if let Some(cluster) = &cluster {
+        builder = builder.node_id(&cluster.node_id);
+        if !cluster.role.runs_replicas() {
+            builder = builder.router_only();
+        }
+    }
     init_logging(
         log_format.unwrap_or(config.logging.format),
         log_level.as_deref().or(config.logging.level.as_deref()),
@@ -161,6 +214,27 @@ async fn serve(
     let stop = shutdown_signal();
     let server = builder.start().await?;
     let addr = server.local_addr();
+    let member = match cluster {
+        Some(mut options) => {
+            // Advertised as the address it listens on: now with the port it really got.
+            if options.advertise == format!("http://{listen}") {
+                options.advertise = format!("http://{addr}");
+            }
+            let (node, role) = (options.node_id.clone(), options.role);
+            let joined = ClusterNode::join(options, server.node_handle()).await;
+            match joined {
+                Ok(member) => {
+                    tracing::info!(%node, ?role, "joined the cluster");
+                    Some(member)
+                }
+                Err(e) => {
+                    server.shutdown().await;
+                    return Err(format!("joining the cluster: {e}").into());
+                }
+            }
+        }
+        None => None,
+    };
     say(format_args!("modelmux serving {source} on http://{addr}"));
     if path.is_none() {
         say(format_args!(
@@ -171,7 +245,14 @@ async fn serve(
     say(format_args!(
         "shutting down: finishing requests in flight, then unloading models"
     ));
+    // Readiness fails and the node's replicas are published unavailable at once (other nodes
+    // stop sending it requests); in-flight work finishes; then its records leave etcd.
     server.shutdown().await;
+    if let Some(member) = member {
+        if let Err(e) = member.leave().await {
+            tracing::warn!("leaving the cluster: {e}");
+        }
+    }
     Ok(())
 }
 

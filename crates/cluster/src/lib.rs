@@ -1,15 +1,30 @@
-//! `modelmux-cluster`: the state a modelmux cluster shares, kept in etcd.
+//! `modelmux-cluster`: many modelmux processes as one model-aware pool, coordinated through
+//! etcd.
 //!
 //! Every process holds one etcd lease (a short TTL, kept alive) and writes its records on it:
 //! its node record and one key per model copy it holds. When the process dies its lease
 //! expires and etcd deletes its keys, so nothing needs reaping and no shared record is ever
 //! compare-and-swapped. A [`Registry`] owns one process's lease and records and puts them back
 //! if the lease is lost; a [`View`] follows every record under the cluster's prefix (one read,
-//! then a watch from the next revision, a full read again after a compaction).
+//! then a watch from the next revision, a full read again after a compaction). A
+//! [`ClusterNode`] ties them to a running server: it publishes the server's replicas and their
+//! models, and feeds every other node's into the server's routers, which forward requests to
+//! them over HTTP/2 ([`H2Forwarder`]).
 
+mod forward;
+mod local_etcd;
+mod node;
+mod records;
 mod registry;
 mod view;
 
+pub use forward::H2Forwarder;
+pub use local_etcd::LocalEtcd;
+pub use node::{ClusterNode, ClusterOptions, connect, parse_endpoints};
+pub use records::{
+    CopyRecord, DeploymentRecord, Keys, NodeRecord, Peer, ReplicaRecord, ReplicasByApp, Role,
+    local_records, remote_replicas,
+};
 pub use registry::{Registry, RegistryOptions};
 pub use view::{Records, View};
 

@@ -2,12 +2,13 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
 use etcd_client::{Client, PutOptions};
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::ClusterError;
 
@@ -53,6 +54,16 @@ struct Shared {
     lease: AtomicI64,
     /// What this process has published: written again on a new lease.
     records: Mutex<BTreeMap<String, Vec<u8>>>,
+    /// When etcd last answered (ms after `started`).
+    last_contact: AtomicU64,
+    started: Instant,
+}
+
+impl Shared {
+    fn contact(&self) {
+        let ms = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_contact.store(ms, Ordering::Relaxed);
+    }
 }
 
 impl Registry {
@@ -65,6 +76,8 @@ impl Registry {
             options,
             lease: AtomicI64::new(lease),
             records: Mutex::default(),
+            last_contact: AtomicU64::new(0),
+            started: Instant::now(),
         });
         let keeper = tokio::spawn(keep_alive(shared.clone()));
         Ok(Self { shared, keeper })
@@ -73,6 +86,12 @@ impl Registry {
     /// The lease the records are on now.
     pub fn lease_id(&self) -> i64 {
         self.shared.lease.load(Ordering::SeqCst)
+    }
+
+    /// How long since etcd last answered this process (a keep-alive or a write).
+    pub fn since_contact(&self) -> Duration {
+        let last = Duration::from_millis(self.shared.last_contact.load(Ordering::Relaxed));
+        self.shared.started.elapsed().saturating_sub(last)
     }
 
     /// Publishes `key` (on the lease): it lives as long as this process keeps its lease.
@@ -84,6 +103,7 @@ impl Registry {
         let mut c = self.shared.client.clone();
         c.put(key, value, Some(PutOptions::new().with_lease(lease)))
             .await?;
+        self.shared.contact();
         Ok(())
     }
 
@@ -93,12 +113,13 @@ impl Registry {
         records.remove(key);
         let mut c = self.shared.client.clone();
         c.delete(key, None).await?;
+        self.shared.contact();
         Ok(())
     }
 
     /// Revokes the lease, so every record disappears at once (a clean stop), and stops keeping
     /// it alive.
-    pub async fn close(self) -> Result<(), ClusterError> {
+    pub async fn close(&self) -> Result<(), ClusterError> {
         self.keeper.abort();
         let mut c = self.shared.client.clone();
         c.lease_revoke(self.lease_id()).await?;
@@ -127,7 +148,7 @@ async fn keep_alive(shared: Arc<Shared>) {
                     break;
                 }
                 match stream.message().await {
-                    Ok(Some(reply)) if reply.ttl() > 0 => {}
+                    Ok(Some(reply)) if reply.ttl() > 0 => shared.contact(),
                     Ok(Some(_)) => {
                         renew(&shared, &mut c).await;
                         break;

@@ -1,85 +1,19 @@
-//! The registry and the view against a real etcd (Debian's `etcd-server`, started here on free
-//! loopback ports): records appear in a view within milliseconds, go when deleted, go with the
+//! The registry and the view against a real etcd (Debian's `etcd-server`, started on free
+//! loopback ports by `LocalEtcd`): records appear in a view within milliseconds, go when deleted, go with the
 //! lease when their process stops keeping it, come back on a new lease when etcd lets the old
 //! one expire, and a view follows changes across a compaction. (Not yet tested: the resync
 //! when a watch start revision itself was compacted away.)
 
-use std::net::TcpListener;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use etcd_client::Client;
-use modelmux_cluster::{Registry, RegistryOptions, View};
+use modelmux_cluster::{LocalEtcd, Registry, RegistryOptions, View};
 use tokio::time::Instant;
 
-/// One etcd member on free loopback ports, with its data in a temporary directory; killed when
-/// dropped.
-struct Etcd {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Etcd {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let (client, peer) = (free_port(), free_port());
-        let url = format!("http://127.0.0.1:{client}");
-        let peer_url = format!("http://127.0.0.1:{peer}");
-        let child = Command::new("etcd")
-            .args(["--name", "m0", "--data-dir"])
-            .arg(dir.path())
-            .args([
-                "--listen-client-urls",
-                &url,
-                "--advertise-client-urls",
-                &url,
-            ])
-            .args(["--listen-peer-urls", &peer_url])
-            .args(["--initial-advertise-peer-urls", &peer_url])
-            .args(["--initial-cluster", &format!("m0={peer_url}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("etcd must be installed (Debian: etcd-server; scripts/test installs it)");
-        Self {
-            child,
-            url,
-            _dir: dir,
-        }
-    }
-
-    async fn client(&self) -> Client {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(mut c) = Client::connect([self.url.as_str()], None).await {
-                if c.status().await.is_ok() {
-                    return c;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "etcd at {} did not start",
-                self.url
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+async fn etcd() -> (LocalEtcd, Client) {
+    let etcd = LocalEtcd::start(1).await.expect("etcd must be installed");
+    let client = modelmux_cluster::connect(&etcd.endpoints()).await.unwrap();
+    (etcd, client)
 }
 
 /// Waits (at most `within`) until the view's records satisfy `ok`; returns how long it took.
@@ -103,8 +37,7 @@ async fn until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_appear_go_and_follow_their_lease() {
-    let etcd = Etcd::start();
-    let client = etcd.client().await;
+    let (_etcd, client) = etcd().await;
     let mut view = View::start(client.clone(), "mm/").await.unwrap();
     assert!(view.records().is_empty());
 
@@ -167,8 +100,7 @@ async fn records_appear_go_and_follow_their_lease() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_follows_changes_across_a_compaction_and_matches_a_fresh_read() {
-    let etcd = Etcd::start();
-    let client = etcd.client().await;
+    let (_etcd, client) = etcd().await;
     let mut writer = client.clone();
     writer.put("mm/k0", "v0", None).await.unwrap();
     let mut view = View::start(client.clone(), "mm/").await.unwrap();

@@ -267,9 +267,20 @@ fn healthz(state: &ServerState) -> Response {
             &json!({"status": "draining"}),
         );
     }
+    if let Some(check) = state.readiness.read().clone() {
+        if let Err(reason) = check() {
+            return json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "not_ready", "reason": reason}),
+            );
+        }
+    }
     let unavailable: Vec<String> = state
         .routers()
-        .filter(|r| !r.replicas().iter().any(|rep| rep.is_available()))
+        .filter(|r| {
+            !r.replicas().iter().any(|rep| rep.is_available())
+                && !r.remotes().iter().any(|rep| rep.reachable())
+        })
         .map(|r| format!("{}/{}", r.app, r.name()))
         .collect();
     if unavailable.is_empty() {
@@ -415,7 +426,12 @@ fn list_models(state: &ServerState) -> Value {
                 .deployments
                 .iter()
                 .map(|(router, _)| {
-                    let replicas: Vec<Value> = router.replicas().iter().map(|r| replica_models(r)).collect();
+                    let replicas: Vec<Value> = router
+                        .replicas()
+                        .iter()
+                        .map(|r| replica_models(r, state.config.node_id.as_deref()))
+                        .chain(router.remotes().iter().map(|r| remote_models(r)))
+                        .collect();
                     json!({"name": router.name(), "queued_requests": router.queued(), "replicas": replicas})
                 })
                 .collect();
@@ -425,7 +441,32 @@ fn list_models(state: &ServerState) -> Value {
     json!({ "applications": apps })
 }
 
-fn replica_models(replica: &crate::replica::Replica) -> Value {
+/// A replica on another node, as this node last heard of it.
+fn remote_models(replica: &crate::remote::RemoteReplica) -> Value {
+    use crate::placement::Holding;
+    let mut loaded = Vec::new();
+    let mut loading = Vec::new();
+    let mut holdings: Vec<_> = replica.slot.holdings().into_iter().collect();
+    holdings.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    for (id, holding) in holdings {
+        match holding {
+            Holding::Loaded => loaded.push(json!({"id": id.as_str()})),
+            Holding::Loading | Holding::Pending(_) => loading.push(json!(id.as_str())),
+        }
+    }
+    json!({
+        "id": replica.slot.id(),
+        "node": &*replica.node,
+        "remote": true,
+        "available": replica.reachable() && replica.slot.is_available(),
+        "ongoing_requests": replica.ongoing(),
+        "max_ongoing_requests": replica.slot.max_ongoing(),
+        "loaded": loaded,
+        "loading": loading,
+    })
+}
+
+fn replica_models(replica: &crate::replica::Replica, node: Option<&str>) -> Value {
     let mut loaded = Vec::new();
     let mut loading = Vec::new();
     for info in replica.caches.iter().flat_map(|c| c.models()) {
@@ -442,6 +483,7 @@ fn replica_models(replica: &crate::replica::Replica) -> Value {
     }
     json!({
         "id": &*replica.id,
+        "node": node,
         "available": replica.is_available(),
         "ongoing_requests": replica.ongoing(),
         "waiting_for_load": replica.slot.loading_waiters(),

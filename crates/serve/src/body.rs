@@ -128,6 +128,14 @@ impl Body {
         }
     }
 
+    /// A copy of the whole body if it is already in memory (sharing its bytes).
+    pub fn full_bytes(&self) -> Option<Bytes> {
+        match &self.kind {
+            Kind::Full(b) => Some(b.clone().unwrap_or_default()),
+            _ => None,
+        }
+    }
+
     /// The whole body if it is already in memory.
     pub fn as_full(&self) -> Option<&[u8]> {
         match &self.kind {

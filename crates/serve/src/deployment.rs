@@ -111,6 +111,10 @@ pub struct DeploymentConfig {
     pub health_check_timeout: Duration,
     /// On shutdown, how long in-flight requests get to finish before models are unloaded.
     pub graceful_shutdown_timeout: Duration,
+    /// Whether its calls may be run twice (cluster mode): a request forwarded to another node
+    /// that fails in flight is sent to another replica only if so; otherwise the client gets
+    /// a 502. (One that never reached its node is always sent elsewhere.)
+    pub idempotent: bool,
 }
 
 impl DeploymentConfig {
@@ -124,6 +128,7 @@ impl DeploymentConfig {
             health_check_period: Duration::from_secs(10),
             health_check_timeout: Duration::from_secs(30),
             graceful_shutdown_timeout: Duration::from_secs(20),
+            idempotent: false,
         }
     }
 }
@@ -203,6 +208,13 @@ impl DeploymentSpec {
     /// How long in-flight requests get to finish on shutdown (default 20 s).
     pub fn graceful_shutdown_timeout(mut self, timeout: Duration) -> Self {
         self.config.graceful_shutdown_timeout = timeout;
+        self
+    }
+
+    /// Whether its calls may be run twice: in a cluster, a forwarded request that fails in
+    /// flight is then retried on another replica (default false: a 502).
+    pub fn idempotent(mut self, idempotent: bool) -> Self {
+        self.config.idempotent = idempotent;
         self
     }
 

@@ -119,6 +119,16 @@ pub enum ServeError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// A request another node forwarded here cannot be served here (no replica of its
+    /// deployment, or shutting down): the forwarding node sends it elsewhere.
+    #[error("not served here: {reason}")]
+    NotHere {
+        /// Why.
+        reason: String,
+    },
+    /// Forwarding the request to the node that was to serve it failed.
+    #[error(transparent)]
+    Forward(#[from] crate::remote::ForwardError),
     /// The admin API does not answer to this request's `Host`.
     #[error("{message}")]
     Forbidden {
@@ -202,7 +212,10 @@ impl ServeError {
             Self::ServerOverloaded { .. }
             | Self::Overloaded { .. }
             | Self::QueueTimeout { .. }
-            | Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::ShuttingDown
+            | Self::NotHere { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Forward(crate::remote::ForwardError::Failed { .. }) => StatusCode::BAD_GATEWAY,
+            Self::Forward(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
@@ -249,6 +262,12 @@ impl ServeError {
             Self::Deployment { .. } => "deployment_error",
             Self::Panicked { .. } => "deployment_panicked",
             Self::ShuttingDown => "shutting_down",
+            Self::NotHere { .. } => "not_here",
+            Self::Forward(e) => match e {
+                crate::remote::ForwardError::NotSent { .. } => "node_unreachable",
+                crate::remote::ForwardError::NotHere { .. } => "node_refused",
+                crate::remote::ForwardError::Failed { .. } => "forward_failed",
+            },
         }
     }
 
@@ -258,7 +277,11 @@ impl ServeError {
             Self::Overloaded { .. }
             | Self::ServerOverloaded { .. }
             | Self::QueueTimeout { .. }
-            | Self::ShuttingDown => Some(Duration::from_secs(1)),
+            | Self::ShuttingDown
+            | Self::NotHere { .. } => Some(Duration::from_secs(1)),
+            Self::Forward(e) if !matches!(e, crate::remote::ForwardError::Failed { .. }) => {
+                Some(Duration::from_secs(1))
+            }
             Self::Model(e) => e.retry_after().or_else(|| {
                 (self.http_status() == StatusCode::SERVICE_UNAVAILABLE)
                     .then_some(Duration::from_secs(1))
@@ -314,6 +337,12 @@ impl ServeError {
         if let Some(after) = self.retry_after() {
             let secs = after.as_secs_f64().ceil().max(1.0) as u64;
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if matches!(self, Self::NotHere { .. }) {
+            headers.insert(
+                crate::remote::NOT_HERE_HEADER,
+                HeaderValue::from_static("1"),
+            );
         }
         response
     }

@@ -126,6 +126,13 @@ impl DeploymentHandle {
         if let Some(id) = &self.model_id {
             context = context.with_multiplexed_model_id(id.clone());
         }
-        self.router.dispatch(request, context).await.0
+        self.router
+            .dispatch(
+                request,
+                context,
+                crate::dispatch::Route::Local { preferred: None },
+            )
+            .await
+            .0
     }
 }

@@ -18,6 +18,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tower::ServiceExt;
 
+use crate::dispatch::Route;
+use crate::remote::FORWARDED_HEADER;
 use crate::server::ServerState;
 use crate::{Body, Response, ServeError};
 
@@ -110,13 +112,21 @@ pub(crate) async fn route(state: &ServerState, mut request: http::Request<Incomi
             return response;
         }
     };
+    // A request another node forwarded here is served by this node's replicas, never
+    // forwarded again.
+    let route = match parts.headers.get(FORWARDED_HEADER) {
+        Some(replica) => Route::Local {
+            preferred: replica.to_str().ok().map(Arc::from),
+        },
+        None => Route::Anywhere,
+    };
     let mut context = RequestContext::new().with_request_id(request_id.clone());
     if let Some(model) = model {
         context = context.with_multiplexed_model_id(model);
     }
     let (result, replica) = app
         .ingress
-        .dispatch(http::Request::from_parts(parts, body), context)
+        .dispatch(http::Request::from_parts(parts, body), context, route)
         .await;
     let mut response = result.unwrap_or_else(fail);
     if let Some(v) = replica.and_then(|r| HeaderValue::from_str(&r).ok()) {

@@ -13,6 +13,7 @@
 
 mod admin;
 mod body;
+mod cluster_api;
 mod custom_metrics;
 mod deployment;
 mod dispatch;
@@ -24,12 +25,14 @@ mod metrics;
 mod model;
 mod placement;
 mod redact;
+mod remote;
 mod replica;
 mod router;
 mod server;
 
 pub use admin::AdminAccess;
 pub use body::{Body, BodyError, BodySender, bearer_token_matches, json_response};
+pub use cluster_api::NodeHandle;
 pub use custom_metrics::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};
 pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};
 pub use dispatch::waiting_for_load;
@@ -39,7 +42,10 @@ pub use handle::{DeploymentHandle, HandleOptions};
 pub use ingress::{MODEL_ID_HEADER, MODEL_ID_HEADER_DASHED, REPLICA_HEADER, REQUEST_ID_HEADER};
 pub use model::{ModelKind, model_deployment};
 pub use modelmux_cache::BoxError;
-pub use placement::{Holding, ReplicaSlot, ReplicaView};
+pub use placement::{CopyReport, Holding, ReplicaSlot, ReplicaView};
+pub use remote::{
+    DeploymentState, FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_HEADER, ReplicaState,
+};
 pub use router::{Choice, Reason, Rng, choose, choose_with, place, rendezvous_score};
 pub use server::{Application, Server, ServerBuilder, ServerConfig, StartError};
 

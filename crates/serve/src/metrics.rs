@@ -1,7 +1,7 @@
 //! `/metrics` in the Prometheus text format, rendered at scrape time from the counters each
 //! replica and each model cache keep (no global registry).
 //!
-//! Every series has `app`, `deployment` and `replica` labels. Mapping from Ray Serve:
+//! Every series has `app`, `deployment` and `replica` labels (and `node`, in a cluster). Mapping from Ray Serve:
 //!
 //! | modelmux | Ray Serve |
 //! |---|---|
@@ -150,11 +150,16 @@ const CACHE_GAUGES: [(&str, &str, Counter); 3] = [
 
 /// The labels of every replica series, borrowed from the replica.
 fn labels(r: &Replica) -> Vec<(&str, &str)> {
-    vec![
+    let mut labels = vec![
         ("app", &*r.app),
         ("deployment", &*r.deployment),
         ("replica", &*r.id),
-    ]
+    ];
+    // In a cluster, every series also names its node.
+    if let Some(node) = &r.node {
+        labels.push(("node", node));
+    }
+    labels
 }
 
 fn with<'a>(

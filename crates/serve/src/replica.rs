@@ -103,6 +103,8 @@ pub(crate) struct Replica {
     pub(crate) id: Arc<str>,
     pub(crate) deployment: Arc<str>,
     pub(crate) app: Arc<str>,
+    /// The cluster node it runs on, if in a cluster.
+    pub(crate) node: Option<Arc<str>>,
     instance: Arc<dyn DynDeployment>,
     pub(crate) slot: Arc<ReplicaSlot>,
     pub(crate) caches: Vec<Arc<dyn ModelCache>>,
@@ -119,11 +121,18 @@ impl Replica {
     pub(crate) async fn start(
         spec: &DeploymentSpec,
         app: &Arc<str>,
+        node: Option<&str>,
         handles: HandleDirectory,
         wake: crate::dispatch::Waker,
     ) -> Result<Replica, BoxError> {
         let deployment: Arc<str> = spec.config.name.as_str().into();
-        let id: Arc<str> = format!("{deployment}#{}", &RequestId::generate().as_str()[..6]).into();
+        let generated = RequestId::generate();
+        let tag = &generated.as_str()[..6];
+        let id: Arc<str> = match node {
+            Some(node) => format!("{deployment}#{tag}@{node}"),
+            None => format!("{deployment}#{tag}"),
+        }
+        .into();
         let span =
             tracing::info_span!("replica", app = %app, deployment = %deployment, replica = %id);
         let ctx = ReplicaContext {
@@ -167,6 +176,7 @@ impl Replica {
             id,
             deployment,
             app: app.clone(),
+            node: node.map(Arc::from),
             instance,
             slot,
             caches,

@@ -122,6 +122,12 @@ pub struct ServerConfig {
     /// When set, `/-/models`, `/-/deployments` and everything under them need
     /// `Authorization: Bearer <token>`.
     pub admin: AdminAccess,
+    /// This node's id in a cluster: it is part of every replica id (`deployment#tag@node`)
+    /// and a label on every metric. `None` outside a cluster.
+    pub node_id: Option<String>,
+    /// Whether this process runs replicas (`false`: a router that forwards every request to
+    /// other nodes of its cluster).
+    pub run_replicas: bool,
 }
 
 impl Default for ServerConfig {
@@ -130,6 +136,8 @@ impl Default for ServerConfig {
             bind: SocketAddr::from(([127, 0, 0, 1], 8000)),
             http: HttpOptions::default(),
             admin: AdminAccess::default(),
+            node_id: None,
+            run_replicas: true,
         }
     }
 }
@@ -191,6 +199,19 @@ impl ServerBuilder {
         self
     }
 
+    /// This node's id in a cluster (in replica ids and metric labels).
+    pub fn node_id(mut self, node: impl Into<String>) -> Self {
+        self.config.node_id = Some(node.into());
+        self
+    }
+
+    /// Runs no replicas: every request is forwarded to other nodes of the cluster (set with
+    /// [`Server::set_remote_replicas`]).
+    pub fn router_only(mut self) -> Self {
+        self.config.run_replicas = false;
+        self
+    }
+
     /// Adds an application.
     pub fn application(mut self, app: Application) -> Self {
         self.apps.push(app);
@@ -223,6 +244,10 @@ pub(crate) struct ServerState {
     connection_closed: Notify,
     /// Replicas replaced after failing a health check, still draining (shutdown awaits them).
     retiring: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    /// Notified whenever a local replica's models or the replica set change.
+    pub(crate) changes: Arc<Notify>,
+    /// An extra readiness condition (the cluster layer's: etcd reachable lately).
+    pub(crate) readiness: parking_lot::RwLock<Option<crate::cluster_api::Readiness>>,
 }
 
 /// Counts a connection as open for as long as it lives.
@@ -315,7 +340,7 @@ fn validate(apps: &[Application]) -> Result<(), StartError> {
 /// models.
 pub struct Server {
     local_addr: SocketAddr,
-    state: Arc<ServerState>,
+    pub(crate) state: Arc<ServerState>,
     stop: watch::Sender<bool>,
     accept: JoinHandle<()>,
     health: Vec<JoinHandle<()>>,
@@ -334,6 +359,8 @@ impl Server {
             .validate()
             .map_err(|message| StartError::InvalidConfig { message })?;
         config.admin.check_exposure(config.bind)?;
+        let changes = Arc::new(Notify::new());
+        let node = config.node_id.clone();
         let mut states = Vec::new();
         for app in apps {
             let name: Arc<str> = app.name.as_str().into();
@@ -343,7 +370,11 @@ impl Server {
                 .map(|d| {
                     (
                         d.config.name.clone(),
-                        Arc::new(DeploymentRouter::new(name.clone(), d.config.clone())),
+                        Arc::new(DeploymentRouter::new(
+                            name.clone(),
+                            d.config.clone(),
+                            changes.clone(),
+                        )),
                     )
                 })
                 .collect();
@@ -355,8 +386,20 @@ impl Server {
             let mut deployments = Vec::new();
             for spec in app.deployments {
                 let router = routers[&spec.config.name].clone();
-                let starts = (0..spec.config.num_replicas)
-                    .map(|_| Replica::start(&spec, &name, handles.clone(), router.waker()));
+                let replicas = if config.run_replicas {
+                    spec.config.num_replicas
+                } else {
+                    0
+                };
+                let starts = (0..replicas).map(|_| {
+                    Replica::start(
+                        &spec,
+                        &name,
+                        node.as_deref(),
+                        handles.clone(),
+                        router.waker(),
+                    )
+                });
                 let replicas =
                     futures_util::future::try_join_all(starts)
                         .await
@@ -396,6 +439,8 @@ impl Server {
             connections: AtomicUsize::new(0),
             connection_closed: Notify::new(),
             retiring: parking_lot::Mutex::default(),
+            changes,
+            readiness: parking_lot::RwLock::default(),
         });
         let (stop, stopped) = watch::channel(false);
         let accept = tokio::spawn(crate::front::accept_loop(
@@ -448,6 +493,8 @@ impl Server {
         // Readiness fails first; connections and requests are still taken for the grace
         // period, so a load balancer stops sending before anything is refused.
         self.state.draining.store(true, Ordering::SeqCst);
+        // In a cluster, the drain is published at once: other nodes stop sending requests.
+        self.state.changes.notify_one();
         let grace = self.state.config.http.drain_grace_period;
         if !grace.is_zero() {
             tracing::info!(
@@ -530,7 +577,8 @@ async fn health_loop(
             tracing::warn!(replica = %replica.id, %reason, "replica failed its health check; replacing it");
             // The old replica keeps serving while its replacement starts: a deployment of one
             // replica is never left with none.
-            match Replica::start(&spec, &app, handles.clone(), router.waker()).await {
+            let node = state.config.node_id.as_deref();
+            match Replica::start(&spec, &app, node, handles.clone(), router.waker()).await {
                 Ok(fresh) => {
                     let fresh = Arc::new(fresh);
                     let next = router

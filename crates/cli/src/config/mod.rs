@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use modelmux_cache::{EvictionPolicy, Multiplexer};
 
+mod cluster;
 mod kinds;
 #[cfg(test)]
 mod tests;
 mod values;
 
+pub use cluster::{ClusterConfig, ClusterFlags};
 pub use kinds::*;
 use modelmux_onnx::Onnx;
 use modelmux_serve::{Application, ServerBuilder, model_deployment};
@@ -40,6 +42,9 @@ pub struct Config {
     /// deployment of the server.
     #[serde(default)]
     pub disk_cache: DiskCacheConfig,
+    /// The cluster this server is part of (none: a single process).
+    #[serde(default)]
+    pub cluster: ClusterConfig,
     /// The applications to serve.
     pub applications: Vec<AppConfig>,
 }
@@ -258,6 +263,11 @@ pub struct DeploymentConfig {
     /// Longest a model load may take, in seconds.
     #[serde(default = "default_load_timeout")]
     pub model_load_timeout_s: Seconds,
+    /// Whether its calls may run twice: in a cluster, a request that fails in flight on
+    /// another node is then retried on another replica (default false: the client gets a
+    /// 502). One that never reached its node is always sent elsewhere.
+    #[serde(default)]
+    pub idempotent: bool,
     /// What kind of model it serves.
     pub model: ModelSpec,
 }
@@ -535,7 +545,8 @@ fn settings(
     let mut spec = spec
         .num_replicas(d.num_replicas.get())
         .max_queued_requests(d.max_queued_requests)
-        .queue_timeout(d.queue_timeout_s.0);
+        .queue_timeout(d.queue_timeout_s.0)
+        .idempotent(d.idempotent);
     if let Some(n) = d.max_ongoing_requests.map(NonZeroUsize::get).or(default) {
         spec = spec.max_ongoing_requests(n);
     }

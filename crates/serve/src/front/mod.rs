@@ -3,6 +3,8 @@
 //! requests through a tower stack (load shedding, a concurrency cap, the request timeout).
 //!
 //! What bounds what:
+//! - HTTP/2 without TLS is accepted too (prior knowledge): it is how cluster nodes forward
+//!   requests to each other; such a connection is pinged every second;
 //! - a connection that has not sent a whole request head within `header_read_timeout` is cut
 //!   off by hyper's own timer;
 //! - a connection with no request in progress and no bytes moving for `keep_alive_timeout` is
@@ -18,8 +20,8 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
@@ -28,6 +30,11 @@ pub(crate) use stack::Apps;
 
 use crate::server::ServerState;
 use activity::{Activity, Watched};
+
+/// Streams one HTTP/2 connection carries at once (a peer node's forwarded requests).
+const MAX_H2_STREAMS: u32 = 1024;
+/// How often an HTTP/2 connection is pinged, and how long a ping may go unanswered.
+const H2_PING_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Accepts connections until `stopped` turns true, each under a connection permit.
 pub(crate) async fn accept_loop(
@@ -96,11 +103,21 @@ async fn serve_connection(
         })
     };
     let io = TokioIo::new(Watched::new(stream, activity.clone()));
-    let conn = http1::Builder::new()
+    // HTTP/1.1 for clients; HTTP/2 without TLS (prior knowledge) for the other nodes of a
+    // cluster, which forward requests over one multiplexed connection each.
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(options.header_read_timeout)
-        .max_buf_size(MAX_BUF_BYTES)
-        .serve_connection(io, service);
+        .max_buf_size(MAX_BUF_BYTES);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_H2_STREAMS)
+        .keep_alive_interval(Some(H2_PING_INTERVAL))
+        .keep_alive_timeout(H2_PING_INTERVAL);
+    let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let mut closing = false;
     loop {

@@ -605,5 +605,8 @@ impl<T: ReplicaView> ReplicaView for Arc<T> {
     }
 }
 
+mod remote;
 #[cfg(test)]
 mod tests;
+
+pub use remote::CopyReport;

@@ -25,9 +25,33 @@ use tokio::time::Instant;
 
 use crate::deployment::DeploymentConfig;
 use crate::placement::ReplicaView;
+use crate::remote::{ForwardError, RemoteReplica};
 use crate::replica::Replica;
 use crate::router::{Choice, Reason, Rng, choose_with};
 use crate::{Body, Request, Response, ServeError};
+
+mod load_wait;
+mod target;
+
+pub use load_wait::waiting_for_load;
+pub(crate) use target::Target;
+use target::Targets;
+
+/// How many replicas one request may be sent to when nodes cannot be reached or turn it away.
+const MAX_ATTEMPTS: usize = 3;
+
+/// Which replicas a request may go to.
+#[derive(Debug, Clone, Default)]
+pub(crate) enum Route {
+    /// Any, on any node.
+    #[default]
+    Anywhere,
+    /// This node's own (another node forwarded it here), preferring the one that node chose.
+    Local {
+        /// The replica the forwarding node chose.
+        preferred: Option<Arc<str>>,
+    },
+}
 
 /// How often a queued request looks again even without a wake-up.
 const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
@@ -37,6 +61,12 @@ pub(crate) struct DeploymentRouter {
     pub(crate) app: Arc<str>,
     pub(crate) config: DeploymentConfig,
     replicas: ArcSwap<Vec<Arc<Replica>>>,
+    /// Replicas of this deployment on other nodes (cluster mode).
+    remotes: ArcSwap<Vec<Arc<RemoteReplica>>>,
+    /// Both, as the router chooses among them.
+    targets: ArcSwap<Targets>,
+    /// Notified whenever a local replica's models change (the cluster layer publishes them).
+    changes: Arc<tokio::sync::Notify>,
     /// Requests waiting for a replica, first come first served.
     waiting: parking_lot::Mutex<WaitQueue>,
     /// `waiting`'s length, read without its lock.
@@ -48,48 +78,6 @@ pub(crate) struct DeploymentRouter {
     /// raised by the other's mark, its holding not yet) and place the model twice. Requests to
     /// replicas that hold their model never take it.
     placing: parking_lot::Mutex<()>,
-}
-
-impl ReplicaView for Replica {
-    fn id(&self) -> &str {
-        self.slot.id()
-    }
-    fn ongoing(&self) -> usize {
-        self.slot.ongoing()
-    }
-    fn max_ongoing(&self) -> usize {
-        self.slot.max_ongoing()
-    }
-    fn is_available(&self) -> bool {
-        self.slot.is_available()
-    }
-    fn holds(&self, id: &ModelId, now: Instant) -> bool {
-        self.slot.holds(id, now)
-    }
-    fn holds_loaded(&self, id: &ModelId) -> bool {
-        self.slot.holds_loaded(id)
-    }
-    fn holds_loading(&self, id: &ModelId, now: Instant) -> bool {
-        self.slot.holds_loading(id, now)
-    }
-    fn model_count(&self, now: Instant) -> usize {
-        self.slot.model_count(now)
-    }
-    fn has_free_slot(&self, now: Instant) -> bool {
-        self.slot.has_free_slot(now)
-    }
-    fn oldest_use(&self) -> u64 {
-        self.slot.oldest_use()
-    }
-    fn service_time(&self) -> Option<std::time::Duration> {
-        self.slot.service_time()
-    }
-    fn load_time(&self, id: &ModelId) -> Option<std::time::Duration> {
-        self.slot.load_time(id)
-    }
-    fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
-        self.slot.backing_off(id, now)
-    }
 }
 
 fn with_rng<T>(f: impl FnOnce(&mut Rng) -> T) -> T {
@@ -109,11 +97,18 @@ fn with_rng<T>(f: impl FnOnce(&mut Rng) -> T) -> T {
 }
 
 impl DeploymentRouter {
-    pub(crate) fn new(app: Arc<str>, config: DeploymentConfig) -> Self {
+    pub(crate) fn new(
+        app: Arc<str>,
+        config: DeploymentConfig,
+        changes: Arc<tokio::sync::Notify>,
+    ) -> Self {
         Self {
             app,
             config,
             replicas: ArcSwap::default(),
+            remotes: ArcSwap::default(),
+            targets: ArcSwap::default(),
+            changes,
             waiting: parking_lot::Mutex::default(),
             queued: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
@@ -131,6 +126,23 @@ impl DeploymentRouter {
 
     pub(crate) fn set_replicas(self: &Arc<Self>, replicas: Vec<Arc<Replica>>) {
         self.replicas.store(Arc::new(replicas));
+        self.retarget();
+        self.changes.notify_one();
+    }
+
+    /// Replicas of this deployment on other nodes.
+    pub(crate) fn remotes(&self) -> Arc<Vec<Arc<RemoteReplica>>> {
+        self.remotes.load_full()
+    }
+
+    pub(crate) fn set_remotes(self: &Arc<Self>, remotes: Vec<Arc<RemoteReplica>>) {
+        self.remotes.store(Arc::new(remotes));
+        self.retarget();
+    }
+
+    fn retarget(self: &Arc<Self>) {
+        let targets = Targets::new(&self.replicas.load(), &self.remotes.load());
+        self.targets.store(Arc::new(targets));
         self.grant();
     }
 
@@ -153,43 +165,73 @@ impl DeploymentRouter {
         self.queued.store(0, Ordering::SeqCst);
     }
 
-    /// Routes `request` to a replica and runs it there. Returns the response (or the error)
-    /// and the replica that served it, if one was reached.
+    /// Routes `request` to a replica and runs it there (or forwards it to the node that
+    /// has it). Returns the response (or the error) and the replica that served it, if one was
+    /// reached.
     pub(crate) async fn dispatch(
         self: &Arc<Self>,
         request: Request,
         context: RequestContext,
+        route: Route,
     ) -> (Result<Response, ServeError>, Option<Arc<str>>) {
         let start = Instant::now();
         let model = context.multiplexed_model_id().cloned();
-        let (result, replica) = match self.acquire(model.as_ref()).await {
-            Err(e) => (Err(e), None),
-            Ok((guard, reason)) => {
-                let replica = guard.replica.clone();
-                // The slot is held by the request and by any blocking work it starts
-                // (`modelmux_context::spawn_blocking`), until both are done.
-                let hold = Hold::new(guard);
-                tracing::trace!(replica = %replica.id, ?reason, "routed");
-                // Service time is measured on requests whose model was loaded when they were
-                // routed: one that waited for a load would count the load as service.
-                let timed = model.as_ref().is_none_or(|m| replica.slot.holds_loaded(m));
-                let began = Instant::now();
-                let result = replica
-                    .call(request, context.clone().with_hold(hold.clone()))
-                    .await;
-                if timed {
-                    replica.slot.observe_service(began.elapsed());
+        let mut request = Some(request);
+        let mut attempt = 1;
+        let (result, replica) = loop {
+            let (guard, reason) = match self.acquire(model.as_ref(), &route).await {
+                Err(e) => break (Err(e), None),
+                Ok(found) => found,
+            };
+            let Some(this) = request.take() else {
+                break (Err(ServeError::ShuttingDown), None);
+            };
+            tracing::trace!(replica = guard.target.slot().id(), ?reason, "routed");
+            // Service time is measured on requests whose model was loaded when they were
+            // routed: one that waited for a load would count the load as service.
+            let timed = model
+                .as_ref()
+                .is_none_or(|m| guard.target.slot().holds_loaded(m));
+            match guard.target.clone() {
+                Target::Local(replica) => {
+                    break self
+                        .run_local(&replica, guard, this, &context, timed, start)
+                        .await;
                 }
-                let status = result
-                    .as_ref()
-                    .map_or_else(|e| e.http_status(), |r| r.status());
-                replica.metrics.record(status.as_u16(), start.elapsed());
-                // A streamed body keeps its replica slot until the last chunk is sent.
-                let result = result.map(|response| match response.body().as_full() {
-                    Some(_) => response,
-                    None => response.map(|body| Body::wrap(HoldSlot { body, _hold: hold })),
-                });
-                (result, Some(replica.id.clone()))
+                Target::Remote(remote) => {
+                    // A request that may have to go elsewhere keeps a copy (its body is in
+                    // memory: the ingress read it whole).
+                    let spare = (attempt < MAX_ATTEMPTS)
+                        .then(|| copy_request(&this))
+                        .flatten();
+                    let began = Instant::now();
+                    let id: Arc<str> = remote.slot.id().into();
+                    match remote.forward(this).await {
+                        Ok(response) => {
+                            if timed && response.status().is_success() {
+                                remote.slot.observe_service(began.elapsed());
+                            }
+                            let hold = Hold::new(guard);
+                            break (Ok(hold_until_sent(response, hold)), Some(id));
+                        }
+                        Err(e) => {
+                            remote.set_unreachable();
+                            let retry = match e {
+                                ForwardError::NotSent { .. } | ForwardError::NotHere { .. } => true,
+                                ForwardError::Failed { .. } => self.config.idempotent,
+                            };
+                            tracing::warn!(replica = %id, attempt, retry, error = %e, "forwarding failed");
+                            match spare {
+                                Some(spare) if retry => {
+                                    drop(guard);
+                                    request = Some(spare);
+                                    attempt += 1;
+                                }
+                                _ => break (Err(e.into()), Some(id)),
+                            }
+                        }
+                    }
+                }
             }
         };
         let status = result
@@ -209,17 +251,58 @@ impl DeploymentRouter {
         (result, replica)
     }
 
+    /// Runs the request on a replica of this node, holding `guard`'s slot.
+    async fn run_local(
+        &self,
+        replica: &Arc<Replica>,
+        guard: Ongoing,
+        request: Request,
+        context: &RequestContext,
+        timed: bool,
+        start: Instant,
+    ) -> (Result<Response, ServeError>, Option<Arc<str>>) {
+        // The slot is held by the request and by any blocking work it starts
+        // (`modelmux_context::spawn_blocking`), until both are done.
+        let hold = Hold::new(guard);
+        let began = Instant::now();
+        let result = replica
+            .call(request, context.clone().with_hold(hold.clone()))
+            .await;
+        if timed {
+            replica.slot.observe_service(began.elapsed());
+        }
+        let status = result
+            .as_ref()
+            .map_or_else(|e| e.http_status(), |r| r.status());
+        replica.metrics.record(status.as_u16(), start.elapsed());
+        (
+            result.map(|response| hold_until_sent(response, hold)),
+            Some(replica.id.clone()),
+        )
+    }
+
     /// A replica with a reserved slot, waiting in the queue if there is none (or if others
     /// already wait: they came first).
     async fn acquire(
         self: &Arc<Self>,
         model: Option<&ModelId>,
+        route: &Route,
     ) -> Result<(Ongoing, Reason), ServeError> {
         if self.shutting_down.load(Ordering::SeqCst) {
-            return Err(ServeError::ShuttingDown);
+            return Err(match route {
+                Route::Anywhere => ServeError::ShuttingDown,
+                Route::Local { .. } => ServeError::NotHere {
+                    reason: "this node is shutting down".into(),
+                },
+            });
+        }
+        if matches!(route, Route::Local { .. }) && self.targets.load().local.is_empty() {
+            return Err(ServeError::NotHere {
+                reason: format!("this node runs no replica of '{}'", self.config.name),
+            });
         }
         if self.queued.load(Ordering::SeqCst) == 0 {
-            if let Some(found) = self.try_acquire(model) {
+            if let Some(found) = self.try_acquire(model, route) {
                 return Ok(found);
             }
         }
@@ -241,6 +324,7 @@ impl DeploymentRouter {
             waiting.entries.push_back(Waiter {
                 ticket,
                 model: model.cloned(),
+                route: route.clone(),
                 grant: tx,
             });
             self.queued.store(waiting.entries.len(), Ordering::SeqCst);
@@ -260,7 +344,14 @@ impl DeploymentRouter {
             let slice = deadline.min(Instant::now() + RECHECK);
             match tokio::time::timeout_at(slice, &mut rx).await {
                 Ok(Ok(granted)) => return Ok(granted),
-                Ok(Err(_)) => return Err(ServeError::ShuttingDown),
+                Ok(Err(_)) => {
+                    return Err(match route {
+                        Route::Anywhere => ServeError::ShuttingDown,
+                        Route::Local { .. } => ServeError::NotHere {
+                            reason: "this node is shutting down".into(),
+                        },
+                    });
+                }
                 Err(_) if Instant::now() >= deadline => {
                     return Err(ServeError::QueueTimeout {
                         deployment: self.config.name.clone(),
@@ -291,7 +382,8 @@ impl DeploymentRouter {
             let mut waiting = self.waiting.lock();
             let mut i = 0;
             while i < waiting.entries.len() {
-                let Some(granted) = self.try_acquire(waiting.entries[i].model.as_ref()) else {
+                let waiter = &waiting.entries[i];
+                let Some(granted) = self.try_acquire(waiter.model.as_ref(), &waiter.route) else {
                     i += 1;
                     continue;
                 };
@@ -305,50 +397,91 @@ impl DeploymentRouter {
         drop(unclaimed);
     }
 
-    fn try_acquire(self: &Arc<Self>, model: Option<&ModelId>) -> Option<(Ongoing, Reason)> {
+    fn try_acquire(
+        self: &Arc<Self>,
+        model: Option<&ModelId>,
+        route: &Route,
+    ) -> Option<(Ongoing, Reason)> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return None;
         }
-        let replicas = self.replicas.load();
+        let targets = self.targets.load();
+        let replicas = match route {
+            Route::Anywhere => &targets.all,
+            Route::Local { .. } => &targets.local,
+        };
         // Without model caches, model ids say nothing about where to go.
-        let model = model.filter(|_| replicas.iter().any(|r| r.slot.tracks_models()));
+        let model = model.filter(|_| replicas.iter().any(|r| r.slot().tracks_models()));
+        // The replica the forwarding node chose, if it is open: the rules agree with that
+        // node's, so its choice stands (and the model is marked as placed there).
+        if let Route::Local {
+            preferred: Some(preferred),
+        } = route
+        {
+            let found = replicas
+                .iter()
+                .find(|r| r.id() == &**preferred && r.is_available() && !r.is_saturated());
+            if let Some(target) = found {
+                let reason = match model {
+                    Some(m) if !target.holds(m, Instant::now()) => Reason::Placed,
+                    Some(_) => Reason::Holder,
+                    None => Reason::LeastLoaded,
+                };
+                if let Some(found) = self.reserve(target, model, reason) {
+                    return Some(found);
+                }
+            }
+        }
         // A lost race for the last slot on a replica just means choosing again.
         for _ in 0..4 {
             let waiting = self.queued.load(Ordering::Relaxed);
             let mut choice =
-                with_rng(|rng| choose_with(&replicas, model, Instant::now(), rng, waiting));
+                with_rng(|rng| choose_with(replicas, model, Instant::now(), rng, waiting));
             // Placing a model: decide again, and mark, under the placement lock.
             let _placing = match choice {
                 Choice::Replica(_, Reason::Placed | Reason::NewCopy) => {
                     let lock = self.placing.lock();
                     choice =
-                        with_rng(|rng| choose_with(&replicas, model, Instant::now(), rng, waiting));
+                        with_rng(|rng| choose_with(replicas, model, Instant::now(), rng, waiting));
                     Some(lock)
                 }
                 _ => None,
             };
             match choice {
                 Choice::Replica(i, reason) => {
-                    let replica = &replicas[i];
-                    if replica.slot.try_begin() {
-                        if let Some(model) = model {
-                            if matches!(reason, Reason::Placed | Reason::NewCopy) {
-                                replica.slot.mark_pending(model);
-                            }
-                            replica.slot.note_routed(model);
-                        }
-                        let reserved = Ongoing {
-                            router: self.clone(),
-                            replica: replica.clone(),
-                            suspended: AtomicBool::new(false),
-                        };
-                        return Some((reserved, reason));
+                    if let Some(found) = self.reserve(&replicas[i], model, reason) {
+                        return Some(found);
                     }
                 }
                 Choice::Wait => return None,
             }
         }
         None
+    }
+
+    /// Takes a slot on `target` for a request for `model`, marking a placement as pending.
+    fn reserve(
+        self: &Arc<Self>,
+        target: &Target,
+        model: Option<&ModelId>,
+        reason: Reason,
+    ) -> Option<(Ongoing, Reason)> {
+        let slot = target.slot();
+        if !slot.try_begin() {
+            return None;
+        }
+        if let Some(model) = model {
+            if matches!(reason, Reason::Placed | Reason::NewCopy) {
+                slot.mark_pending(model);
+            }
+            slot.note_routed(model);
+        }
+        let reserved = Ongoing {
+            router: self.clone(),
+            target: target.clone(),
+            suspended: AtomicBool::new(false),
+        };
+        Some((reserved, reason))
     }
 }
 
@@ -362,6 +495,7 @@ struct WaitQueue {
 struct Waiter {
     ticket: u64,
     model: Option<ModelId>,
+    route: Route,
     grant: tokio::sync::oneshot::Sender<(Ongoing, Reason)>,
 }
 
@@ -392,6 +526,7 @@ impl Waker {
     pub(crate) fn wake(&self) {
         if let Some(router) = self.0.upgrade() {
             router.grant();
+            router.changes.notify_one();
         }
     }
 }
@@ -399,7 +534,7 @@ impl Waker {
 /// A reserved slot on a replica, released on drop (handing it to the queue).
 pub(crate) struct Ongoing {
     router: Arc<DeploymentRouter>,
-    replica: Arc<Replica>,
+    target: Target,
     /// Whether the slot is given back while the request waits for its model's load.
     suspended: AtomicBool,
 }
@@ -407,59 +542,31 @@ pub(crate) struct Ongoing {
 impl Drop for Ongoing {
     fn drop(&mut self) {
         if self.suspended.load(Ordering::SeqCst) {
-            self.replica.slot.abandon_suspended();
+            self.target.slot().abandon_suspended();
         } else {
-            self.replica.slot.finish();
+            self.target.slot().finish();
         }
         // SeqCst pairs with a new waiter's enqueue-then-grant.
         self.router.grant();
     }
 }
 
-/// Awaits `load` (a deployment's wait for a model, such as `Multiplexer::get`), giving the
-/// request's replica slot back while the model loads and taking it back, ahead of newcomers,
-/// once it has: a request waiting for a load uses no inference capacity, so it must not keep
-/// requests for the replica's loaded models waiting (Ray counts it against
-/// `max_ongoing_requests`, which saturates replicas with loads under model churn). The replica
-/// still counts it as inside (a drain waits for it). A `load` that is ready at once (the model
-/// was loaded) gives nothing back. Outside a request dispatched by this server it is
-/// `load.await`.
-pub async fn waiting_for_load<F: std::future::Future>(load: F) -> F::Output {
-    let mut load = std::pin::pin!(load);
-    let first = std::future::poll_fn(|cx| Poll::Ready(load.as_mut().poll(cx))).await;
-    if let Poll::Ready(out) = first {
-        return out;
-    }
-    let hold = modelmux_context::current_hold();
-    let Some(ongoing) = hold.as_ref().and_then(|h| h.claim::<Ongoing>()) else {
-        return load.await;
-    };
-    if ongoing.suspended.swap(true, Ordering::SeqCst) {
-        // Already given back by an outer wait.
-        return load.await;
-    }
-    ongoing.replica.slot.suspend();
-    ongoing.router.grant();
-    let suspension = Suspension(ongoing);
-    let out = load.await;
-    ongoing.replica.slot.resume().await;
-    ongoing.suspended.store(false, Ordering::SeqCst);
-    drop(suspension);
-    out
+/// A copy of a request whose body is in memory (for sending it elsewhere), if it is.
+fn copy_request(request: &Request) -> Option<Request> {
+    let body = request.body().full_bytes()?;
+    let mut copy = http::Request::new(Body::from(body));
+    *copy.method_mut() = request.method().clone();
+    *copy.uri_mut() = request.uri().clone();
+    *copy.version_mut() = request.version();
+    *copy.headers_mut() = request.headers().clone();
+    Some(copy)
 }
 
-/// Ends a suspension: if the wait was cancelled before the slot was taken back (the request
-/// goes on without its load, or is being dropped), the slot is taken back at once, so the
-/// request never runs without one. Either way the queue is offered what may have freed (a
-/// resumer blocks newcomers while it waits).
-struct Suspension<'a>(&'a Ongoing);
-
-impl Drop for Suspension<'_> {
-    fn drop(&mut self) {
-        if self.0.suspended.swap(false, Ordering::SeqCst) {
-            self.0.replica.slot.force_resume();
-        }
-        self.0.router.grant();
+/// The response, holding the replica slot until its last chunk is sent when it streams.
+fn hold_until_sent(response: Response, hold: Hold) -> Response {
+    match response.body().as_full() {
+        Some(_) => response,
+        None => response.map(|body| Body::wrap(HoldSlot { body, _hold: hold })),
     }
 }
 

@@ -1,0 +1,108 @@
+//! `cluster`: how `modelmux serve` joins a cluster (also set by `--cluster`, `--node-id`,
+//! `--advertise` and `--role`, which win over the file).
+
+use std::time::Duration;
+
+use modelmux_cluster::{ClusterOptions, Role};
+use serde::Deserialize;
+
+use super::{ConfigError, Seconds};
+
+/// The `cluster` section.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// etcd's client URLs: `etcd://h1:2379,h2:2379`.
+    #[serde(default)]
+    pub etcd: Option<String>,
+    /// The cluster's name: its keys live under `modelmux/<name>/` (default `default`), so one
+    /// etcd can hold several clusters.
+    #[serde(default)]
+    pub name: Option<String>,
+    /// This node's id, unique in the cluster.
+    #[serde(default)]
+    pub node_id: Option<String>,
+    /// Where other nodes reach this one: `http://host:port`.
+    #[serde(default)]
+    pub advertise: Option<String>,
+    /// `both` (route and run replicas, the default), `ingress` (route only) or `node`
+    /// (replicas only).
+    #[serde(default)]
+    pub role: Option<Role>,
+    /// The node's etcd lease TTL, in seconds (default 3): a node that dies leaves the routing
+    /// of every other node within it.
+    #[serde(default)]
+    pub lease_ttl_s: Option<Seconds>,
+    /// After how long without an answer from etcd the node reports not ready (default 10).
+    #[serde(default)]
+    pub unready_after_s: Option<Seconds>,
+}
+
+/// What the command line says about the cluster.
+#[derive(Debug, Default, Clone)]
+pub struct ClusterFlags {
+    /// `--cluster`.
+    pub etcd: Option<String>,
+    /// `--node-id`.
+    pub node_id: Option<String>,
+    /// `--advertise`.
+    pub advertise: Option<String>,
+    /// `--role`.
+    pub role: Option<Role>,
+}
+
+impl ClusterConfig {
+    /// The options to join with, if this server is part of a cluster (flags win over the
+    /// file); `listen` is the address the server listens on, advertised when nothing else is
+    /// and it is a specific address.
+    pub fn options(
+        &self,
+        flags: &ClusterFlags,
+        listen: std::net::SocketAddr,
+    ) -> Result<Option<ClusterOptions>, ConfigError> {
+        let Some(etcd) = flags.etcd.as_deref().or(self.etcd.as_deref()) else {
+            if flags.node_id.is_some() || flags.advertise.is_some() || flags.role.is_some() {
+                return Err(ConfigError::Invalid(
+                    "--node-id, --advertise and --role need --cluster (or cluster.etcd)".into(),
+                ));
+            }
+            return Ok(None);
+        };
+        let invalid = |m: String| ConfigError::Invalid(format!("cluster: {m}"));
+        let node_id = flags
+            .node_id
+            .as_deref()
+            .or(self.node_id.as_deref())
+            .ok_or_else(|| invalid("a node id is needed (--node-id or cluster.node_id)".into()))?;
+        let advertise = match flags.advertise.as_deref().or(self.advertise.as_deref()) {
+            Some(a) => a.to_owned(),
+            // The address it listens on (with port 0, the port it gets).
+            None if !listen.ip().is_unspecified() => {
+                format!("http://{listen}")
+            }
+            None => {
+                return Err(invalid(format!(
+                    "listening on {listen}, other nodes need an address to reach this one \
+                     (--advertise http://host:port or cluster.advertise)"
+                )));
+            }
+        };
+        let mut options = ClusterOptions::new(etcd, node_id, &advertise).map_err(invalid)?;
+        let name = self.name.as_deref().unwrap_or("default");
+        if name.is_empty() || name.contains('/') {
+            return Err(invalid(format!(
+                "name {name:?} may not be empty or contain '/'"
+            )));
+        }
+        options.prefix = format!("modelmux/{name}");
+        options.role = flags.role.or(self.role).unwrap_or_default();
+        options.lease_ttl = self
+            .lease_ttl_s
+            .map_or(Duration::from_secs(3), |s| s.0)
+            .max(Duration::from_secs(1));
+        options.unready_after = self
+            .unready_after_s
+            .map_or(Duration::from_secs(10), |s| s.0);
+        Ok(Some(options))
+    }
+}

@@ -1,0 +1,156 @@
+//! etcd members started on this machine, on free loopback ports with their data in a temporary
+//! directory: what the cluster tests and `scripts/bench-cluster` run against (Debian's
+//! `etcd-server` package provides the `etcd` binary; `ETCD_BIN` names another).
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// One local etcd cluster of one or more members, killed when dropped.
+pub struct LocalEtcd {
+    members: Vec<Member>,
+    _dir: tempfile::TempDir,
+}
+
+struct Member {
+    name: String,
+    client_url: String,
+    child: Option<Child>,
+}
+
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+impl LocalEtcd {
+    /// Starts `members` members (1 or 3, say) and waits until the cluster has a leader.
+    pub async fn start(members: usize) -> std::io::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut specs = Vec::new();
+        for i in 0..members.max(1) {
+            specs.push((
+                format!("m{i}"),
+                format!("http://127.0.0.1:{}", free_port()?),
+                format!("http://127.0.0.1:{}", free_port()?),
+            ));
+        }
+        let initial: Vec<String> = specs
+            .iter()
+            .map(|(name, _, peer)| format!("{name}={peer}"))
+            .collect();
+        let initial = initial.join(",");
+        let binary = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
+        let mut started = Vec::new();
+        for (name, client, peer) in specs {
+            let child = Command::new(&binary)
+                .args(["--name", &name, "--data-dir"])
+                .arg(dir.path().join(&name))
+                .args(["--listen-client-urls", &client])
+                .args(["--advertise-client-urls", &client])
+                .args(["--listen-peer-urls", &peer])
+                .args(["--initial-advertise-peer-urls", &peer])
+                .args(["--initial-cluster", &initial])
+                .args(["--initial-cluster-state", "new"])
+                .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!(
+                            "starting {binary}: {e} (install Debian's etcd-server; scripts/test does)"
+                        ),
+                    )
+                })?;
+            started.push(Member {
+                name,
+                client_url: client,
+                child: Some(child),
+            });
+        }
+        let etcd = Self {
+            members: started,
+            _dir: dir,
+        };
+        etcd.wait_for_leader(Duration::from_secs(30)).await?;
+        Ok(etcd)
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| m.client_url.clone()).collect()
+    }
+
+    /// The members' client URLs as a `--cluster` value: `etcd://h:p,h:p`.
+    pub fn cluster_url(&self) -> String {
+        let hosts: Vec<&str> = self
+            .members
+            .iter()
+            .map(|m| m.client_url.trim_start_matches("http://"))
+            .collect();
+        format!("etcd://{}", hosts.join(","))
+    }
+
+    /// Waits until a live member reports a leader; returns the leader's index.
+    pub async fn wait_for_leader(&self, within: Duration) -> std::io::Result<usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(leader) = self.leader().await {
+                return Ok(leader);
+            }
+            if Instant::now() >= deadline {
+                return Err(std::io::Error::other(format!(
+                    "etcd at {:?} has no leader after {within:?}",
+                    self.endpoints()
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The index of the member that leads now, if a live member knows.
+    pub async fn leader(&self) -> Option<usize> {
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            let Ok(mut client) = etcd_client::Client::connect([m.client_url.as_str()], None).await
+            else {
+                continue;
+            };
+            let Ok(status) = client.status().await else {
+                continue;
+            };
+            let leader = status.leader();
+            if leader == 0 {
+                continue;
+            }
+            let Ok(list) = client.member_list().await else {
+                continue;
+            };
+            let name = list
+                .members()
+                .iter()
+                .find(|x| x.id() == leader)
+                .map(|x| x.name().to_owned())?;
+            return self.members.iter().position(|m| m.name == name);
+        }
+        None
+    }
+
+    /// Kills member `i` at once (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}

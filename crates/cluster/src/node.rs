@@ -1,0 +1,309 @@
+//! A modelmux server as a member of a cluster: it publishes its replicas and their models, and
+//! routes over every other node's, as etcd has them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions};
+use modelmux_serve::{Forwarder, NodeHandle};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::forward::H2Forwarder;
+use crate::records::{CopyRecord, Keys, NodeRecord, Role, local_records, remote_replicas};
+use crate::{ClusterError, Registry, RegistryOptions, View};
+
+/// How often a node's record is written again when only its load figures changed.
+const LOAD_REPORT_PERIOD: Duration = Duration::from_secs(1);
+/// How soon a publication that failed (etcd unreachable) is tried again.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// How a node joins its cluster.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClusterOptions {
+    /// etcd's client URLs (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// The key prefix of this cluster in etcd.
+    pub prefix: String,
+    /// This node's id, unique in the cluster (letters, digits, `.`, `_`, `-`).
+    pub node_id: String,
+    /// Where other nodes reach this one (`http://host:port`).
+    pub advertise: String,
+    /// What it runs.
+    pub role: Role,
+    /// Its lease's TTL: how long after it dies (or loses etcd) its records disappear.
+    pub lease_ttl: Duration,
+    /// After how long without an answer from etcd `/-/healthz` reports not ready (it keeps
+    /// serving on its last view meanwhile).
+    pub unready_after: Duration,
+}
+
+impl ClusterOptions {
+    /// Options for node `node_id` reachable at `advertise`, with etcd at `cluster` (an
+    /// `etcd://h1:2379,h2:2379` URL, or `http://` URLs separated by commas).
+    pub fn new(cluster: &str, node_id: &str, advertise: &str) -> Result<Self, String> {
+        let endpoints = parse_endpoints(cluster)?;
+        if node_id.is_empty()
+            || !node_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+        {
+            return Err(format!(
+                "node id {node_id:?}: use letters, digits, '.', '_' and '-'"
+            ));
+        }
+        let authority = advertise
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("advertise address {advertise:?}: must be http://host:port"))?;
+        if authority
+            .trim_end_matches('/')
+            .parse::<http::uri::Authority>()
+            .is_err()
+            || !authority.contains(':')
+        {
+            return Err(format!(
+                "advertise address {advertise:?}: must be http://host:port"
+            ));
+        }
+        Ok(Self {
+            endpoints,
+            prefix: "modelmux/default".into(),
+            node_id: node_id.to_owned(),
+            advertise: advertise.trim_end_matches('/').to_owned(),
+            role: Role::Both,
+            lease_ttl: Duration::from_secs(3),
+            unready_after: Duration::from_secs(10),
+        })
+    }
+}
+
+/// etcd's endpoints from `etcd://h1:2379,h2:2379` (or `http://h1:2379,http://h2:2379`).
+pub fn parse_endpoints(cluster: &str) -> Result<Vec<String>, String> {
+    let list = cluster.strip_prefix("etcd://").unwrap_or(cluster);
+    let endpoints: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            if e.starts_with("http://") || e.starts_with("https://") {
+                e.to_owned()
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect();
+    if endpoints.is_empty() {
+        return Err(format!(
+            "cluster {cluster:?}: expected etcd://host:port[,host:port...]"
+        ));
+    }
+    for e in &endpoints {
+        let rest = e.split_once("://").map_or("", |(_, r)| r);
+        if rest.parse::<http::uri::Authority>().is_err() {
+            return Err(format!("cluster {cluster:?}: {e:?} is not host:port"));
+        }
+    }
+    Ok(endpoints)
+}
+
+/// Connects to etcd with the settings a cluster member needs: quick timeouts, HTTP/2 pings to
+/// notice a dead member, and only answers from a member that has a leader.
+pub async fn connect(endpoints: &[String]) -> Result<Client, ClusterError> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_timeout(Duration::from_secs(2))
+        .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
+        .with_keep_alive_while_idle(true)
+        .with_require_leader(true);
+    Ok(Client::connect(endpoints, Some(options)).await?)
+}
+
+/// This process as a member of its cluster. [`leave`](Self::leave) it after the server has
+/// shut down: that takes its records out at once.
+pub struct ClusterNode {
+    registry: Arc<Registry>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ClusterNode {
+    /// Joins: takes a lease, publishes this node and its replicas' models (and keeps them up to
+    /// date), and, unless the role is `node`, follows the other nodes' replicas and routes to
+    /// them. `/-/healthz` then also fails when etcd has not answered for `unready_after`.
+    pub async fn join(options: ClusterOptions, server: NodeHandle) -> Result<Self, ClusterError> {
+        let client = connect(&options.endpoints).await?;
+        let registry = Arc::new(
+            Registry::start(client.clone(), RegistryOptions::with_ttl(options.lease_ttl)).await?,
+        );
+        let keys = Keys::new(&options.prefix);
+        let mut publisher = Publisher {
+            keys: keys.clone(),
+            options: options.clone(),
+            server: server.clone(),
+            registry: registry.clone(),
+            record: None,
+            record_written: Instant::now(),
+            copies: BTreeMap::new(),
+        };
+        // Published once before anyone is told this node is up.
+        publisher.publish().await?;
+        let mut tasks = vec![tokio::spawn(publisher.run())];
+        if options.role.routes() {
+            let view = View::start(client, keys.all()).await?;
+            tasks.push(tokio::spawn(follow(
+                view,
+                keys,
+                options.node_id.clone(),
+                server.clone(),
+            )));
+        }
+        let watched = registry.clone();
+        let unready_after = options.unready_after;
+        server.set_readiness(move || {
+            let since = watched.since_contact();
+            if since > unready_after {
+                Err(format!(
+                    "etcd has not answered for {:.1} s",
+                    since.as_secs_f64()
+                ))
+            } else {
+                Ok(())
+            }
+        });
+        Ok(Self { registry, tasks })
+    }
+
+    /// The lease this node's records are on.
+    pub fn lease_id(&self) -> i64 {
+        self.registry.lease_id()
+    }
+
+    /// Stops publishing and revokes the lease: every record of this node disappears at once.
+    pub async fn leave(self) -> Result<(), ClusterError> {
+        for task in &self.tasks {
+            task.abort();
+        }
+        self.registry.close().await
+    }
+}
+
+/// Keeps this node's records in etcd equal to its state.
+struct Publisher {
+    keys: Keys,
+    options: ClusterOptions,
+    server: NodeHandle,
+    registry: Arc<Registry>,
+    /// The node record last written.
+    record: Option<NodeRecord>,
+    record_written: Instant,
+    /// The copy records last written.
+    copies: BTreeMap<String, CopyRecord>,
+}
+
+impl Publisher {
+    async fn run(mut self) {
+        let changes = self.server.changes();
+        let mut failed = false;
+        loop {
+            let wait = if failed { RETRY } else { LOAD_REPORT_PERIOD };
+            tokio::select! {
+                _ = changes.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+            failed = match self.publish().await {
+                Ok(()) => false,
+                Err(e) => {
+                    tracing::warn!("publishing this node's state to etcd: {e}");
+                    true
+                }
+            };
+        }
+    }
+
+    /// Writes what changed since the last publication: the node record when its replicas or
+    /// drain changed (or, at most once per period, its load figures), a key per model copy
+    /// that appeared or changed, a delete per copy that went.
+    async fn publish(&mut self) -> Result<(), ClusterError> {
+        let o = &self.options;
+        let state = self.server.local_state();
+        let draining = self.server.is_draining();
+        let (record, copies) = local_records(
+            &self.keys,
+            &o.node_id,
+            &o.advertise,
+            o.role,
+            draining,
+            &state,
+        );
+        // Copies first: a node record saying "draining" must not overtake them.
+        for (key, copy) in &copies {
+            if self.copies.get(key) != Some(copy) {
+                let value = serde_json::to_vec(copy).unwrap_or_default();
+                self.registry.put(key, value).await?;
+                self.copies.insert(key.clone(), copy.clone());
+            }
+        }
+        let gone: Vec<String> = self
+            .copies
+            .keys()
+            .filter(|k| !copies.contains_key(*k))
+            .cloned()
+            .collect();
+        for key in gone {
+            self.registry.delete(&key).await?;
+            self.copies.remove(&key);
+        }
+        let write = match &self.record {
+            None => true,
+            Some(last) if *last == record => false,
+            Some(last) => {
+                !same_but_load(last, &record) || self.record_written.elapsed() >= LOAD_REPORT_PERIOD
+            }
+        };
+        if write {
+            let value = serde_json::to_vec(&record).unwrap_or_default();
+            self.registry
+                .put(&self.keys.node(&o.node_id), value)
+                .await?;
+            self.record = Some(record);
+            self.record_written = Instant::now();
+        }
+        Ok(())
+    }
+}
+
+/// Whether two records differ only in their replicas' requests in progress.
+fn same_but_load(a: &NodeRecord, b: &NodeRecord) -> bool {
+    let strip = |r: &NodeRecord| {
+        let mut r = r.clone();
+        for d in &mut r.deployments {
+            for replica in &mut d.replicas {
+                replica.ongoing = 0;
+            }
+        }
+        r
+    };
+    strip(a) == strip(b)
+}
+
+/// Feeds every other node's replicas into the server's routers as etcd changes.
+async fn follow(mut view: View, keys: Keys, own: String, server: NodeHandle) {
+    let forwarder = Arc::new(H2Forwarder::new());
+    let as_dyn: Arc<dyn Forwarder> = forwarder.clone();
+    let apps: Vec<String> = server.local_state().into_iter().map(|d| d.app).collect();
+    loop {
+        let records = view.records();
+        let (peers, mut by_app) = remote_replicas(&keys, &own, &records);
+        forwarder.set_peers(
+            peers
+                .iter()
+                .map(|p| (p.node.to_string(), p.record.address.clone())),
+        );
+        for app in &apps {
+            let replicas = by_app.remove(app).unwrap_or_default();
+            server.set_remote_replicas(app, &replicas, &as_dyn);
+        }
+        view.changed().await;
+    }
+}

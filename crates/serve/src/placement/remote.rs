@@ -1,0 +1,96 @@
+//! Feeding a [`ReplicaSlot`] from another node's published state instead of local cache
+//! events (cluster mode).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Duration;
+
+use modelmux_cache::ModelId;
+
+use super::{Entry, Holding, ROUTER, ReplicaSlot, coarse_now};
+
+/// One model copy a remote replica reports: whether it is loaded (else loading), its size and
+/// how long its load took, when known.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CopyReport {
+    /// The model.
+    pub id: ModelId,
+    /// Loaded (servable now); otherwise loading.
+    pub loaded: bool,
+    /// Its size in bytes, once loaded, if it reports one.
+    pub size_bytes: Option<u64>,
+    /// How long its load took, once loaded.
+    pub load_time: Option<Duration>,
+}
+
+/// The source remote reports are recorded under (a remote replica has no local caches).
+const REMOTE: usize = 0;
+
+impl ReplicaSlot {
+    /// Replaces what the replica holds with `copies`, as its node last published them. This
+    /// router's own pending placements stay (until a report confirms them or they expire), and
+    /// a model still reported keeps when it was last routed here.
+    pub(crate) fn replace_copies(&self, copies: &[CopyReport]) {
+        self.update(|m| {
+            let mut routed: HashMap<ModelId, Arc<AtomicU64>> = HashMap::new();
+            m.retain(|id, e| {
+                if e.source == ROUTER {
+                    return true;
+                }
+                routed.insert(id.clone(), e.routed.clone());
+                false
+            });
+            for copy in copies {
+                let holding = if copy.loaded {
+                    Holding::Loaded
+                } else {
+                    Holding::Loading
+                };
+                m.insert(
+                    copy.id.clone(),
+                    Entry {
+                        holding,
+                        source: REMOTE,
+                        routed: routed
+                            .remove(&copy.id)
+                            .unwrap_or_else(|| Arc::new(AtomicU64::new(coarse_now()))),
+                        load_time: copy.load_time,
+                        size_bytes: copy.size_bytes,
+                    },
+                );
+            }
+        });
+    }
+
+    /// What the replica holds, as reports (loaded and loading copies; pending placements are
+    /// this router's own and left out): what a node publishes of its local replicas.
+    pub fn copies(&self) -> Vec<CopyReport> {
+        let mut copies: Vec<CopyReport> = self
+            .models
+            .load()
+            .iter()
+            .filter(|(_, e)| e.source != ROUTER)
+            .filter_map(|(id, e)| {
+                let loaded = match e.holding {
+                    Holding::Loaded => true,
+                    Holding::Loading => false,
+                    Holding::Pending(_) => return None,
+                };
+                Some(CopyReport {
+                    id: id.clone(),
+                    loaded,
+                    size_bytes: e.size_bytes,
+                    load_time: e.load_time,
+                })
+            })
+            .collect();
+        copies.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        copies
+    }
+
+    /// Its model-count cap and byte cap (summed over its caches), if any.
+    pub fn capacity(&self) -> (Option<usize>, Option<u64>) {
+        (self.model_capacity, self.byte_capacity)
+    }
+}

@@ -1,0 +1,185 @@
+//! Replicas on other nodes of a cluster, as this node routes to them.
+//!
+//! The cluster layer (etcd, in `modelmux-cluster`) tells the server what the other nodes'
+//! replicas hold ([`Server::set_remote_replicas`](crate::Server::set_remote_replicas)) and
+//! how to reach them (a [`Forwarder`]); it reads this node's own state with
+//! [`Server::local_state`](crate::Server::local_state). The router sees a remote replica
+//! through the same [`ReplicaView`](crate::ReplicaView) as a local one: a [`ReplicaSlot`] fed
+//! from published reports instead of cache events, with this node's own pending placements
+//! and requests in flight to it.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::placement::{CopyReport, ReplicaSlot};
+use crate::{Request, Response};
+use futures_util::future::BoxFuture;
+
+/// The header a forwarded request carries: the replica the forwarding node chose. A request
+/// with it is served by this node's own replicas only, never forwarded again.
+pub const FORWARDED_HEADER: &str = "x-modelmux-forwarded";
+/// The header on a `503` saying the request was refused before it ran (the node has no replica
+/// of the deployment, or is shutting down): the forwarding node tries another.
+pub const NOT_HERE_HEADER: &str = "x-modelmux-not-here";
+
+/// How long a node that could not be reached is passed over before it is tried again.
+const UNREACHABLE_FOR: Duration = Duration::from_secs(1);
+
+/// One replica's state as its node publishes it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaState {
+    /// The replica's id, unique in the cluster.
+    pub id: String,
+    /// Its `max_ongoing_requests`.
+    pub max_ongoing: usize,
+    /// Its model-count cap, if any.
+    pub max_models: Option<usize>,
+    /// Its byte cap, if any.
+    pub max_bytes: Option<u64>,
+    /// Requests in progress on it.
+    pub ongoing: usize,
+    /// Whether it takes requests (not draining).
+    pub available: bool,
+    /// The models it holds.
+    pub copies: Vec<CopyReport>,
+}
+
+/// One application's ingress deployment on this node, as published to the cluster.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeploymentState {
+    /// The application.
+    pub app: String,
+    /// Its ingress deployment.
+    pub deployment: String,
+    /// The deployment's local replicas.
+    pub replicas: Vec<ReplicaState>,
+}
+
+/// Why a forwarded request got no answer from its node.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ForwardError {
+    /// It never reached the node (no connection): always safe to send elsewhere.
+    #[error("not sent to node {node}: {reason}")]
+    NotSent {
+        /// The node.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+    /// The node refused it without running it (no replica of the deployment, shutting down).
+    #[error("node {node} did not take it: {reason}")]
+    NotHere {
+        /// The node.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+    /// It failed after it was sent: it may have run.
+    #[error("forwarding to node {node} failed: {reason}")]
+    Failed {
+        /// The node.
+        node: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// Sends a request to another node (in `modelmux-cluster`: HTTP/2 over one connection per
+/// peer). The request carries [`FORWARDED_HEADER`] naming `replica`.
+pub trait Forwarder: Send + Sync + 'static {
+    /// Forwards `request` to `node`'s replica `replica`.
+    fn forward(
+        &self,
+        node: &str,
+        replica: &str,
+        request: Request,
+    ) -> BoxFuture<'static, Result<Response, ForwardError>>;
+}
+
+/// A replica on another node.
+pub(crate) struct RemoteReplica {
+    pub(crate) node: Arc<str>,
+    pub(crate) slot: Arc<ReplicaSlot>,
+    /// Requests in progress there, as its node last published.
+    reported_ongoing: AtomicUsize,
+    /// Whether its node said it takes requests.
+    reported_available: AtomicBool,
+    /// Until when (ms on [`clock`]) it is passed over after a failed connection.
+    unreachable_until: AtomicU64,
+    forwarder: Arc<dyn Forwarder>,
+}
+
+fn clock() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+impl RemoteReplica {
+    pub(crate) fn new(node: Arc<str>, state: &ReplicaState, forwarder: Arc<dyn Forwarder>) -> Self {
+        let slot = ReplicaSlot::new(
+            state.id.as_str().into(),
+            state.max_ongoing,
+            1,
+            state.max_models,
+        )
+        .with_byte_capacity(state.max_bytes);
+        let replica = Self {
+            node,
+            slot: Arc::new(slot),
+            reported_ongoing: AtomicUsize::new(0),
+            reported_available: AtomicBool::new(true),
+            unreachable_until: AtomicU64::new(0),
+            forwarder,
+        };
+        replica.update(state);
+        replica
+    }
+
+    /// Whether `state` can update this replica in place (same limits).
+    pub(crate) fn same_shape(&self, state: &ReplicaState) -> bool {
+        use crate::ReplicaView;
+        self.slot.max_ongoing() == state.max_ongoing
+            && self.slot.capacity() == (state.max_models, state.max_bytes)
+    }
+
+    /// Takes in what its node published.
+    pub(crate) fn update(&self, state: &ReplicaState) {
+        self.reported_ongoing
+            .store(state.ongoing, Ordering::Relaxed);
+        self.reported_available
+            .store(state.available, Ordering::SeqCst);
+        self.slot.replace_copies(&state.copies);
+    }
+
+    /// Whether the router may send it requests: its node takes them and answered lately.
+    pub(crate) fn reachable(&self) -> bool {
+        self.reported_available.load(Ordering::SeqCst)
+            && self.unreachable_until.load(Ordering::Relaxed) <= clock()
+    }
+
+    /// Passes it over for a moment (its node could not be reached, or turned a request away).
+    pub(crate) fn set_unreachable(&self) {
+        let until = clock() + u64::try_from(UNREACHABLE_FOR.as_millis()).unwrap_or(1000);
+        self.unreachable_until.store(until, Ordering::Relaxed);
+    }
+
+    /// Requests in progress there: what its node reported, or what this node sent it, if more.
+    pub(crate) fn ongoing(&self) -> usize {
+        use crate::ReplicaView;
+        self.slot
+            .ongoing()
+            .max(self.reported_ongoing.load(Ordering::Relaxed))
+    }
+
+    pub(crate) fn forward(
+        &self,
+        request: Request,
+    ) -> BoxFuture<'static, Result<Response, ForwardError>> {
+        use crate::ReplicaView;
+        self.forwarder.forward(&self.node, self.slot.id(), request)
+    }
+}
