@@ -156,14 +156,15 @@ impl Forwarder for H2Forwarder {
                     reason,
                 }
             })?;
-            let response =
-                sender
-                    .send_request(request)
-                    .await
-                    .map_err(|e| ForwardError::Failed {
-                        node: node.clone(),
-                        reason: e.to_string(),
-                    })?;
+            let response = sender.send_request(request).await.map_err(|e| {
+                // Cancelled: the connection went before the request was sent on it.
+                let (node, reason) = (node.clone(), e.to_string());
+                if e.is_canceled() {
+                    ForwardError::NotSent { node, reason }
+                } else {
+                    ForwardError::Failed { node, reason }
+                }
+            })?;
             if response.headers().contains_key(NOT_HERE_HEADER) {
                 return Err(ForwardError::NotHere {
                     node,
