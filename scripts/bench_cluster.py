@@ -22,6 +22,7 @@ the driver, and all are stopped on exit. Logs: <logs>/<process>.log.
 
 import argparse
 import atexit
+import base64
 import ctypes
 import http.client
 import json
@@ -46,6 +47,14 @@ REPLICAS_PER_NODE = 2
 MODELS_PER_REPLICA = 4
 LOAD_MS = 20
 LEASE_TTL_S = 3
+# Servers log warnings and the cluster's own info lines (lease lost, watch restarted), not a
+# line per load or request: under Zipf traffic those are thousands a second, written to a file
+# synchronously, and a slow disk then stalls the server. MODELMUX_LOG_LEVEL overrides it (say
+# `info`, to see every load and every request's replica, status and time).
+LOG_LEVEL = os.environ.get("MODELMUX_LOG_LEVEL", "warn,modelmux_cluster=info")
+# etcd's data: a tmpfs by default, so that its fsyncs time this machine's memory, not a disk
+# shared with whatever else runs here (builds); ETCD_DATA_DIR=dir puts it elsewhere.
+ETCD_DATA_DIR = os.environ.get("ETCD_DATA_DIR") or ("/dev/shm" if os.path.isdir("/dev/shm") else None)
 
 
 def die_with_parent():
@@ -61,9 +70,10 @@ def spawn(argv, log_path, stdout=subprocess.DEVNULL):
     return proc
 
 
-def stop_children():
-    """SIGTERM every child still running, then SIGKILL what is left after 3 s."""
-    alive = [p for p in CHILDREN if p.poll() is None]
+def stop_children(keep=()):
+    """SIGTERM every child still running (but those in `keep`), then SIGKILL what is left
+    after 3 s."""
+    alive = [p for p in CHILDREN if p.poll() is None and p not in keep]
     for p in alive:
         try:
             p.terminate()
@@ -99,6 +109,11 @@ def pct(values, q):
         return None
     s = sorted(values)
     return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+
+
+def utc_now():
+    """The time now as the servers' logs print it (UTC), to find an event in them."""
+    return time.strftime("%H:%M:%S", time.gmtime()) + f".{int(time.time() % 1 * 1000):03d}Z"
 
 
 def ms(seconds):
@@ -158,7 +173,8 @@ class Etcd:
     """`members` etcd members on free loopback ports, data in a temporary directory."""
 
     def __init__(self, binary, members, logs, tag):
-        self.dir = tempfile.mkdtemp(prefix="bench-cluster-etcd-")
+        self.dir = tempfile.mkdtemp(prefix="bench-cluster-etcd-", dir=ETCD_DATA_DIR)
+        atexit.register(shutil.rmtree, self.dir, True)
         specs = [
             (f"{tag}{i}", f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}")
             for i in range(members)
@@ -225,7 +241,9 @@ class Etcd:
         page = page.decode()
         out = {"put": metric_sum(page, "etcd_mvcc_put_total"),
                "delete": metric_sum(page, "etcd_mvcc_delete_total"),
-               "txn": metric_sum(page, "etcd_mvcc_txn_total")}
+               "txn": metric_sum(page, "etcd_mvcc_txn_total"),
+               "fsync_s": metric_sum(page, "etcd_disk_wal_fsync_duration_seconds_sum"),
+               "fsyncs": metric_sum(page, "etcd_disk_wal_fsync_duration_seconds_count")}
         out["revision"] = self.status(m)[2]
         return out
 
@@ -281,7 +299,7 @@ class Server:
     def __init__(self, bin_, config, name, logs, extra=()):
         self.name = name
         self.log = os.path.join(logs, f"{name}.log")
-        argv = [bin_, "serve", config, "--log-level", "info,modelmux::access=warn", *extra]
+        argv = [bin_, "serve", config, "--log-level", LOG_LEVEL, *extra]
         self.proc = spawn(argv, self.log, stdout=subprocess.PIPE)
         self.lines = queue.Queue()
         threading.Thread(target=self._drain, daemon=True).start()
@@ -316,7 +334,8 @@ class Server:
                                   {"Content-Type": "application/json"})
 
     def evict(self, model):
-        return self.admin.request("DELETE", f"/-/models/{DEPLOYMENT}/{model}")
+        return self.admin.request("DELETE", f"/-/models/{DEPLOYMENT}/{model}",
+                                  {"Content-Type": "application/json"})
 
     def signal(self, sig):
         self.proc.send_signal(sig)
@@ -428,6 +447,42 @@ def bench_errors(r):
 # ---------------------------------------------------------------------------------- pollers
 
 
+class CopyWatch(threading.Thread):
+    """Watches the cluster's model copy keys through etcd's JSON gateway and notes when each
+    event reached this process: {(model id, "loaded" | "deleted"): perf_counter time}. It
+    splits a convergence delay into the publishing node's part (until etcd has the write)
+    and the ingresses' part (from there until they list it)."""
+
+    def __init__(self, etcd_client, prefix):
+        super().__init__(daemon=True)
+        self.host, self.port = host_port(etcd_client)
+        self.prefix = prefix.encode()
+        self.seen = {}
+        self.ready = threading.Event()
+
+    def run(self):
+        end = self.prefix[:-1] + bytes([self.prefix[-1] + 1])
+        b64 = lambda b: base64.b64encode(b).decode()
+        c = http.client.HTTPConnection(self.host, self.port)
+        c.request("POST", "/v3/watch", headers={"Content-Type": "application/json"},
+                  body=json.dumps({"create_request": {"key": b64(self.prefix),
+                                                      "range_end": b64(end)}}))
+        r = c.getresponse()
+        while line := r.readline():
+            t = time.perf_counter()
+            result = json.loads(line).get("result", {})
+            if result.get("created"):
+                self.ready.set()
+            for ev in result.get("events", []):
+                model = base64.b64decode(ev["kv"]["key"]).decode().rsplit("/", 1)[-1]
+                if ev.get("type") == "DELETE":
+                    self.seen.setdefault((model, "deleted"), t)
+                    continue
+                value = json.loads(base64.b64decode(ev["kv"].get("value", "")) or b"{}")
+                if value.get("loaded"):
+                    self.seen.setdefault((model, "loaded"), t)
+
+
 class Poller(threading.Thread):
     """Polls one ingress's /-/models in a tight loop on a kept-alive connection, per job: a
     job is (check(body, t) -> done?, t0, deadline, pause between polls); its result is t - t0 at the poll that
@@ -490,11 +545,14 @@ def check_absent(model):
 
 
 class NodeWatch:
-    """For a node going away: when an ingress first lists none of its replicas as available,
-    whether any came back as available after that, and when none is listed at all."""
+    """For a node going away, as one ingress lists it: when none of its replicas is available
+    first, from when none is for good (a replica marked unreachable after a failed forward
+    comes back a moment later, until its records go), how many times one came back, and when
+    none is listed at all."""
 
     def __init__(self, node, t0):
         self.node, self.t0 = node, t0
+        self.first = None
         self.unavailable = None
         self.flaps = 0
         self.gone = None
@@ -504,6 +562,8 @@ class NodeWatch:
         up = available_remotes(doc, self.node)
         if up == 0 and self.unavailable is None:
             self.unavailable = t - self.t0
+            if self.first is None:
+                self.first = self.unavailable
         elif up and self.unavailable is not None:
             self.flaps += 1
             self.unavailable = None
@@ -565,11 +625,18 @@ def phase_convergence(args, cl):
         probe.request("GET", "/-/models")
         idle.append(time.perf_counter() - a)
     probe.close()
+    watch = CopyWatch(cl.etcd.members[0]["client"], "modelmux/bench/copies/")
+    watch.start()
+    watch.ready.wait(10)
     pollers = [Poller(i) for i in cl.ingresses]
     for p in pollers:
         p.start()
+    # Per round: (t0, the slowest ingress's delay), to split with the etcd watch's times.
+    rounds = {"loaded": [], "deleted": []}
+    etcd_before = cl.etcd.counters()
     load_max, load_each, evict_max, evict_each = [], [], [], []
     load_lost = evict_lost = refused = 0
+    worst_rounds = []
     started = time.perf_counter()
     for i in range(args.iterations):
         node = cl.nodes[i % len(cl.nodes)]
@@ -579,29 +646,38 @@ def phase_convergence(args, cl):
             refused += 1
             say(f"load {model} on {node.name}: {status} {body[:200]!r}")
             continue
-        _, delays = run_jobs(pollers, lambda _p: check_present(model), 2.0)
+        t0, delays = run_jobs(pollers, lambda _p: check_present(model), 2.0)
+        rounds["loaded"].append((model, t0, None if None in delays else max(delays)))
         load_each += [d for d in delays if d is not None]
         load_lost += sum(d is None for d in delays)
         if None not in delays:
             load_max.append(max(delays))
+            worst_rounds.append((max(delays), i, "load"))
         status, body = node.evict(model)
         if status != 200:
             refused += 1
             say(f"evict {model} on {node.name}: {status} {body[:200]!r}")
             continue
-        _, delays = run_jobs(pollers, lambda _p: check_absent(model), 2.0)
+        t0, delays = run_jobs(pollers, lambda _p: check_absent(model), 2.0)
+        rounds["deleted"].append((model, t0, None if None in delays else max(delays)))
         evict_each += [d for d in delays if d is not None]
         evict_lost += sum(d is None for d in delays)
         if None not in delays:
             evict_max.append(max(delays))
+            worst_rounds.append((max(delays), i, "evict"))
     elapsed = time.perf_counter() - started
+    etcd_after = cl.etcd.counters()
     round_trips = [t for p in pollers for t in p.round_trips]
     for p in pollers:
         p.jobs.put(None)
     for p in pollers:
         p.join()
+    fsyncs = etcd_after["fsyncs"] - etcd_before["fsyncs"]
+    fsync_ms = (etcd_after["fsync_s"] - etcd_before["fsync_s"]) / max(fsyncs, 1) * 1e3
     say(f"{args.iterations} rounds in {elapsed:.1f} s; {sum(p.polls for p in pollers)} polls; "
-        f"admin calls refused: {refused}")
+        f"admin calls refused: {refused}; etcd: "
+        f"{etcd_after['revision'] - etcd_before['revision']} writes, WAL fsync {fsync_ms:.2f} ms "
+        f"on average (its data is in {ETCD_DATA_DIR or tempfile.gettempdir()})")
     say(f"/-/models round trip: idle (one client) p50 {ms(pct(idle, .5))} p99 {ms(pct(idle, .99))}; "
         f"while {len(pollers)} threads poll p50 {ms(pct(round_trips, .5))} "
         f"p99 {ms(pct(round_trips, .99))} (the resolution of every delay below)")
@@ -614,6 +690,28 @@ def phase_convergence(args, cl):
     row("1 convergence", "load seen by every ingress, p50", ms(pct(load_max, .5)))
     row("1 convergence", "load seen by every ingress, p99", ms(p99), "<= 50 ms",
         p99 is not None and p99 <= 0.050 and load_lost == 0)
+    # The node's part: from the admin call's answer until the etcd watch got the write
+    # (negative: written before the answer); the ingresses': from there until the last one
+    # listed it (this includes polling; a delivery of the watch event to this process later
+    # than the ingresses' can make it slightly negative).
+    split = {}
+    for kind, label in (("loaded", "load "), ("deleted", "evict")):
+        node_part, ingress_part = [], []
+        for model, t0, worst in rounds[kind]:
+            t = watch.seen.get((model, kind))
+            if t is None or worst is None:
+                continue
+            node_part.append(t - t0)
+            ingress_part.append(t0 + worst - t)
+            split[(model, kind)] = (t - t0, t0 + worst - t)
+        say(f"{label}: node until etcd has it p50 {ms(pct(node_part, .5))} p99 "
+            f"{ms(pct(node_part, .99))} max {ms(max(node_part) if node_part else None)}; "
+            f"etcd until the last ingress lists it p50 {ms(pct(ingress_part, .5))} p99 "
+            f"{ms(pct(ingress_part, .99))} max {ms(max(ingress_part) if ingress_part else None)}")
+    worst = sorted(worst_rounds, reverse=True)[:5]
+    say("slowest rounds (slowest ingress = node part + ingress part): " + ", ".join(
+        f"{what} #{i} {ms(d)} = {' + '.join(ms(x) for x in split.get((f'conv-{i}', 'loaded' if what == 'load' else 'deleted'), (None, None)))}"
+        for d, i, what in worst))
     e99 = pct(evict_max, .99)
     row("1 convergence", "eviction seen by every ingress, p50", ms(pct(evict_max, .5)))
     row("1 convergence", "eviction seen by every ingress, p99", ms(e99), "<= 50 ms (same)",
@@ -747,6 +845,7 @@ def phase_node_loss(args, cl):
                    for k, i in enumerate(cl.ingresses[:2])]
         time.sleep(args.secs / 3)
         victim.signal(sig)
+        at = utc_now()
         watches = {}
 
         def make(p, node_id=node_id):
@@ -760,28 +859,40 @@ def phase_node_loss(args, cl):
         except subprocess.TimeoutExpired:
             code = "still running after 20 s"
         results = [b.result() for b in benches]
+        first = [watches[p].first for p in pollers]
         unavailable = [watches[p].unavailable for p in pollers]
         flaps = sum(watches[p].flaps for p in pollers)
-        say(f"{name} {victim.name} (exit {code}); per ingress, until its replicas are no "
-            f"longer available: {', '.join(ms(u) for u in unavailable)}; until no longer "
-            f"listed: {', '.join(ms(g) for g in gone)}; came back as available {flaps} times")
-        failed = 0
+        say(f"{name} {victim.name} at {at} (exit {code}); per ingress ({', '.join(i.name for i in cl.ingresses)}; "
+            f"the last one has no traffic):")
+        say(f"  none of its replicas listed available first after {', '.join(ms(u) for u in first)}; "
+            f"for good after {', '.join(ms(u) for u in unavailable)} (came back as available "
+            f"{flaps} times in between); no longer listed after {', '.join(ms(g) for g in gone)}")
+        failed, worst = 0, 0.0
         for i, r in zip(cl.ingresses, results):
             say(f"  traffic via {i.name}: " + (r["error"] if "error" in r else
                 f"{r['requests_per_second']:.0f} req/s, p99 {r['latency_ms']['p99']:.1f} ms, "
                 f"max {r['latency_ms']['max']:.0f} ms, {bench_errors(r)}"))
             failed += r.get("errors", 10**9)
+            if "latency_ms" in r:
+                worst = max(worst, r["latency_ms"]["max"])
         sent = sum(r.get("requests", 0) for r in results)
-        known = [u for u in unavailable if u is not None]
-        first = min(known) if known else None
-        last = max(known) if len(known) == len(unavailable) else None
+        def first_last(values):
+            known = [u for u in values if u is not None]
+            return (min(known) if known else None,
+                    max(known) if known and len(known) == len(values) else None)
+
         label = "SIGKILL" if sig == signal.SIGKILL else "SIGTERM"
         if sig == signal.SIGKILL:
             row("3 node loss", f"{label}: failed requests", f"{failed} of {sent}")
         else:
             row("3 node loss", f"{label}: failed requests", f"{failed} of {sent}", "0", failed == 0)
-        row("3 node loss", f"{label}: first / last ingress stops routing to it",
-            f"{ms(first)} / {ms(last)}")
+        row("3 node loss", f"{label}: slowest request", f"{worst:.0f} ms")
+        a, b = first_last(first)
+        row("3 node loss", f"{label}: first / last ingress lists it unavailable",
+            f"{ms(a)} / {ms(b)}")
+        a, b = first_last(unavailable)
+        row("3 node loss", f"{label}: ... for good (first / last ingress)",
+            f"{ms(a)} / {ms(b)}{f' ({flaps} flaps)' if flaps else ''}")
         row("3 node loss", f"{label}: last ingress drops its records",
             ms(max(gone) if None not in gone else None))
         cl.nodes.remove(victim)
@@ -805,13 +916,13 @@ def phase_leader_kill(args):
         if leader is None:
             raise RuntimeError("no etcd leader to kill")
         leader_id = etcd.status(leader)[0]
-        t = time.perf_counter()
+        t, at = time.perf_counter(), utc_now()
         leader["proc"].kill()
         leader["proc"].wait()
         new = etcd.wait_leader(10, not_id=leader_id)
         elected = time.perf_counter() - t
         r = bench.result()
-        say(f"killed leader {leader['name']}; a new leader ({new}) after {ms(elected)}")
+        say(f"killed leader {leader['name']} at {at}; a new leader ({new}) after {ms(elected)}")
         say("traffic via i1: " + (r["error"] if "error" in r else
             f"{r['requests_per_second']:.0f} req/s, p99 {r['latency_ms']['p99']:.1f} ms, "
             f"max {r['latency_ms']['max']:.0f} ms, {bench_errors(r)}"))
@@ -837,7 +948,8 @@ def phase_leader_kill(args):
 
 
 def stop_children_of(etcd):
-    stop_children()
+    """Stops the modelmux processes (they leave the cluster), then etcd."""
+    stop_children(keep=[m["proc"] for m in etcd.members])
     etcd.close()
 
 
@@ -912,6 +1024,9 @@ def main():
         import traceback
         traceback.print_exc()
         row("error", type(e).__name__, str(e)[:120], "", False)
+    except SystemExit:
+        row("error", "interrupted", "the summary holds only what was measured", "", False)
+        raise
     finally:
         status = print_summary(args, started)
     return status
