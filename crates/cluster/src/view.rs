@@ -36,9 +36,13 @@ impl View {
         self.records.borrow().clone()
     }
 
-    /// Waits until the records change (or the view stops).
+    /// Waits until the records change. If the task following etcd is gone (it panicked), it
+    /// never returns: a caller looping on it must not spin.
     pub async fn changed(&mut self) {
-        let _ = self.records.changed().await;
+        if self.records.changed().await.is_err() {
+            tracing::error!("the view's follower stopped; routing stays on the last records");
+            std::future::pending::<()>().await;
+        }
     }
 }
 
