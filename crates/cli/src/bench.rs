@@ -73,6 +73,11 @@ pub struct BenchArgs {
     /// Seconds one request may take before it counts as a timeout.
     #[arg(long, default_value_t = 30.0)]
     timeout: f64,
+    /// Where the server-side loads, evictions and hits are read (`/metrics`), summed; repeat it
+    /// for every node of a cluster, whose loads happen on the nodes, not on the ingress
+    /// `--url` names. Default: `--url`.
+    #[arg(long = "metrics-url")]
+    metrics_urls: Vec<String>,
 }
 
 /// Chooses model `k` for request `i`.
@@ -221,9 +226,20 @@ const SERVER_METRICS: [&str; 4] = [
     "modelmux_cache_misses_total",
 ];
 
-async fn scrape(url: &str) -> Option<Vec<f64>> {
-    let (status, body) = http_get(url, "/metrics", None).await.ok()?;
-    (status == 200).then(|| metric_sums(&String::from_utf8_lossy(&body), &SERVER_METRICS))
+/// The server metrics summed over `urls`; `None` if one cannot be read.
+async fn scrape(urls: &[String]) -> Option<Vec<f64>> {
+    let mut sums = vec![0.0; SERVER_METRICS.len()];
+    for url in urls {
+        let (status, body) = http_get(url, "/metrics", None).await.ok()?;
+        if status != 200 {
+            return None;
+        }
+        let page = metric_sums(&String::from_utf8_lossy(&body), &SERVER_METRICS);
+        for (sum, value) in sums.iter_mut().zip(page) {
+            *sum += value;
+        }
+    }
+    Some(sums)
 }
 
 struct Totals {
@@ -346,7 +362,12 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     request_for(&args, "check", (args.models > 0).then_some(0))
         .map_err(|e| format!("cannot build a request from --path and --model-prefix: {e}"))?;
     let popularity = Arc::new(Popularity::new(args.models.max(1), args.zipf, args.seed));
-    let before = scrape(&args.url).await;
+    let metrics_urls = if args.metrics_urls.is_empty() {
+        vec![args.url.clone()]
+    } else {
+        args.metrics_urls.clone()
+    };
+    let before = scrape(&metrics_urls).await;
     let next = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let args = Arc::new(args);
@@ -387,7 +408,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         }
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let after = scrape(&args.url).await;
+    let after = scrape(&metrics_urls).await;
     let sent = next.load(Ordering::Relaxed);
     let completed = latency.len();
     let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;

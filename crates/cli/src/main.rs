@@ -91,6 +91,9 @@ fn init_logging(format: LogFormat, level: Option<&str>) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // A log line that cannot be written (stderr closed) is dropped: reporting it would
+        // panic the task that logged, which may be one the server cannot do without.
+        .log_internal_errors(false)
         .with_ansi(ansi);
     match format {
         LogFormat::Text => builder.init(),

@@ -1,199 +1,18 @@
 //! Cluster mode end to end: real etcd members (Debian's `etcd-server`, started on free loopback
-//! ports) and real `modelmux serve` processes as nodes and router-only ingresses.
+//! ports) and real `modelmux` node processes as nodes and router-only ingresses.
 
+mod cluster_common;
 mod common;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use cluster_common::{Client, Traffic, node, traffic};
 use common::Running;
-use http_body_util::BodyExt;
 use modelmux_cluster::LocalEtcd;
-use serde_json::Value;
 use tokio::time::Instant;
-
-/// One deployment of synthetic models; `infer_ms` per request, 200 ms loads, 2 models per
-/// replica.
-fn config(infer_ms: u64) -> String {
-    format!(
-        r"
-http_options:
-  host: 127.0.0.1
-  port: 0
-  drain_grace_period_s: 0.5
-cluster:
-  name: test
-  lease_ttl_s: 2
-  unready_after_s: 2
-applications:
-  - name: default
-    route_prefix: /
-    deployments:
-      - name: Model
-        num_replicas: 1
-        max_ongoing_requests: 8
-        max_models_per_replica: 2
-        model:
-          kind: synthetic
-          load_ms: 200
-          size_mb: 1
-          infer_ms: {infer_ms}
-"
-    )
-}
-
-fn node(etcd: &LocalEtcd, id: &str, role: &str, infer_ms: u64) -> Running {
-    let cluster = etcd.cluster_url();
-    common::serve_with(
-        &config(infer_ms),
-        &["--cluster", &cluster, "--node-id", id, "--role", role],
-    )
-}
-
-/// A client on its own runtime threads for a test's traffic.
-struct Client {
-    http: wire::Http,
-}
-
-mod wire {
-    //! A small HTTP/1.1 client over hyper: a new connection per request, so a killed server
-    //! shows up as a failed request, never as a stale pooled connection.
-    use super::*;
-
-    #[derive(Clone, Default)]
-    pub(crate) struct Http;
-
-    impl Http {
-        pub(crate) async fn get(
-            &self,
-            url: &str,
-            path: &str,
-            model: &str,
-        ) -> Result<Reply, String> {
-            let addr = url.trim_start_matches("http://").to_string();
-            let stream = tokio::net::TcpStream::connect(&addr)
-                .await
-                .map_err(|e| e.to_string())?;
-            let (mut sender, conn) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .map_err(|e| e.to_string())?;
-            tokio::spawn(conn);
-            let mut request = hyper::Request::builder().uri(path).header("host", &addr);
-            if !model.is_empty() {
-                request = request.header("serve_multiplexed_model_id", model);
-            }
-            let request = request
-                .body(http_body_util::Full::new(bytes::Bytes::new()))
-                .unwrap();
-            let response = sender
-                .send_request(request)
-                .await
-                .map_err(|e| e.to_string())?;
-            let status = response.status().as_u16();
-            let replica = response
-                .headers()
-                .get("x-modelmux-replica")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string();
-            let body = response
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| e.to_string())?
-                .to_bytes();
-            Ok(Reply {
-                status,
-                replica,
-                body: String::from_utf8_lossy(&body).into_owned(),
-            })
-        }
-    }
-
-    pub(crate) struct Reply {
-        pub(crate) status: u16,
-        pub(crate) replica: String,
-        pub(crate) body: String,
-    }
-}
-
-impl Client {
-    fn new() -> Self {
-        Self { http: wire::Http }
-    }
-
-    async fn get(&self, url: &str, model: &str) -> wire::Reply {
-        self.http
-            .get(url, "/", model)
-            .await
-            .unwrap_or_else(|e| panic!("GET {url} for {model}: {e}"))
-    }
-
-    async fn json(&self, url: &str, path: &str) -> Value {
-        let reply = self.http.get(url, path, "").await.unwrap();
-        serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", reply.body))
-    }
-
-    /// Every replica's loaded models, from a node's `/-/models` (`remote: false` entries: the
-    /// node's own replicas).
-    async fn local_models(&self, url: &str) -> Vec<(String, Vec<String>)> {
-        let models = self.json(url, "/-/models").await;
-        let mut out = Vec::new();
-        for app in models["applications"].as_array().unwrap() {
-            for d in app["deployments"].as_array().unwrap() {
-                for r in d["replicas"].as_array().unwrap() {
-                    if r["remote"].as_bool() == Some(true) {
-                        continue;
-                    }
-                    let loaded = r["loaded"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|m| m["id"].as_str().unwrap().to_string())
-                        .collect();
-                    out.push((r["id"].as_str().unwrap().to_string(), loaded));
-                }
-            }
-        }
-        out
-    }
-
-    /// Model loads a node started (its `/metrics`).
-    async fn loads(&self, url: &str) -> u64 {
-        let reply = self.http.get(url, "/metrics", "").await.unwrap();
-        reply
-            .body
-            .lines()
-            .filter(|l| l.starts_with("modelmux_model_loads_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
-    }
-
-    /// Waits until `url`'s `/-/models` lists `n` remote replicas that are available.
-    async fn until_remote_replicas(&self, url: &str, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let models = self.json(url, "/-/models").await;
-            let available = models["applications"][0]["deployments"][0]["replicas"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|r| r["remote"].as_bool() == Some(true) && r["available"] == true)
-                .count();
-            if available == n {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{url} sees {available} remote replicas, not {n}: {models}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_model_is_loaded_once_cluster_wide_and_then_served_by_its_holder() {
@@ -278,59 +97,36 @@ async fn a_model_is_loaded_once_cluster_wide_and_then_served_by_its_holder() {
         .unwrap()
         .body;
     assert!(metrics.contains("node=\"n1\""), "{metrics}");
-}
 
-/// Requests from `clients` concurrent loops through `url` for models `m0..m{models}` until
-/// `stop`: (succeeded, failed with their error types).
-async fn traffic(
-    client: Arc<Client>,
-    url: String,
-    clients: usize,
-    models: usize,
-    stop: Arc<AtomicBool>,
-) -> (usize, Vec<String>) {
-    let ok = Arc::new(AtomicUsize::new(0));
-    let failed = Arc::new(parking_lot::Mutex::new(Vec::new()));
-    let mut loops = Vec::new();
-    for c in 0..clients {
-        let (client, url, stop, ok, failed) = (
-            client.clone(),
-            url.clone(),
-            stop.clone(),
-            ok.clone(),
-            failed.clone(),
-        );
-        loops.push(tokio::spawn(async move {
-            let mut i = c;
-            while !stop.load(Ordering::SeqCst) {
-                let model = format!("m{}", i % models);
-                i += 1;
-                match client.http.get(&url, "/", &model).await {
-                    Ok(r) if r.status == 200 => {
-                        ok.fetch_add(1, Ordering::SeqCst);
-                    }
-                    Ok(r) => {
-                        let kind = serde_json::from_str::<Value>(&r.body)
-                            .ok()
-                            .and_then(|v| v["error"]["type"].as_str().map(String::from))
-                            .unwrap_or_else(|| format!("status {}", r.status));
-                        failed.lock().push(kind);
-                    }
-                    Err(e) => failed.lock().push(format!("client error: {e}")),
-                }
-            }
-        }));
-    }
-    for l in loops {
-        l.await.unwrap();
-    }
-    let failed = failed.lock().clone();
-    (ok.load(Ordering::SeqCst), failed)
+    // `modelmux bench` through an ingress reads the loads where they happen: on the nodes.
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "bench",
+            "--url",
+            &ingresses[0].url,
+            "--json",
+            "--duration",
+            "0.5",
+        ])
+        .args(["--concurrency", "2", "--models", "3", "--model-prefix", "b"])
+        .args([
+            "--metrics-url",
+            &nodes[0].url,
+            "--metrics-url",
+            &nodes[1].url,
+        ])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+    // Three new models on full replicas: at least three loads (the ingress itself has none).
+    let loads = report["server"]["loads"].as_f64().unwrap_or_default();
+    assert!(loads >= 3.0, "{report}");
 }
 
 /// Two nodes and an ingress under steady traffic; `disrupt` runs mid-traffic. Returns what
 /// the traffic got.
-async fn under_traffic<F>(etcd: &mut LocalEtcd, disrupt: F) -> (usize, Vec<String>)
+async fn under_traffic<F>(etcd: &mut LocalEtcd, disrupt: F) -> Traffic
 where
     F: FnOnce(&mut LocalEtcd, &mut [Running]),
 {
@@ -356,7 +152,8 @@ where
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sigtermed_node_drains_and_loses_no_request() {
     let mut etcd = LocalEtcd::start(1).await.unwrap();
-    let (ok, failed) = under_traffic(&mut etcd, |_, nodes| nodes[0].signal_term()).await;
+    let Traffic { ok, failed, .. } =
+        under_traffic(&mut etcd, |_, nodes| nodes[0].signal_term()).await;
     assert!(ok > 100, "traffic flowed: {ok}");
     assert!(
         failed.is_empty(),
@@ -369,7 +166,7 @@ async fn a_sigtermed_node_drains_and_loses_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sigkilled_node_costs_only_its_requests_in_flight() {
     let mut etcd = LocalEtcd::start(1).await.unwrap();
-    let (ok, failed) = under_traffic(&mut etcd, |_, nodes| {
+    let Traffic { ok, failed, .. } = under_traffic(&mut etcd, |_, nodes| {
         let _ = nodes[0].child.kill();
     })
     .await;
@@ -387,7 +184,7 @@ async fn a_sigkilled_node_costs_only_its_requests_in_flight() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_etcd_leader_loses_no_request() {
     let mut etcd = LocalEtcd::start(3).await.unwrap();
-    let (ok, failed) = under_traffic(&mut etcd, |etcd, _| {
+    let Traffic { ok, failed, .. } = under_traffic(&mut etcd, |etcd, _| {
         let rt = tokio::runtime::Handle::current();
         let leader = std::thread::scope(|s| s.spawn(|| rt.block_on(etcd.leader())).join().unwrap())
             .expect("a leader");

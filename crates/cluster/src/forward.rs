@@ -1,8 +1,14 @@
 //! Forwarding requests to other nodes: HTTP/2 without TLS, one multiplexed connection per
 //! peer, pinged every second so a dead peer is noticed in about a second even when idle.
+//!
+//! A peer whose connection failed (refused, reset, a ping unanswered) is *down*: requests for
+//! it fail at once as not sent, so the router places them elsewhere, and a background probe
+//! reconnects with backoff. Only a probe's successful handshake brings the peer back, so a
+//! killed or partitioned node is never retried with live requests.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures_util::future::BoxFuture;
@@ -16,8 +22,12 @@ use tokio::sync::Mutex;
 
 /// How long connecting to a peer may take before the request goes elsewhere.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// Ping period, and how long a ping may go unanswered before the connection is dropped.
-const PING: Duration = Duration::from_secs(1);
+/// How often an open connection is pinged.
+const PING_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a ping may go unanswered, by default, before the connection is dropped.
+pub(crate) const DEFAULT_PING_TIMEOUT: Duration = Duration::from_secs(1);
+/// The first and the longest wait between probes of a peer that is down.
+const PROBE_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
 
 /// Headers that belong to one connection, not to the request (HTTP/2 forbids them).
 const HOP_BY_HOP: [HeaderName; 5] = [
@@ -29,23 +39,46 @@ const HOP_BY_HOP: [HeaderName; 5] = [
 ];
 
 /// Forwards requests to the nodes of a cluster by their advertised addresses.
-#[derive(Default)]
 pub struct H2Forwarder {
     /// Each peer's address as its record says.
     addresses: parking_lot::RwLock<HashMap<String, Authority>>,
     /// One connection per peer, opened on first use and again after it breaks.
     connections: parking_lot::Mutex<HashMap<String, Arc<Peer>>>,
+    ping_timeout: Duration,
 }
 
 struct Peer {
+    node: String,
     authority: Authority,
+    ping_timeout: Duration,
     sender: Mutex<Option<http2::SendRequest<Body>>>,
+    /// Its last connection failed and no probe has reached it since.
+    down: AtomicBool,
+    /// A probe is running.
+    probing: AtomicBool,
+}
+
+impl Default for H2Forwarder {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl H2Forwarder {
-    /// A forwarder that knows no peers yet.
+    /// A forwarder that knows no peers yet, with the default ping timeout.
     pub fn new() -> Self {
-        Self::default()
+        Self::with_ping_timeout(DEFAULT_PING_TIMEOUT)
+    }
+
+    /// A forwarder whose connections are dropped (and their peers probed) when a ping goes
+    /// unanswered for `ping_timeout`. Shorter notices a dead peer sooner; longer rides out
+    /// stalls of an overloaded machine without failing the requests in flight.
+    pub fn with_ping_timeout(ping_timeout: Duration) -> Self {
+        Self {
+            addresses: parking_lot::RwLock::default(),
+            connections: parking_lot::Mutex::default(),
+            ping_timeout,
+        }
     }
 
     /// Sets the peers' addresses (`node` → `http://host:port`). A peer whose address changed
@@ -74,8 +107,12 @@ impl H2Forwarder {
             .entry(node.to_owned())
             .or_insert_with(|| {
                 Arc::new(Peer {
+                    node: node.to_owned(),
                     authority,
+                    ping_timeout: self.ping_timeout,
                     sender: Mutex::new(None),
+                    down: AtomicBool::new(false),
+                    probing: AtomicBool::new(false),
                 })
             })
             .clone();
@@ -89,8 +126,16 @@ fn parse_authority(address: &str) -> Option<Authority> {
 }
 
 impl Peer {
-    /// A sender ready for a request: the open connection, or a new one.
-    async fn ready(&self, node: &str) -> Result<http2::SendRequest<Body>, ForwardError> {
+    /// A sender ready for a request: the open connection, or a new one. A peer that is down
+    /// is not tried: its probe reconnects.
+    async fn ready(self: &Arc<Self>) -> Result<http2::SendRequest<Body>, ForwardError> {
+        let not_sent = |reason: String| ForwardError::NotSent {
+            node: self.node.clone(),
+            reason,
+        };
+        if self.down.load(Ordering::SeqCst) {
+            return Err(not_sent("it did not answer lately".into()));
+        }
         let mut sender = self.sender.lock().await;
         if let Some(s) = sender.as_mut() {
             if s.ready().await.is_ok() {
@@ -98,41 +143,92 @@ impl Peer {
             }
             *sender = None;
         }
-        let not_sent = |reason: String| ForwardError::NotSent {
-            node: node.to_owned(),
-            reason,
-        };
+        match self.connect().await {
+            Ok(s) => {
+                *sender = Some(s.clone());
+                Ok(s)
+            }
+            Err(reason) => {
+                self.set_down(&reason);
+                Err(not_sent(reason))
+            }
+        }
+    }
+
+    /// Opens a connection and waits until it takes requests. When the connection later ends
+    /// with an error (a reset, a ping unanswered), the peer is down.
+    async fn connect(self: &Arc<Self>) -> Result<http2::SendRequest<Body>, String> {
+        let authority = &self.authority;
         let stream = tokio::time::timeout(
             CONNECT_TIMEOUT,
-            tokio::net::TcpStream::connect(self.authority.as_str()),
+            tokio::net::TcpStream::connect(authority.as_str()),
         )
         .await
-        .map_err(|_| not_sent(format!("connecting took longer than {CONNECT_TIMEOUT:?}")))?
-        .map_err(|e| not_sent(format!("connecting to {}: {e}", self.authority)))?;
+        .map_err(|_| format!("connecting to {authority} took longer than {CONNECT_TIMEOUT:?}"))?
+        .map_err(|e| format!("connecting to {authority}: {e}"))?;
         let _ = stream.set_nodelay(true);
-        let (mut s, connection) = http2::Builder::new(TokioExecutor::new())
+        let handshake = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
-            .keep_alive_interval(PING)
-            .keep_alive_timeout(PING)
+            .keep_alive_interval(PING_INTERVAL)
+            .keep_alive_timeout(self.ping_timeout)
             .keep_alive_while_idle(true)
-            .handshake(TokioIo::new(stream))
+            .handshake(TokioIo::new(stream));
+        let (mut s, connection) = tokio::time::timeout(CONNECT_TIMEOUT, handshake)
             .await
-            .map_err(|e| not_sent(format!("HTTP/2 handshake with {}: {e}", self.authority)))?;
-        let peer = node.to_owned();
+            .map_err(|_| format!("HTTP/2 handshake with {authority} took too long"))?
+            .map_err(|e| format!("HTTP/2 handshake with {authority}: {e}"))?;
+        let peer = Arc::downgrade(self);
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(%peer, "connection to peer ended: {e}");
+            if let Err(e) = connection.await
+                && let Some(peer) = peer.upgrade()
+            {
+                peer.set_down(&format!("connection ended: {e}"));
             }
         });
-        s.ready()
+        tokio::time::timeout(CONNECT_TIMEOUT, s.ready())
             .await
-            .map_err(|e| not_sent(format!("{}: {e}", self.authority)))?;
-        *sender = Some(s.clone());
+            .map_err(|_| format!("{authority} took too long to take a request"))?
+            .map_err(|e| format!("{authority}: {e}"))?;
         Ok(s)
+    }
+
+    /// Marks the peer down and starts its probe, unless one runs.
+    fn set_down(self: &Arc<Self>, reason: &str) {
+        if !self.down.swap(true, Ordering::SeqCst) {
+            tracing::warn!(peer = %self.node, "peer unreachable, passed over until it answers: {reason}");
+        }
+        if !self.probing.swap(true, Ordering::SeqCst) {
+            tokio::spawn(probe(Arc::downgrade(self)));
+        }
+    }
+}
+
+/// Reconnects to a peer that is down, with backoff, until it answers (then it is up again
+/// with that connection) or it is no longer a peer.
+async fn probe(peer: Weak<Peer>) {
+    let mut wait = PROBE_BACKOFF.0;
+    loop {
+        tokio::time::sleep(wait).await;
+        let Some(peer) = peer.upgrade() else { return };
+        if let Ok(s) = peer.connect().await {
+            *peer.sender.lock().await = Some(s);
+            peer.probing.store(false, Ordering::SeqCst);
+            peer.down.store(false, Ordering::SeqCst);
+            tracing::info!(peer = %peer.node, "peer reachable again");
+            return;
+        }
+        wait = (wait * 2).min(PROBE_BACKOFF.1);
     }
 }
 
 impl Forwarder for H2Forwarder {
+    fn reachable(&self, node: &str) -> bool {
+        self.connections
+            .lock()
+            .get(node)
+            .is_none_or(|peer| !peer.down.load(Ordering::SeqCst))
+    }
+
     fn forward(
         &self,
         node: &str,
@@ -149,7 +245,7 @@ impl Forwarder for H2Forwarder {
                     reason: "its address is not known".into(),
                 });
             };
-            let mut sender = peer.ready(&node).await?;
+            let mut sender = peer.ready().await?;
             let request = prepare(request, &peer.authority, &replica).map_err(|reason| {
                 ForwardError::NotSent {
                     node: node.clone(),

@@ -16,6 +16,7 @@ mod local_etcd;
 mod node;
 mod records;
 mod registry;
+mod supervise;
 mod view;
 
 pub use forward::H2Forwarder;

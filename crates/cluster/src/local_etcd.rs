@@ -1,8 +1,8 @@
-//! etcd members started on this machine, on free loopback ports with their data in a temporary
-//! directory: what the cluster tests and `scripts/bench-cluster` run against (Debian's
+//! etcd members started on this machine, on free ports (loopback unless told otherwise) with
+//! their data in a temporary directory: what the cluster tests and `scripts/bench-cluster` run against (Debian's
 //! `etcd-server` package provides the `etcd` binary; `ETCD_BIN` names another).
 
-use std::net::TcpListener;
+use std::net::{IpAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -20,20 +20,28 @@ struct Member {
     child: Option<Child>,
 }
 
-fn free_port() -> std::io::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+fn free_port(host: IpAddr) -> std::io::Result<u16> {
+    Ok(TcpListener::bind((host, 0))?.local_addr()?.port())
 }
 
 impl LocalEtcd {
-    /// Starts `members` members (1 or 3, say) and waits until the cluster has a leader.
+    /// Starts `members` members (1 or 3, say) on loopback and waits until the cluster has a
+    /// leader.
     pub async fn start(members: usize) -> std::io::Result<Self> {
+        Self::start_on(members, IpAddr::from([127, 0, 0, 1])).await
+    }
+
+    /// Starts `members` members listening on `host` (an address of this machine, or of the
+    /// network namespace the calling thread is in) and waits until the cluster has a leader.
+    pub async fn start_on(members: usize, host: IpAddr) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
+        let url = |port: u16| format!("http://{}", std::net::SocketAddr::new(host, port));
         let mut specs = Vec::new();
         for i in 0..members.max(1) {
             specs.push((
                 format!("m{i}"),
-                format!("http://127.0.0.1:{}", free_port()?),
-                format!("http://127.0.0.1:{}", free_port()?),
+                url(free_port(host)?),
+                url(free_port(host)?),
             ));
         }
         let initial: Vec<String> = specs

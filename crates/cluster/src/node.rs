@@ -2,10 +2,12 @@
 //! routes over every other node's, as etcd has them.
 
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions};
+use futures_util::FutureExt;
 use modelmux_serve::{Forwarder, NodeHandle};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -38,6 +40,9 @@ pub struct ClusterOptions {
     /// After how long without an answer from etcd `/-/healthz` reports not ready (it keeps
     /// serving on its last view meanwhile).
     pub unready_after: Duration,
+    /// How long a ping to a peer may go unanswered before its connection is dropped and the
+    /// peer passed over until it answers again.
+    pub peer_timeout: Duration,
 }
 
 impl ClusterOptions {
@@ -75,6 +80,7 @@ impl ClusterOptions {
             role: Role::Both,
             lease_ttl: Duration::from_secs(3),
             unready_after: Duration::from_secs(10),
+            peer_timeout: crate::forward::DEFAULT_PING_TIMEOUT,
         })
     }
 }
@@ -151,11 +157,13 @@ impl ClusterNode {
         let mut tasks = vec![tokio::spawn(publisher.run())];
         if options.role.routes() {
             let view = View::start(client, keys.all()).await?;
+            let forwarder = Arc::new(H2Forwarder::with_ping_timeout(options.peer_timeout));
             tasks.push(tokio::spawn(follow(
                 view,
                 keys,
                 options.node_id.clone(),
                 server.clone(),
+                forwarder,
             )));
         }
         let watched = registry.clone();
@@ -211,10 +219,17 @@ impl Publisher {
                 _ = changes.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
             }
-            failed = match self.publish().await {
-                Ok(()) => false,
-                Err(e) => {
+            // A panic must not end publication: the node would keep its lease and look
+            // healthy while its records went stale.
+            failed = match AssertUnwindSafe(self.publish()).catch_unwind().await {
+                Ok(Ok(())) => false,
+                Ok(Err(e)) => {
                     tracing::warn!("publishing this node's state to etcd: {e}");
+                    true
+                }
+                Err(_) => {
+                    tracing::error!("publishing this node's state panicked; trying again");
+                    self.record = None;
                     true
                 }
             };
@@ -288,21 +303,32 @@ fn same_but_load(a: &NodeRecord, b: &NodeRecord) -> bool {
 }
 
 /// Feeds every other node's replicas into the server's routers as etcd changes.
-async fn follow(mut view: View, keys: Keys, own: String, server: NodeHandle) {
-    let forwarder = Arc::new(H2Forwarder::new());
+async fn follow(
+    mut view: View,
+    keys: Keys,
+    own: String,
+    server: NodeHandle,
+    forwarder: Arc<H2Forwarder>,
+) {
     let as_dyn: Arc<dyn Forwarder> = forwarder.clone();
     let apps: Vec<String> = server.local_state().into_iter().map(|d| d.app).collect();
     loop {
         let records = view.records();
-        let (peers, mut by_app) = remote_replicas(&keys, &own, &records);
-        forwarder.set_peers(
-            peers
-                .iter()
-                .map(|p| (p.node.to_string(), p.record.address.clone())),
-        );
-        for app in &apps {
-            let replicas = by_app.remove(app).unwrap_or_default();
-            server.set_remote_replicas(app, &replicas, &as_dyn);
+        // A panic applying one view must not freeze routing on the last one.
+        let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let (peers, mut by_app) = remote_replicas(&keys, &own, &records);
+            forwarder.set_peers(
+                peers
+                    .iter()
+                    .map(|p| (p.node.to_string(), p.record.address.clone())),
+            );
+            for app in &apps {
+                let replicas = by_app.remove(app).unwrap_or_default();
+                server.set_remote_replicas(app, &replicas, &as_dyn);
+            }
+        }));
+        if applied.is_err() {
+            tracing::error!("applying the cluster's records panicked; waiting for the next change");
         }
         view.changed().await;
     }

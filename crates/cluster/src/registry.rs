@@ -11,6 +11,13 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::ClusterError;
+use crate::supervise::spawn_restarting;
+
+/// How soon a failed call is tried again while putting the records back on a new lease.
+const RETRY: Duration = Duration::from_millis(200);
+
+/// How long [`Registry::close`] keeps trying to revoke the lease.
+const CLOSE_TRIES_FOR: Duration = Duration::from_secs(5);
 
 /// How a [`Registry`] keeps its lease.
 #[derive(Debug, Clone)]
@@ -79,7 +86,8 @@ impl Registry {
             last_contact: AtomicU64::new(0),
             started: Instant::now(),
         });
-        let keeper = tokio::spawn(keep_alive(shared.clone()));
+        let kept = shared.clone();
+        let keeper = spawn_restarting("lease keeper", move || keep_alive(kept.clone()));
         Ok(Self { shared, keeper })
     }
 
@@ -119,11 +127,24 @@ impl Registry {
 
     /// Revokes the lease, so every record disappears at once (a clean stop), and stops keeping
     /// it alive.
+    ///
+    /// A failed revoke (etcd electing a leader, a member gone) is tried again for up to
+    /// 5 s; if it still fails, the records go when the lease expires.
     pub async fn close(&self) -> Result<(), ClusterError> {
         self.keeper.abort();
+        let deadline = Instant::now() + CLOSE_TRIES_FOR;
         let mut c = self.shared.client.clone();
-        c.lease_revoke(self.lease_id()).await?;
-        Ok(())
+        loop {
+            match c.lease_revoke(self.lease_id()).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_lease_gone(&e) => return Ok(()),
+                Err(e) if Instant::now() + RETRY >= deadline => return Err(e.into()),
+                Err(e) => {
+                    tracing::debug!("revoking the lease: {e}; trying again");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
     }
 }
 
@@ -175,29 +196,51 @@ fn is_lease_gone(e: &etcd_client::Error) -> bool {
     text.contains("lease not found") || text.contains("ttl")
 }
 
-/// A new lease, with every record written on it.
+/// A new lease, with every record written on it. Tried again until it is done: a record left
+/// unwritten would stay missing until it next changes.
 async fn renew(shared: &Shared, c: &mut Client) {
     let records = shared.records.lock().await;
-    let lease = match c.lease_grant(shared.options.ttl_secs(), None).await {
-        Ok(reply) => reply.id(),
-        Err(e) => {
-            tracing::warn!("granting a new lease: {e}");
-            return;
+    let mut lease = None;
+    let mut written = 0;
+    loop {
+        if lease.is_none() {
+            match c.lease_grant(shared.options.ttl_secs(), None).await {
+                Ok(reply) => {
+                    lease = Some(reply.id());
+                    shared.lease.store(reply.id(), Ordering::SeqCst);
+                    written = 0;
+                }
+                Err(e) => tracing::warn!("granting a new lease: {e}"),
+            }
         }
-    };
-    shared.lease.store(lease, Ordering::SeqCst);
-    for (key, value) in records.iter() {
-        let put = c.put(
-            key.as_str(),
-            value.clone(),
-            Some(PutOptions::new().with_lease(lease)),
-        );
-        if let Err(e) = put.await {
-            tracing::warn!("writing {key} again on lease {lease:x}: {e}");
+        if let Some(id) = lease {
+            for (key, value) in records.iter().skip(written) {
+                let put = c.put(
+                    key.as_str(),
+                    value.clone(),
+                    Some(PutOptions::new().with_lease(id)),
+                );
+                match put.await {
+                    Ok(_) => written += 1,
+                    Err(e) => {
+                        tracing::warn!("writing {key} again on lease {id:x}: {e}");
+                        // The new lease may have expired meanwhile: start over on another.
+                        if is_lease_gone(&e) {
+                            lease = None;
+                        }
+                        break;
+                    }
+                }
+            }
+            if written == records.len() && lease.is_some() {
+                shared.contact();
+                tracing::info!(
+                    "the lease was lost; {} records written again on a new one",
+                    records.len()
+                );
+                return;
+            }
         }
+        tokio::time::sleep(RETRY).await;
     }
-    tracing::info!(
-        "the lease was lost; {} records written again on a new one",
-        records.len()
-    );
 }

@@ -9,6 +9,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::ClusterError;
+use crate::supervise::spawn_restarting;
 
 /// Keys and values under one prefix.
 pub type Records = BTreeMap<String, Vec<u8>>;
@@ -27,7 +28,13 @@ impl View {
         let mut c = client.clone();
         let (records, revision) = read(&mut c, prefix).await?;
         let (tx, rx) = watch::channel(Arc::new(records));
-        let task = tokio::spawn(follow(client, prefix.to_owned(), revision, tx));
+        let prefix = prefix.to_owned();
+        let (first, tx) = (parking_lot::Mutex::new(Some(revision)), Arc::new(tx));
+        // Started again after a panic, it reads everything afresh before watching.
+        let task = spawn_restarting("view follower", move || {
+            let start = first.lock().take();
+            follow(client.clone(), prefix.clone(), start, tx.clone())
+        });
         Ok(Self { records: rx, task })
     }
 
@@ -36,8 +43,9 @@ impl View {
         self.records.borrow().clone()
     }
 
-    /// Waits until the records change. If the task following etcd is gone (it panicked), it
-    /// never returns: a caller looping on it must not spin.
+    /// Waits until the records change. (The task following etcd is started again if it
+    /// panics; should it be gone all the same, this never returns, so a caller looping on it
+    /// cannot spin.)
     pub async fn changed(&mut self) {
         if self.records.changed().await.is_err() {
             tracing::error!("the view's follower stopped; routing stays on the last records");
@@ -68,13 +76,19 @@ async fn read(c: &mut Client, prefix: &str) -> Result<(Records, i64), ClusterErr
     Ok((records, revision))
 }
 
+/// Watches from `revision + 1`, or (with no revision) reads everything first; reads again
+/// whenever the watch ends.
 async fn follow(
     client: Client,
     prefix: String,
-    mut revision: i64,
-    tx: watch::Sender<Arc<Records>>,
+    revision: Option<i64>,
+    tx: Arc<watch::Sender<Arc<Records>>>,
 ) {
     let mut c = client;
+    let mut revision = match revision {
+        Some(r) => r,
+        None => read_until_done(&mut c, &prefix, &tx).await,
+    };
     loop {
         let options = WatchOptions::new()
             .with_prefix()
@@ -119,17 +133,22 @@ async fn follow(
             Err(e) => tracing::warn!("watching {prefix}: {e}"),
         }
         // Read everything again and watch from there: no change is lost, however the watch ended.
-        loop {
-            match read(&mut c, &prefix).await {
-                Ok((records, at)) => {
-                    revision = at;
-                    tx.send_replace(Arc::new(records));
-                    break;
-                }
-                Err(e) => {
-                    tracing::warn!("reading {prefix}: {e}");
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
+        revision = read_until_done(&mut c, &prefix, &tx).await;
+    }
+}
+
+/// Reads every record under `prefix` (trying again until etcd answers), publishes them, and
+/// returns the revision they are at.
+async fn read_until_done(c: &mut Client, prefix: &str, tx: &watch::Sender<Arc<Records>>) -> i64 {
+    loop {
+        match read(c, prefix).await {
+            Ok((records, at)) => {
+                tx.send_replace(Arc::new(records));
+                return at;
+            }
+            Err(e) => {
+                tracing::warn!("reading {prefix}: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
     }

@@ -25,7 +25,8 @@ pub const FORWARDED_HEADER: &str = "x-modelmux-forwarded";
 /// of the deployment, or is shutting down): the forwarding node tries another.
 pub const NOT_HERE_HEADER: &str = "x-modelmux-not-here";
 
-/// How long a node that could not be reached is passed over before it is tried again.
+/// How long a replica whose request failed or was turned away is passed over. (A node that does
+/// not answer at all is passed over until its [`Forwarder`] reaches it again.)
 const UNREACHABLE_FOR: Duration = Duration::from_secs(1);
 
 /// One replica's state as its node publishes it.
@@ -90,6 +91,12 @@ pub enum ForwardError {
 /// Sends a request to another node (in `modelmux-cluster`: HTTP/2 over one connection per
 /// peer). The request carries [`FORWARDED_HEADER`] naming `replica`.
 pub trait Forwarder: Send + Sync + 'static {
+    /// Whether `node` is worth sending to: `false` while it is known not to answer (its
+    /// replicas are then passed over, whatever its records say).
+    fn reachable(&self, _node: &str) -> bool {
+        true
+    }
+
     /// Forwards `request` to `node`'s replica `replica`.
     fn forward(
         &self,
@@ -155,10 +162,12 @@ impl RemoteReplica {
         self.slot.replace_copies(&state.copies);
     }
 
-    /// Whether the router may send it requests: its node takes them and answered lately.
+    /// Whether the router may send it requests: its node takes them, did not turn one away
+    /// a moment ago, and answers.
     pub(crate) fn reachable(&self) -> bool {
         self.reported_available.load(Ordering::SeqCst)
             && self.unreachable_until.load(Ordering::Relaxed) <= clock()
+            && self.forwarder.reachable(&self.node)
     }
 
     /// Passes it over for a moment (its node could not be reached, or turned a request away).

@@ -36,6 +36,11 @@ pub struct ClusterConfig {
     /// After how long without an answer from etcd the node reports not ready (default 10).
     #[serde(default)]
     pub unready_after_s: Option<Seconds>,
+    /// How long a ping to another node may go unanswered before that node is passed over
+    /// until it answers again (default 1). Raise it on machines that stall for longer, where
+    /// a dropped connection would fail the requests in flight on it.
+    #[serde(default)]
+    pub peer_timeout_s: Option<Seconds>,
 }
 
 /// What the command line says about the cluster.
@@ -103,6 +108,15 @@ impl ClusterConfig {
         options.unready_after = self
             .unready_after_s
             .map_or(Duration::from_secs(10), |s| s.0);
+        if let Some(timeout) = self.peer_timeout_s {
+            if timeout.0 < Duration::from_millis(100) {
+                return Err(invalid(format!(
+                    "peer_timeout_s {:?} is too short (at least 0.1)",
+                    timeout.0.as_secs_f64()
+                )));
+            }
+            options.peer_timeout = timeout.0;
+        }
         Ok(Some(options))
     }
 }

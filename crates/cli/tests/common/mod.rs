@@ -63,17 +63,38 @@ pub fn serve(config: &str) -> Running {
 }
 
 pub fn serve_with(config: &str, extra: &[&str]) -> Running {
+    serve_in(&[], config, extra)
+}
+
+/// `modelmux serve` run by `wrapper` (`ip netns exec NS`, say; empty: run directly).
+pub fn serve_in(wrapper: &[&str], config: &str, extra: &[&str]) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, config).unwrap();
-    let running = start(&[&["serve", path.to_str().unwrap()], extra].concat());
+    let running = start_in(
+        wrapper,
+        &[&["serve", path.to_str().unwrap()], extra].concat(),
+    );
     std::mem::forget(dir); // the server read its config already; keep the file for its lifetime
     running
 }
 
 /// Starts `modelmux <args>` (a server) and waits for its "serving" line.
 pub fn start(args: &[&str]) -> Running {
-    let mut child = Command::new(BIN)
+    start_in(&[], args)
+}
+
+/// Starts `modelmux <args>` run by `wrapper` (which must exec it, so the child is the server).
+pub fn start_in(wrapper: &[&str], args: &[&str]) -> Running {
+    let mut command = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(BIN);
+            c
+        }
+        None => Command::new(BIN),
+    };
+    let mut child = command
         .args(args)
         .args(["--log-level", "info"])
         .stdout(Stdio::piped())
@@ -86,7 +107,11 @@ pub fn start(args: &[&str]) -> Running {
     let url = line
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .unwrap_or_else(|| {
+            let mut stderr = String::new();
+            let _ = std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut stderr);
+            panic!("no address in {line:?}; the server said: {stderr}")
+        })
         .trim_end_matches('/')
         .to_string();
     let logs = std::sync::Arc::new(parking_lot::Mutex::new(String::new()));

@@ -1,0 +1,291 @@
+//! What the cluster tests share: the nodes' configuration, starting a node, and a client that
+//! counts what traffic got.
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use crate::common::{self, Running};
+use http_body_util::BodyExt;
+use modelmux_cluster::LocalEtcd;
+use serde_json::Value;
+use tokio::time::Instant;
+
+/// One deployment of synthetic models served on `host`; `infer_ms` per request, 200 ms loads,
+/// 2 models per replica. Off loopback (the partition tests' namespaces, which only the test
+/// reaches) the admin API is open on purpose.
+pub fn config(host: &str, infer_ms: u64) -> String {
+    let open_admin = host != "127.0.0.1";
+    format!(
+        r"
+http_options:
+  host: {host}
+  port: 0
+  drain_grace_period_s: 0.5
+  allow_open_admin: {open_admin}
+cluster:
+  name: test
+  lease_ttl_s: 2
+  unready_after_s: 2
+applications:
+  - name: default
+    route_prefix: /
+    deployments:
+      - name: Model
+        num_replicas: 1
+        max_ongoing_requests: 8
+        max_models_per_replica: 2
+        model:
+          kind: synthetic
+          load_ms: 200
+          size_mb: 1
+          infer_ms: {infer_ms}
+"
+    )
+}
+
+/// A node on loopback.
+pub fn node(etcd: &LocalEtcd, id: &str, role: &str, infer_ms: u64) -> Running {
+    node_in(&[], "127.0.0.1", etcd, id, role, infer_ms)
+}
+
+/// A node run by `wrapper` (`ip netns exec NS`), serving on `host`.
+pub fn node_in(
+    wrapper: &[&str],
+    host: &str,
+    etcd: &LocalEtcd,
+    id: &str,
+    role: &str,
+    infer_ms: u64,
+) -> Running {
+    let cluster = etcd.cluster_url();
+    common::serve_in(
+        wrapper,
+        &config(host, infer_ms),
+        &["--cluster", &cluster, "--node-id", id, "--role", role],
+    )
+}
+
+/// A client for a test's traffic.
+pub struct Client {
+    pub http: wire::Http,
+}
+
+pub mod wire {
+    //! A small HTTP/1.1 client over hyper: a new connection per request, so a killed server
+    //! shows up as a failed request, never as a stale pooled connection.
+    use super::*;
+
+    #[derive(Clone, Default)]
+    pub(crate) struct Http;
+
+    impl Http {
+        pub(crate) async fn get(
+            &self,
+            url: &str,
+            path: &str,
+            model: &str,
+        ) -> Result<Reply, String> {
+            let addr = url.trim_start_matches("http://").to_string();
+            let stream = tokio::net::TcpStream::connect(&addr)
+                .await
+                .map_err(|e| e.to_string())?;
+            let (mut sender, conn) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            let mut request = hyper::Request::builder().uri(path).header("host", &addr);
+            if !model.is_empty() {
+                request = request.header("serve_multiplexed_model_id", model);
+            }
+            let request = request
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+                .unwrap();
+            let response = sender
+                .send_request(request)
+                .await
+                .map_err(|e| e.to_string())?;
+            let status = response.status().as_u16();
+            let replica = response
+                .headers()
+                .get("x-modelmux-replica")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok(Reply {
+                status,
+                replica,
+                body: String::from_utf8_lossy(&body).into_owned(),
+            })
+        }
+    }
+
+    pub(crate) struct Reply {
+        pub(crate) status: u16,
+        pub(crate) replica: String,
+        pub(crate) body: String,
+    }
+}
+
+impl Client {
+    pub fn new() -> Self {
+        Self { http: wire::Http }
+    }
+
+    pub async fn get(&self, url: &str, model: &str) -> wire::Reply {
+        self.http
+            .get(url, "/", model)
+            .await
+            .unwrap_or_else(|e| panic!("GET {url} for {model}: {e}"))
+    }
+
+    pub async fn json(&self, url: &str, path: &str) -> Value {
+        let reply = self.http.get(url, path, "").await.unwrap();
+        serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", reply.body))
+    }
+
+    /// Every replica's loaded models, from a node's `/-/models` (`remote: false` entries: the
+    /// node's own replicas).
+    pub async fn local_models(&self, url: &str) -> Vec<(String, Vec<String>)> {
+        let models = self.json(url, "/-/models").await;
+        let mut out = Vec::new();
+        for app in models["applications"].as_array().unwrap() {
+            for d in app["deployments"].as_array().unwrap() {
+                for r in d["replicas"].as_array().unwrap() {
+                    if r["remote"].as_bool() == Some(true) {
+                        continue;
+                    }
+                    let loaded = r["loaded"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|m| m["id"].as_str().unwrap().to_string())
+                        .collect();
+                    out.push((r["id"].as_str().unwrap().to_string(), loaded));
+                }
+            }
+        }
+        out
+    }
+
+    /// Model loads a node started (its `/metrics`).
+    pub async fn loads(&self, url: &str) -> u64 {
+        let reply = self.http.get(url, "/metrics", "").await.unwrap();
+        reply
+            .body
+            .lines()
+            .filter(|l| l.starts_with("modelmux_model_loads_total{"))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// Waits until `url`'s `/-/models` lists `n` remote replicas that are available.
+    pub async fn until_remote_replicas(&self, url: &str, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let models = self.json(url, "/-/models").await;
+            let available = models["applications"][0]["deployments"][0]["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["remote"].as_bool() == Some(true) && r["available"] == true)
+                .count();
+            if available == n {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{url} sees {available} remote replicas, not {n}: {models}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// What a stretch of traffic got.
+pub struct Traffic {
+    /// Requests answered 200.
+    pub ok: usize,
+    /// The others: their error types (or the client's error).
+    pub failed: Vec<String>,
+    /// Each request's start and how long it took.
+    pub timings: Vec<(Instant, Duration)>,
+}
+
+impl Traffic {
+    /// The longest a request started after `after` took.
+    pub fn slowest_after(&self, after: Instant) -> Duration {
+        self.timings
+            .iter()
+            .filter(|(start, _)| *start >= after)
+            .map(|(_, took)| *took)
+            .max()
+            .unwrap_or_default()
+    }
+}
+
+/// Requests from `clients` concurrent loops through `url` for models `m0..m{models}` until
+/// `stop`.
+pub async fn traffic(
+    client: Arc<Client>,
+    url: String,
+    clients: usize,
+    models: usize,
+    stop: Arc<AtomicBool>,
+) -> Traffic {
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let timings = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let mut loops = Vec::new();
+    for c in 0..clients {
+        let (client, url, stop, ok, failed, timings) = (
+            client.clone(),
+            url.clone(),
+            stop.clone(),
+            ok.clone(),
+            failed.clone(),
+            timings.clone(),
+        );
+        loops.push(tokio::spawn(async move {
+            let mut i = c;
+            while !stop.load(Ordering::SeqCst) {
+                let model = format!("m{}", i % models);
+                i += 1;
+                let start = Instant::now();
+                let reply = client.http.get(&url, "/", &model).await;
+                timings.lock().push((start, start.elapsed()));
+                match reply {
+                    Ok(r) if r.status == 200 => {
+                        ok.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Ok(r) => {
+                        let kind = serde_json::from_str::<Value>(&r.body)
+                            .ok()
+                            .and_then(|v| v["error"]["type"].as_str().map(String::from))
+                            .unwrap_or_else(|| format!("status {}", r.status));
+                        failed.lock().push(kind);
+                    }
+                    Err(e) => failed.lock().push(format!("client error: {e}")),
+                }
+            }
+        }));
+    }
+    for l in loops {
+        l.await.unwrap();
+    }
+    let failed = failed.lock().clone();
+    let timings = timings.lock().clone();
+    Traffic {
+        ok: ok.load(Ordering::SeqCst),
+        failed,
+        timings,
+    }
+}
