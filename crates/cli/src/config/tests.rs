@@ -230,3 +230,32 @@ async fn llm_settings_are_checked_with_their_path() {
             .is_ok()
     );
 }
+
+#[test]
+fn cluster_settings_are_read_and_checked() {
+    let listen: std::net::SocketAddr = "127.0.0.1:8000".parse().unwrap();
+    let flags = ClusterFlags {
+        etcd: Some("etcd://127.0.0.1:2379".into()),
+        node_id: Some("n1".into()),
+        ..ClusterFlags::default()
+    };
+    let with = |cluster: &str| {
+        let yaml = format!(
+            "cluster:\n{cluster}\napplications:\n  - name: a\n    deployments:\n      - name: d\n        model: {{kind: synthetic}}\n"
+        );
+        Config::parse(&yaml)
+            .unwrap()
+            .cluster
+            .options(&flags, listen)
+    };
+    let options = with("  peer_timeout_s: 2.5\n  lease_ttl_s: 4")
+        .unwrap()
+        .unwrap();
+    assert_eq!(options.peer_timeout, Duration::from_millis(2500));
+    assert_eq!(options.lease_ttl, Duration::from_secs(4));
+    assert_eq!(options.advertise, "http://127.0.0.1:8000");
+    let err = with("  peer_timeout_s: 0.01").unwrap_err().to_string();
+    assert!(err.contains("peer_timeout_s"), "{err}");
+    let err = with("  name: a/b").unwrap_err().to_string();
+    assert!(err.contains("name"), "{err}");
+}
