@@ -1,8 +1,8 @@
 //! The registry and the view against a real etcd (Debian's `etcd-server`, started on free
 //! loopback ports by `LocalEtcd`): records appear in a view within milliseconds, go when deleted, go with the
 //! lease when their process stops keeping it, come back on a new lease when etcd lets the old
-//! one expire, and a view follows changes across a compaction. (Not yet tested: the resync
-//! when a watch start revision itself was compacted away.)
+//! one expire, and a view follows changes across a compaction. (A watch whose start revision
+//! was compacted away is tested in `view.rs`.)
 
 use std::time::Duration;
 
