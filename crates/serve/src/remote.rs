@@ -110,8 +110,9 @@ pub trait Forwarder: Send + Sync + 'static {
 pub(crate) struct RemoteReplica {
     pub(crate) node: Arc<str>,
     pub(crate) slot: Arc<ReplicaSlot>,
-    /// Requests in progress there, as its node last published.
-    reported_ongoing: AtomicUsize,
+    /// Requests in progress there that other nodes sent, as of its node's last report: what
+    /// it reported less what this node had in flight to it when the report came.
+    others_ongoing: AtomicUsize,
     /// Whether its node said it takes requests.
     reported_available: AtomicBool,
     /// Until when (ms on [`clock`]) it is passed over after a failed connection.
@@ -137,7 +138,7 @@ impl RemoteReplica {
         let replica = Self {
             node,
             slot: Arc::new(slot),
-            reported_ongoing: AtomicUsize::new(0),
+            others_ongoing: AtomicUsize::new(0),
             reported_available: AtomicBool::new(true),
             unreachable_until: AtomicU64::new(0),
             forwarder,
@@ -155,8 +156,10 @@ impl RemoteReplica {
 
     /// Takes in what its node published.
     pub(crate) fn update(&self, state: &ReplicaState) {
-        self.reported_ongoing
-            .store(state.ongoing, Ordering::Relaxed);
+        use crate::ReplicaView;
+        let own = self.slot.ongoing();
+        self.others_ongoing
+            .store(state.ongoing.saturating_sub(own), Ordering::Relaxed);
         self.reported_available
             .store(state.available, Ordering::SeqCst);
         self.slot.replace_copies(&state.copies);
@@ -176,12 +179,13 @@ impl RemoteReplica {
         self.unreachable_until.store(until, Ordering::Relaxed);
     }
 
-    /// Requests in progress there: what its node reported, or what this node sent it, if more.
+    /// Requests in progress there: this node's, counted live, plus the other nodes' as last
+    /// reported. (Reports come at most once a second; taking the larger of the report and
+    /// this node's count instead made a replica this node had just drained look saturated
+    /// until the next report, and requests queued for up to a second.)
     pub(crate) fn ongoing(&self) -> usize {
         use crate::ReplicaView;
-        self.slot
-            .ongoing()
-            .max(self.reported_ongoing.load(Ordering::Relaxed))
+        self.slot.ongoing() + self.others_ongoing.load(Ordering::Relaxed)
     }
 
     pub(crate) fn forward(
@@ -190,5 +194,65 @@ impl RemoteReplica {
     ) -> BoxFuture<'static, Result<Response, ForwardError>> {
         use crate::ReplicaView;
         self.forwarder.forward(&self.node, self.slot.id(), request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Nowhere;
+
+    impl Forwarder for Nowhere {
+        fn forward(
+            &self,
+            node: &str,
+            _replica: &str,
+            _request: Request,
+        ) -> BoxFuture<'static, Result<Response, ForwardError>> {
+            let node = node.to_owned();
+            Box::pin(async move {
+                Err(ForwardError::NotSent {
+                    node,
+                    reason: "test".into(),
+                })
+            })
+        }
+    }
+
+    fn state(ongoing: usize) -> ReplicaState {
+        ReplicaState {
+            id: "d#1@n2".into(),
+            max_ongoing: 4,
+            max_models: Some(2),
+            max_bytes: None,
+            ongoing,
+            available: true,
+            copies: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_remote_replica_counts_this_nodes_requests_live_and_the_others_as_reported() {
+        let replica = RemoteReplica::new("n2".into(), &state(0), Arc::new(Nowhere));
+        // This node fills it; its node reports the same four.
+        for _ in 0..4 {
+            assert!(replica.slot.try_begin());
+        }
+        replica.update(&state(4));
+        assert_eq!(replica.ongoing(), 4);
+        // They finish: free at once, without waiting for the next report.
+        for _ in 0..4 {
+            replica.slot.finish();
+        }
+        assert_eq!(replica.ongoing(), 0);
+        // Another node's three, as reported, count until a report says otherwise.
+        replica.update(&state(3));
+        assert_eq!(replica.ongoing(), 3);
+        assert!(replica.slot.try_begin());
+        assert_eq!(replica.ongoing(), 4);
+        replica.slot.finish();
+        replica.update(&state(0));
+        assert_eq!(replica.ongoing(), 0);
     }
 }
