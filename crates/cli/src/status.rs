@@ -22,13 +22,15 @@ pub async fn run(url: &str, token: Option<&str>) -> Result<(), CliError> {
 
 fn render(models: &Value) -> String {
     let mut out = format!(
-        "{:<12} {:<16} {:<20} {:>7} {:>8}  {}\n",
+        "{:<12} {:<16} {:<24} {:<10} {:<5} {:>7} {:>8}  {}\n",
         "APP",
         "DEPLOYMENT",
         "REPLICA",
+        "NODE",
+        "UP",
         "ONGOING",
         "QUEUED",
-        "MODELS (id size_mb in_use idle_s [pinned]; loading: ids)"
+        "MODELS (id size_mb in_use idle_s [pinned]; another node's: id; loading: ids)"
     );
     let empty = Vec::new();
     let list = |v: &Value| v.as_array().unwrap_or(&empty).clone();
@@ -38,6 +40,10 @@ fn render(models: &Value) -> String {
                 let loaded: Vec<String> = list(&rep["loaded"])
                     .iter()
                     .map(|m| {
+                        // Another node's replica: only what its records say (the id).
+                        if m.get("size_bytes").is_none() {
+                            return m["id"].as_str().unwrap_or("?").to_owned();
+                        }
                         let mb = m["size_bytes"]
                             .as_f64()
                             .map_or("?".into(), |b| format!("{:.1}", b / 1048576.0));
@@ -62,11 +68,17 @@ fn render(models: &Value) -> String {
                 if !loading.is_empty() {
                     models.push_str(&format!("; loading: {}", loading.join(", ")));
                 }
+                let up = match rep["available"].as_bool() {
+                    Some(false) => "no",
+                    _ => "yes",
+                };
                 out.push_str(&format!(
-                    "{:<12} {:<16} {:<20} {:>7} {:>8}  {}\n",
+                    "{:<12} {:<16} {:<24} {:<10} {:<5} {:>7} {:>8}  {}\n",
                     app["name"].as_str().unwrap_or("?"),
                     dep["name"].as_str().unwrap_or("?"),
                     rep["id"].as_str().unwrap_or("?"),
+                    rep["node"].as_str().unwrap_or("-"),
+                    up,
                     rep["ongoing_requests"].as_u64().unwrap_or(0),
                     dep["queued_requests"].as_u64().unwrap_or(0),
                     if models.is_empty() {
@@ -92,5 +104,16 @@ mod tests {
         let table = render(&v);
         assert!(table.contains("Model#abc"), "{table}");
         assert!(table.contains("7 16.0 1 0 pinned; loading: 8"), "{table}");
+    }
+
+    #[test]
+    fn another_nodes_replicas_show_their_node_and_whether_they_are_up() {
+        let v = serde_json::json!({"applications": [{"name": "default", "deployments": [{"name": "Model", "queued_requests": 0,
+            "replicas": [{"id": "Model#abc@n2", "node": "n2", "remote": true, "available": false, "ongoing_requests": 0, "loaded": [{"id": "7"}], "loading": []}]}]}]});
+        let table = render(&v);
+        let row = table.lines().nth(1).unwrap();
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        assert_eq!(fields[2..5], ["Model#abc@n2", "n2", "no"], "{table}");
+        assert!(row.ends_with(" 7"), "{table}");
     }
 }

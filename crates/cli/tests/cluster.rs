@@ -98,6 +98,21 @@ async fn a_model_is_loaded_once_cluster_wide_and_then_served_by_its_holder() {
         .body;
     assert!(metrics.contains("node=\"n1\""), "{metrics}");
 
+    // `modelmux status` through an ingress: a row per replica, each node's.
+    let status = std::process::Command::new(common::BIN)
+        .args(["status", "--url", &ingresses[0].url])
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    for node in ["n1", "n2"] {
+        assert!(
+            table
+                .lines()
+                .any(|l| l.split_whitespace().nth(3) == Some(node)),
+            "{table}"
+        );
+    }
+
     // `modelmux bench` through an ingress reads the loads where they happen: on the nodes.
     let out = std::process::Command::new(common::BIN)
         .args([
