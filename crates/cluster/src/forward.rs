@@ -133,8 +133,9 @@ impl Peer {
             node: self.node.clone(),
             reason,
         };
+        let down = || not_sent("it did not answer lately".into());
         if self.down.load(Ordering::SeqCst) {
-            return Err(not_sent("it did not answer lately".into()));
+            return Err(down());
         }
         let mut sender = self.sender.lock().await;
         if let Some(s) = sender.as_mut() {
@@ -142,6 +143,10 @@ impl Peer {
                 return Ok(s.clone());
             }
             *sender = None;
+        }
+        // Requests that waited here while a connection attempt failed do not try again each.
+        if self.down.load(Ordering::SeqCst) {
+            return Err(down());
         }
         match self.connect().await {
             Ok(s) => {
