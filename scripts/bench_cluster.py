@@ -637,34 +637,36 @@ def phase_convergence(args, cl):
     load_max, load_each, evict_max, evict_each = [], [], [], []
     load_lost = evict_lost = refused = 0
     worst_rounds = []
+
+    def observe(kind, i, node, model, call, seen, rounds_of, each, worst):
+        """One admin call on `node`, then the delay until every ingress shows it (`seen`).
+        Returns (answered 200, ingresses that did not show it within 2 s)."""
+        nonlocal refused
+        status, body = call(model)
+        if status != 200:
+            refused += 1
+            say(f"{kind} {model} on {node.name}: {status} {body[:200]!r}")
+            return False, 0
+        t0, delays = run_jobs(pollers, lambda _p: seen(model), 2.0)
+        rounds_of.append((model, t0, None if None in delays else max(delays)))
+        each += [d for d in delays if d is not None]
+        if None not in delays:
+            worst.append(max(delays))
+            worst_rounds.append((max(delays), i, kind))
+        return True, sum(d is None for d in delays)
+
     started = time.perf_counter()
     for i in range(args.iterations):
         node = cl.nodes[i % len(cl.nodes)]
         model = f"conv-{i}"
-        status, body = node.load(model)
-        if status != 200:
-            refused += 1
-            say(f"load {model} on {node.name}: {status} {body[:200]!r}")
+        ok, lost = observe("load", i, node, model, node.load, check_present, rounds["loaded"],
+                           load_each, load_max)
+        load_lost += lost
+        if not ok:
             continue
-        t0, delays = run_jobs(pollers, lambda _p: check_present(model), 2.0)
-        rounds["loaded"].append((model, t0, None if None in delays else max(delays)))
-        load_each += [d for d in delays if d is not None]
-        load_lost += sum(d is None for d in delays)
-        if None not in delays:
-            load_max.append(max(delays))
-            worst_rounds.append((max(delays), i, "load"))
-        status, body = node.evict(model)
-        if status != 200:
-            refused += 1
-            say(f"evict {model} on {node.name}: {status} {body[:200]!r}")
-            continue
-        t0, delays = run_jobs(pollers, lambda _p: check_absent(model), 2.0)
-        rounds["deleted"].append((model, t0, None if None in delays else max(delays)))
-        evict_each += [d for d in delays if d is not None]
-        evict_lost += sum(d is None for d in delays)
-        if None not in delays:
-            evict_max.append(max(delays))
-            worst_rounds.append((max(delays), i, "evict"))
+        _, lost = observe("evict", i, node, model, node.evict, check_absent, rounds["deleted"],
+                          evict_each, evict_max)
+        evict_lost += lost
     elapsed = time.perf_counter() - started
     etcd_after = cl.etcd.counters()
     round_trips = [t for p in pollers for t in p.round_trips]

@@ -43,7 +43,8 @@ pub struct H2Forwarder {
     /// Each peer's address as its record says.
     addresses: parking_lot::RwLock<HashMap<String, Authority>>,
     /// One connection per peer, opened on first use and again after it breaks.
-    connections: parking_lot::Mutex<HashMap<String, Arc<Peer>>>,
+    /// Read on every routing decision (`reachable`) and forward; written only for a new peer.
+    connections: parking_lot::RwLock<HashMap<String, Arc<Peer>>>,
     ping_timeout: Duration,
 }
 
@@ -76,7 +77,7 @@ impl H2Forwarder {
     pub fn with_ping_timeout(ping_timeout: Duration) -> Self {
         Self {
             addresses: parking_lot::RwLock::default(),
-            connections: parking_lot::Mutex::default(),
+            connections: parking_lot::RwLock::default(),
             ping_timeout,
         }
     }
@@ -95,14 +96,17 @@ impl H2Forwarder {
                 }
             }
         }
-        let mut connections = self.connections.lock();
+        let mut connections = self.connections.write();
         connections.retain(|node, peer| next.get(node) == Some(&peer.authority));
         *self.addresses.write() = next;
     }
 
     fn peer(&self, node: &str) -> Option<Arc<Peer>> {
+        if let Some(peer) = self.connections.read().get(node) {
+            return Some(peer.clone());
+        }
         let authority = self.addresses.read().get(node).cloned()?;
-        let mut connections = self.connections.lock();
+        let mut connections = self.connections.write();
         let peer = connections
             .entry(node.to_owned())
             .or_insert_with(|| {
@@ -229,7 +233,7 @@ async fn probe(peer: Weak<Peer>) {
 impl Forwarder for H2Forwarder {
     fn reachable(&self, node: &str) -> bool {
         self.connections
-            .lock()
+            .read()
             .get(node)
             .is_none_or(|peer| !peer.down.load(Ordering::SeqCst))
     }
