@@ -35,7 +35,7 @@ pub use view::{Records, View};
 pub enum ClusterError {
     /// etcd refused or failed a call, or could not be reached.
     #[error("etcd: {0}")]
-    Etcd(#[from] etcd_client::Error),
+    Etcd(#[from] modelmux_etcd::Error),
     /// etcd gave up the lease (it expired before it was kept alive).
     #[error("the lease {0:x} expired")]
     LeaseLost(i64),

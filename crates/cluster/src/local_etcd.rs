@@ -122,14 +122,15 @@ impl LocalEtcd {
     /// The index of the member that leads now, if a live member knows.
     pub async fn leader(&self) -> Option<usize> {
         for m in self.members.iter().filter(|m| m.child.is_some()) {
-            let Ok(mut client) = etcd_client::Client::connect([m.client_url.as_str()], None).await
+            let options = modelmux_etcd::ConnectOptions::new();
+            let Ok(client) = modelmux_etcd::Client::connect([m.client_url.as_str()], options).await
             else {
                 continue;
             };
             let Ok(status) = client.status().await else {
                 continue;
             };
-            let leader = status.leader();
+            let leader = status.leader;
             if leader == 0 {
                 continue;
             }
@@ -137,10 +138,10 @@ impl LocalEtcd {
                 continue;
             };
             let name = list
-                .members()
+                .members
                 .iter()
-                .find(|x| x.id() == leader)
-                .map(|x| x.name().to_owned())?;
+                .find(|x| x.id == leader)
+                .map(|x| x.name.clone())?;
             return self.members.iter().position(|m| m.name == name);
         }
         None

@@ -6,8 +6,8 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions};
 use futures_util::FutureExt;
+use modelmux_etcd::{Client, ConnectOptions};
 use modelmux_serve::{Forwarder, NodeHandle};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -123,7 +123,7 @@ pub async fn connect(endpoints: &[String]) -> Result<Client, ClusterError> {
         .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
         .with_keep_alive_while_idle(true)
         .with_require_leader(true);
-    Ok(Client::connect(endpoints, Some(options)).await?)
+    Ok(Client::connect(endpoints, options).await?)
 }
 
 /// This process as a member of its cluster. [`leave`](Self::leave) it after the server has

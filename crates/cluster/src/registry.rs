@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, PutOptions};
+use modelmux_etcd::Client;
 use tokio::sync::Mutex;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -76,8 +76,7 @@ impl Shared {
 impl Registry {
     /// Grants this process's lease and starts keeping it alive.
     pub async fn start(client: Client, options: RegistryOptions) -> Result<Self, ClusterError> {
-        let mut c = client.clone();
-        let lease = c.lease_grant(options.ttl_secs(), None).await?.id();
+        let lease = client.lease_grant(options.ttl_secs()).await?.id;
         let shared = Arc::new(Shared {
             client,
             options,
@@ -108,9 +107,7 @@ impl Registry {
         let mut records = self.shared.records.lock().await;
         records.insert(key.to_owned(), value.clone());
         let lease = self.lease_id();
-        let mut c = self.shared.client.clone();
-        c.put(key, value, Some(PutOptions::new().with_lease(lease)))
-            .await?;
+        self.shared.client.put(key, value, Some(lease)).await?;
         self.shared.contact();
         Ok(())
     }
@@ -119,8 +116,7 @@ impl Registry {
     pub async fn delete(&self, key: &str) -> Result<(), ClusterError> {
         let mut records = self.shared.records.lock().await;
         records.remove(key);
-        let mut c = self.shared.client.clone();
-        c.delete(key, None).await?;
+        self.shared.client.delete(key).await?;
         self.shared.contact();
         Ok(())
     }
@@ -133,11 +129,10 @@ impl Registry {
     pub async fn close(&self) -> Result<(), ClusterError> {
         self.keeper.abort();
         let deadline = Instant::now() + CLOSE_TRIES_FOR;
-        let mut c = self.shared.client.clone();
         loop {
-            match c.lease_revoke(self.lease_id()).await {
+            match self.shared.client.lease_revoke(self.lease_id()).await {
                 Ok(_) => return Ok(()),
-                Err(e) if is_lease_gone(&e) => return Ok(()),
+                Err(e) if e.is_lease_not_found() => return Ok(()),
                 Err(e) if Instant::now() + RETRY >= deadline => return Err(e.into()),
                 Err(e) => {
                     tracing::debug!("revoking the lease: {e}; trying again");
@@ -159,19 +154,19 @@ impl Drop for Registry {
 /// says the lease is gone, grants a new one and writes every record again.
 async fn keep_alive(shared: Arc<Shared>) {
     let period = shared.options.ttl / 3;
-    let mut c = shared.client.clone();
+    let c = &shared.client;
     loop {
         let lease = shared.lease.load(Ordering::SeqCst);
         match c.lease_keep_alive(lease).await {
-            Ok((mut keeper, mut stream)) => loop {
+            Ok((keeper, mut stream)) => loop {
                 tokio::time::sleep(period).await;
                 if keeper.keep_alive().await.is_err() {
                     break;
                 }
                 match stream.message().await {
-                    Ok(Some(reply)) if reply.ttl() > 0 => shared.contact(),
+                    Ok(Some(reply)) if reply.ttl > 0 => shared.contact(),
                     Ok(Some(_)) => {
-                        renew(&shared, &mut c).await;
+                        renew(&shared).await;
                         break;
                     }
                     // The stream ended (a leader change, say): open another.
@@ -181,8 +176,8 @@ async fn keep_alive(shared: Arc<Shared>) {
             // The first reply said the lease is gone, or etcd cannot be reached.
             Err(e) => {
                 tracing::warn!("keeping lease {lease:x} alive: {e}");
-                if is_lease_gone(&e) {
-                    renew(&shared, &mut c).await;
+                if e.is_lease_not_found() {
+                    renew(&shared).await;
                 } else {
                     tokio::time::sleep(period.min(Duration::from_millis(200))).await;
                 }
@@ -191,23 +186,19 @@ async fn keep_alive(shared: Arc<Shared>) {
     }
 }
 
-fn is_lease_gone(e: &etcd_client::Error) -> bool {
-    let text = e.to_string();
-    text.contains("lease not found") || text.contains("ttl")
-}
-
 /// A new lease, with every record written on it. Tried again until it is done: a record left
 /// unwritten would stay missing until it next changes.
-async fn renew(shared: &Shared, c: &mut Client) {
+async fn renew(shared: &Shared) {
+    let c = &shared.client;
     let records = shared.records.lock().await;
     let mut lease = None;
     let mut written = 0;
     loop {
         if lease.is_none() {
-            match c.lease_grant(shared.options.ttl_secs(), None).await {
+            match c.lease_grant(shared.options.ttl_secs()).await {
                 Ok(reply) => {
-                    lease = Some(reply.id());
-                    shared.lease.store(reply.id(), Ordering::SeqCst);
+                    lease = Some(reply.id);
+                    shared.lease.store(reply.id, Ordering::SeqCst);
                     written = 0;
                 }
                 Err(e) => tracing::warn!("granting a new lease: {e}"),
@@ -215,17 +206,12 @@ async fn renew(shared: &Shared, c: &mut Client) {
         }
         if let Some(id) = lease {
             for (key, value) in records.iter().skip(written) {
-                let put = c.put(
-                    key.as_str(),
-                    value.clone(),
-                    Some(PutOptions::new().with_lease(id)),
-                );
-                match put.await {
+                match c.put(key.as_str(), value.clone(), Some(id)).await {
                     Ok(_) => written += 1,
                     Err(e) => {
                         tracing::warn!("writing {key} again on lease {id:x}: {e}");
                         // The new lease may have expired meanwhile: start over on another.
-                        if is_lease_gone(&e) {
+                        if e.is_lease_not_found() {
                             lease = None;
                         }
                         break;

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Client, EventType, GetOptions, WatchOptions};
+use modelmux_etcd::{Client, EventType, WatchOptions};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -25,8 +25,7 @@ pub struct View {
 impl View {
     /// Reads the records under `prefix` once, then follows them.
     pub async fn start(client: Client, prefix: &str) -> Result<Self, ClusterError> {
-        let mut c = client.clone();
-        let (records, revision) = read(&mut c, prefix).await?;
+        let (records, revision) = read(&client, prefix).await?;
         let (tx, rx) = watch::channel(Arc::new(records));
         let prefix = prefix.to_owned();
         let (first, tx) = (parking_lot::Mutex::new(Some(revision)), Arc::new(tx));
@@ -60,18 +59,13 @@ impl Drop for View {
     }
 }
 
-async fn read(c: &mut Client, prefix: &str) -> Result<(Records, i64), ClusterError> {
-    let reply = c.get(prefix, Some(GetOptions::new().with_prefix())).await?;
-    let revision = reply.header().map_or(0, |h| h.revision());
+async fn read(c: &Client, prefix: &str) -> Result<(Records, i64), ClusterError> {
+    let reply = c.get_prefix(prefix).await?;
+    let revision = reply.header.map_or(0, |h| h.revision);
     let records = reply
-        .kvs()
-        .iter()
-        .map(|kv| {
-            (
-                String::from_utf8_lossy(kv.key()).into_owned(),
-                kv.value().to_vec(),
-            )
-        })
+        .kvs
+        .into_iter()
+        .map(|kv| (String::from_utf8_lossy(&kv.key).into_owned(), kv.value))
         .collect();
     Ok((records, revision))
 }
@@ -84,10 +78,9 @@ async fn follow(
     revision: Option<i64>,
     tx: Arc<watch::Sender<Arc<Records>>>,
 ) {
-    let mut c = client;
     let mut revision = match revision {
         Some(r) => r,
-        None => read_until_done(&mut c, &prefix, &tx).await,
+        None => read_until_done(&client, &prefix, &tx).await,
     };
     loop {
         // Progress notifications move the revision on while nothing under the prefix changes,
@@ -96,37 +89,39 @@ async fn follow(
             .with_prefix()
             .with_progress_notify()
             .with_start_revision(revision + 1);
-        match c.watch(prefix.as_str(), Some(options)).await {
-            Ok(mut stream) => loop {
+        // The watcher is held while the stream is read (dropping it would close the stream's
+        // sending half).
+        match client.watch(prefix.as_str(), options).await {
+            Ok((_watcher, mut stream)) => loop {
                 match stream.message().await {
-                    Ok(Some(reply)) if reply.canceled() => {
-                        if reply.compact_revision() > 0 {
+                    Ok(Some(reply)) if reply.canceled => {
+                        if reply.compact_revision > 0 {
                             tracing::info!("the watch on {prefix} was compacted; reading again");
                         }
                         break;
                     }
                     Ok(Some(reply)) => {
-                        if reply.events().is_empty() {
+                        if reply.events.is_empty() {
                             // A progress notification: every change up to its revision was
                             // sent.
-                            if let Some(header) = reply.header() {
-                                revision = revision.max(header.revision());
+                            if let Some(header) = reply.header {
+                                revision = revision.max(header.revision);
                             }
                             continue;
                         }
                         let mut records = Records::clone(&tx.borrow());
-                        for event in reply.events() {
-                            let Some(kv) = event.kv() else { continue };
-                            let key = String::from_utf8_lossy(kv.key()).into_owned();
-                            match event.event_type() {
+                        for event in &reply.events {
+                            let Some(kv) = &event.kv else { continue };
+                            let key = String::from_utf8_lossy(&kv.key).into_owned();
+                            match event.r#type() {
                                 EventType::Put => {
-                                    records.insert(key, kv.value().to_vec());
+                                    records.insert(key, kv.value.clone());
                                 }
                                 EventType::Delete => {
                                     records.remove(&key);
                                 }
                             }
-                            revision = revision.max(kv.mod_revision());
+                            revision = revision.max(kv.mod_revision);
                         }
                         tx.send_replace(Arc::new(records));
                     }
@@ -136,13 +131,13 @@ async fn follow(
             Err(e) => tracing::warn!("watching {prefix}: {e}"),
         }
         // Read everything again and watch from there: no change is lost, however the watch ended.
-        revision = read_until_done(&mut c, &prefix, &tx).await;
+        revision = read_until_done(&client, &prefix, &tx).await;
     }
 }
 
 /// Reads every record under `prefix` (trying again until etcd answers), publishes them, and
 /// returns the revision they are at.
-async fn read_until_done(c: &mut Client, prefix: &str, tx: &watch::Sender<Arc<Records>>) -> i64 {
+async fn read_until_done(c: &Client, prefix: &str, tx: &watch::Sender<Arc<Records>>) -> i64 {
     loop {
         match read(c, prefix).await {
             Ok((records, at)) => {
@@ -169,15 +164,15 @@ mod tests {
     async fn a_watch_from_a_compacted_revision_is_followed_by_a_fresh_read() {
         let etcd = LocalEtcd::start(1).await.expect("etcd must be installed");
         let client = crate::connect(&etcd.endpoints()).await.unwrap();
-        let mut writer = client.clone();
+        let writer = client.clone();
         let old = writer.put("mm/a", "1", None).await.unwrap();
-        let stale_revision = old.header().unwrap().revision();
-        let (stale, _) = read(&mut writer, "mm/").await.unwrap();
+        let stale_revision = old.header.unwrap().revision;
+        let (stale, _) = read(&writer, "mm/").await.unwrap();
         writer.put("mm/b", "2", None).await.unwrap();
-        writer.delete("mm/a", None).await.unwrap();
+        writer.delete("mm/a").await.unwrap();
         let last = writer.put("mm/c", "3", None).await.unwrap();
         writer
-            .compact(last.header().unwrap().revision(), None)
+            .compact(last.header.unwrap().revision, false)
             .await
             .unwrap();
 

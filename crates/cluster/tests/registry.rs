@@ -6,8 +6,8 @@
 
 use std::time::Duration;
 
-use etcd_client::Client;
 use modelmux_cluster::{LocalEtcd, Registry, RegistryOptions, View};
+use modelmux_etcd::Client;
 use tokio::time::Instant;
 
 async fn etcd() -> (LocalEtcd, Client) {
@@ -65,7 +65,7 @@ async fn records_appear_go_and_follow_their_lease() {
 
     // etcd lets the lease go (as after a long partition): the records come back on a new one.
     let old = a.lease_id();
-    client.clone().lease_revoke(old).await.unwrap();
+    client.lease_revoke(old).await.unwrap();
     until(&mut view, Duration::from_secs(5), |r| {
         r.contains_key("mm/nodes/a") && r.len() == 1
     })
@@ -101,7 +101,7 @@ async fn records_appear_go_and_follow_their_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_view_follows_changes_across_a_compaction_and_matches_a_fresh_read() {
     let (_etcd, client) = etcd().await;
-    let mut writer = client.clone();
+    let writer = client.clone();
     writer.put("mm/k0", "v0", None).await.unwrap();
     let mut view = View::start(client.clone(), "mm/").await.unwrap();
     // Many changes, then everything before the last compacted away, while the view follows.
@@ -112,15 +112,9 @@ async fn a_view_follows_changes_across_a_compaction_and_matches_a_fresh_read() {
             .unwrap();
     }
     let last = writer.put("mm/k0", "changed", None).await.unwrap();
-    let revision = last.header().unwrap().revision();
-    writer
-        .compact(
-            revision,
-            Some(etcd_client::CompactionOptions::new().with_physical()),
-        )
-        .await
-        .unwrap();
-    writer.delete("mm/k1", None).await.unwrap();
+    let revision = last.header.unwrap().revision;
+    writer.compact(revision, true).await.unwrap();
+    writer.delete("mm/k1").await.unwrap();
     until(&mut view, Duration::from_secs(5), |r| {
         r.len() == 49 && r.get("mm/k0").is_some_and(|v| v == b"changed")
     })
