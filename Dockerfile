@@ -10,15 +10,10 @@
 # mounts.
 
 FROM rust:1-bookworm AS build
-# protoc and the well-known .proto files: the etcd client crate generates its gRPC code at
-# build time.
-RUN apt-get update \
- && apt-get install -y --no-install-recommends protobuf-compiler libprotobuf-dev \
- && rm -rf /var/lib/apt/lists/*
+# Nothing but the Rust toolchain: the etcd client's gRPC code is checked in (crates/etcd).
 WORKDIR /src
 COPY . .
-# No debug info in the image's binary: the workspace's release profile keeps it (debug = 1,
-# for profiling), which makes the binary several times larger.
+# No debug info in the image's binary (the release profile keeps line tables, for backtraces).
 ENV CARGO_PROFILE_RELEASE_DEBUG=0
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \

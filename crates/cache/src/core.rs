@@ -308,6 +308,7 @@ impl<M: Model> Core<M> {
         });
         for r in &evicted {
             r.pinned.store(false, Ordering::Relaxed);
+            r.evicted_for.store(reason.code(), Ordering::Relaxed);
             self.drain_unadmitted(st, r);
             self.emit(st, &r.id, ModelEventKind::Evicting { reason });
             tracing::debug!(model_id = %r.id, ?reason, in_use = r.in_use.load(Ordering::Relaxed), "evicted");

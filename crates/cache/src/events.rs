@@ -65,6 +65,36 @@ pub enum EvictReason {
     Shutdown,
 }
 
+impl EvictReason {
+    /// Its name in logs: `capacity`, `requested` or `shutdown`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Capacity => "capacity",
+            Self::Requested => "requested",
+            Self::Shutdown => "shutdown",
+        }
+    }
+
+    /// A non-zero code that fits an atomic (0 is "not evicted").
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Self::Capacity => 1,
+            Self::Requested => 2,
+            Self::Shutdown => 3,
+        }
+    }
+
+    /// The reason a [`code`](Self::code) stands for.
+    pub(crate) fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(Self::Capacity),
+            2 => Some(Self::Requested),
+            3 => Some(Self::Shutdown),
+            _ => None,
+        }
+    }
+}
+
 /// Where a model stands, as seen in a snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelStatus {

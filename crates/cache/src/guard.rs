@@ -9,7 +9,7 @@
 use std::fmt;
 use std::ops::Deref;
 use std::panic::AssertUnwindSafe;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use futures_util::FutureExt;
@@ -20,6 +20,7 @@ use tracing::Instrument;
 
 use crate::core::Core;
 use crate::error::panic_message;
+use crate::events::EvictReason;
 use crate::{Model, ModelId};
 
 /// Wakes loads waiting for room. `waiters` lets the hot path skip the wake-up when nobody waits.
@@ -75,6 +76,9 @@ pub(crate) struct Resident<M: Model> {
     pub(crate) last_used_tick: AtomicU64,
     /// Pinned by an operator: never evicted for capacity.
     pub(crate) pinned: AtomicBool,
+    /// Why it left the index ([`EvictReason::code`]), for the unload's log line; 0 while it
+    /// never was evicted (a copy refused after its load is unloaded with 0).
+    pub(crate) evicted_for: AtomicU8,
     /// Gets served while resident (GDSF's frequency), counting the load.
     pub(crate) hits: AtomicU64,
     /// GDSF: the inflation value `L` at the last access, as f64 bits.
@@ -120,6 +124,7 @@ impl<M: Model> Resident<M> {
             last_used_tick: AtomicU64::new(tick),
             idle_since: AtomicU64::new(coarsetime::Instant::now().as_ticks()),
             pinned: AtomicBool::new(false),
+            evicted_for: AtomicU8::new(0),
             room: core.room.clone(),
             core: core.weak_self.clone(),
             runtime: core.runtime.clone(),
@@ -165,6 +170,7 @@ impl<M: Model> Drop for Resident<M> {
         let copy = CopyId {
             id: self.id.clone(),
             serial: self.serial,
+            why: EvictReason::from_code(self.evicted_for.load(Ordering::Relaxed)),
         };
         // If the runtime is already shut down the task is dropped unrun, and so is the model:
         // its `Drop` is the fallback.
@@ -177,11 +183,16 @@ impl<M: Model> Drop for Resident<M> {
 pub(crate) struct CopyId {
     pub(crate) id: ModelId,
     pub(crate) serial: u64,
+    /// Why it is unloaded (`None`: it was loaded but refused, never served).
+    pub(crate) why: Option<EvictReason>,
 }
 
 async fn unload<M: Model>(core: Weak<Core<M>>, copy: CopyId, model: M) {
     let id = copy.id.clone();
-    tracing::info!(model_id = %id, "Unloading model '{id}'.");
+    let reason = copy
+        .why
+        .map_or("refused after loading", EvictReason::as_str);
+    tracing::info!(model_id = %id, reason, "Unloading model '{id}'.");
     let start = Instant::now();
     let limit = core.upgrade().and_then(|c| c.config.unload_timeout);
     // The hook is called inside the guarded future, so a panic while building it is caught too.
@@ -207,7 +218,7 @@ async fn unload<M: Model>(core: Weak<Core<M>>, copy: CopyId, model: M) {
     match &error {
         None => tracing::info!(
             model_id = %id,
-            duration_ms = elapsed.as_secs_f64() * 1e3,
+            duration_ms = crate::metrics::rounded_ms(elapsed),
             "Unloaded model '{id}' in {:.1}ms.",
             elapsed.as_secs_f64() * 1e3
         ),

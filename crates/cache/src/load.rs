@@ -412,7 +412,7 @@ impl<M: Model> Core<M> {
         self.metrics.load_duration.observe(took);
         tracing::info!(
             model_id = %id,
-            duration_ms = took.as_secs_f64() * 1e3,
+            duration_ms = crate::metrics::rounded_ms(took),
             size_bytes = guard.size_bytes(),
             "Loaded model '{id}' in {:.1}ms.",
             took.as_secs_f64() * 1e3

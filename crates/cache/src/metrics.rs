@@ -223,6 +223,12 @@ pub struct MetricsSnapshot {
     pub gauges: Gauges,
 }
 
+/// A duration in milliseconds rounded to two decimals, for log fields: `6.62`, not the
+/// `6.618892000000001` a float product prints.
+pub(crate) fn rounded_ms(d: std::time::Duration) -> f64 {
+    (d.as_secs_f64() * 1e5).round() / 100.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

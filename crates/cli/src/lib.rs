@@ -6,6 +6,7 @@ pub mod bench;
 pub mod config;
 pub mod demo_models;
 pub mod hello;
+pub mod logging;
 pub mod status;
 
 /// Writes `text` to stdout. Unlike `print!`, never panics: a closed stdout (`| head -1`, a

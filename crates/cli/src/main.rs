@@ -4,15 +4,17 @@
 //! modelmux serve [CONFIG]    run a server (no CONFIG: the built-in demo: 8 ONNX models, 2 replicas)
 //! modelmux status            show what a running server holds, per replica
 //! modelmux bench             load-test a running server
-//! modelmux hello-server      a bare hyper server, the baseline for benchmarks
 //! ```
+//!
+//! (`modelmux hello-server`, a bare hyper server that the benchmark scripts measure against,
+//! is hidden from the help.)
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use modelmux_cli::config::{self, ClusterFlags, Config, LogFormat};
-use modelmux_cli::{CliError, bench, hello, status};
+use modelmux_cli::{CliError, bench, hello, logging, status};
 use modelmux_cluster::{ClusterNode, Role};
 
 #[derive(Parser)]
@@ -29,13 +31,16 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a server from a YAML configuration (without one, the built-in demo: 8 ONNX classifiers on 2 replicas).
+    ///
+    /// It listens on http://127.0.0.1:8000 unless the configuration's http_options or
+    /// --host/--port say otherwise.
     Serve {
-        /// The configuration file.
+        /// The configuration file (relative paths in it are read from its own directory).
         config: Option<PathBuf>,
-        /// Overrides http_options.host.
+        /// Address to listen on; overrides http_options.host [default: 127.0.0.1].
         #[arg(long)]
         host: Option<String>,
-        /// Overrides http_options.port.
+        /// Port to listen on; overrides http_options.port [default: 8000].
         #[arg(long)]
         port: Option<u16>,
         /// Overrides logging.format.
@@ -63,7 +68,7 @@ enum Command {
     /// Show the models each replica of a running server holds.
     Status {
         /// The server.
-        #[arg(long, default_value = "http://127.0.0.1:8000")]
+        #[arg(long, env = "MODELMUX_URL", default_value = "http://127.0.0.1:8000")]
         url: String,
         /// Admin bearer token, if the server requires one.
         #[arg(long, env = "MODELMUX_ADMIN_TOKEN")]
@@ -71,34 +76,14 @@ enum Command {
     },
     /// Load-test a running server.
     Bench(bench::BenchArgs),
-    /// A bare hyper server answering "hello": the limit modelmux's overhead is measured against.
+    /// A bare hyper server answering "hello": the limit modelmux's overhead is measured against
+    /// (a benchmark helper, hidden from the help).
+    #[command(hide = true)]
     HelloServer {
         /// Port to listen on (127.0.0.1).
         #[arg(long, default_value_t = 8001)]
         port: u16,
     },
-}
-
-/// Sets up logging. An explicit level (flag or config) wins over `RUST_LOG`, which is used
-/// only when neither says anything.
-fn init_logging(format: LogFormat, level: Option<&str>) {
-    let filter = match level {
-        Some(level) => tracing_subscriber::EnvFilter::new(level),
-        None => tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-    };
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // A log line that cannot be written (stderr closed) is dropped: reporting it would
-        // panic the task that logged, which may be one the server cannot do without.
-        .log_internal_errors(false)
-        .with_ansi(ansi);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }
 
 fn main() -> ExitCode {
@@ -175,6 +160,10 @@ async fn serve(
         None => (config::DEMO.to_string(), "the built-in demo".to_string()),
     };
     let mut config = Config::parse(&text).map_err(|e| format!("{source}: {e}"))?;
+    if let Some(p) = &path {
+        let dir = p.parent().filter(|d| !d.as_os_str().is_empty());
+        config.resolve_paths(dir.unwrap_or(std::path::Path::new(".")));
+    }
     if let Some(host) = host {
         config.http_options.host = host;
     }
@@ -208,10 +197,12 @@ async fn serve(
             builder = builder.router_only();
         }
     }
-    init_logging(
+    let log = logging::init(
         log_format.unwrap_or(config.logging.format),
         log_level.as_deref().or(config.logging.level.as_deref()),
+        config.logging.max_buffered_lines,
     );
+    builder = builder.metrics_source(log.metrics());
     // Listen for signals before announcing readiness: a SIGTERM sent right after the "serving"
     // line must stop the server gracefully, not kill it.
     let stop = shutdown_signal();
@@ -256,6 +247,12 @@ async fn serve(
             tracing::warn!("leaving the cluster: {e}");
         }
     }
+    let dropped = log.dropped_lines();
+    if dropped > 0 {
+        tracing::warn!("{dropped} log lines were dropped: stderr was not read fast enough");
+    }
+    // The log's writer thread writes what is still buffered, then stops.
+    drop(log);
     Ok(())
 }
 

@@ -93,6 +93,10 @@ fn serve_answer_report_benchmark_and_stop_on_sigterm() {
     assert!(logs.contains("Loading model '1'."), "{logs}");
     assert!(logs.contains("Loaded model '1' in"), "{logs}");
     assert!(logs.contains("Unloading model '1'."), "{logs}");
+    // Unloads say why: the bench's eight models on 2 x 2 slots evicted some for room, and
+    // SIGTERM unloaded the rest.
+    assert!(logs.contains("reason=\"capacity\""), "{logs}");
+    assert!(logs.contains("reason=\"shutdown\""), "{logs}");
     assert!(
         logs.contains("modelmux::access") && logs.contains("status=200"),
         "one line per request: {logs}"
@@ -158,6 +162,30 @@ fn logs_are_json_lines_with_a_flag() {
         lines
             .iter()
             .any(|l| l["fields"]["message"] == "Loading model '7'."),
+        "{logs}"
+    );
+    // The access line says what was asked (method and path), and durations are rounded.
+    assert_eq!(access["fields"]["method"], "GET");
+    assert_eq!(access["fields"]["path"], "/");
+    let loaded = lines
+        .iter()
+        .find(|l| {
+            l["fields"]["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("Loaded model '7'"))
+        })
+        .unwrap_or_else(|| panic!("no Loaded line in {logs}"));
+    let ms = loaded["fields"]["duration_ms"].as_f64().unwrap();
+    assert!(
+        ((ms * 100.0).round() - ms * 100.0).abs() < 1e-6,
+        "duration_ms {ms} is not rounded to 0.01 ms"
+    );
+    // An unload says why: here, the server shutting down.
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["fields"]["message"] == "Unloading model '7'."
+                && l["fields"]["reason"] == "shutdown"),
         "{logs}"
     );
 }
@@ -339,6 +367,11 @@ fn sigterm_fails_readiness_first_and_loses_no_accepted_request() {
         503,
         "readiness did not fail at once"
     );
+    assert_eq!(
+        raw_get(&addr, "/health", "").unwrap(),
+        503,
+        "/health answers as /-/healthz does"
+    );
     let deadline = Instant::now() + Duration::from_secs(20);
     while server.child.try_wait().unwrap().is_none() {
         assert!(Instant::now() < deadline, "did not stop");
@@ -370,4 +403,61 @@ fn sigterm_fails_readiness_first_and_loses_no_accepted_request() {
     }
     let exit = server.child.wait().unwrap();
     assert!(exit.success());
+}
+
+/// A stderr nobody reads (a stuck log shipper) must not stop the server: the log's writer
+/// blocks on the full pipe, its bounded buffer fills, and from then on lines are dropped and
+/// counted, never waited for. With the access line written on the request's task, requests
+/// would stop once the pipe's 64 KiB (a few hundred lines) were full.
+#[test]
+fn a_log_nobody_reads_drops_lines_instead_of_stopping_requests() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    let config = format!("logging: {{max_buffered_lines: 16}}\n{CONFIG}");
+    std::fs::write(&path, config).unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", path.to_str().unwrap(), "--log-level", "info"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped()) // never read
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    // On a thread, so a server that stopped answering fails the test instead of hanging it.
+    let (done, result) = std::sync::mpsc::channel();
+    let target = url.clone();
+    std::thread::spawn(move || {
+        let bench = Command::new(BIN)
+            .args(["bench", "--url", &target, "--models", "1"])
+            .args(["--concurrency", "4", "--duration", "3", "--json"])
+            .output()
+            .unwrap();
+        let metrics = send(&target, hyper::Request::get("/metrics"), Vec::new()).1;
+        let _ = done.send((bench, metrics));
+    });
+    let answered = result.recv_timeout(std::time::Duration::from_secs(120));
+    let _ = child.kill();
+    let _ = child.wait();
+    let (bench, metrics) =
+        answered.expect("the server stopped answering while its log could not be written");
+    let report: serde_json::Value = serde_json::from_slice(&bench.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bench.stderr)));
+    // Far more requests than the pipe holds lines, none failed.
+    assert!(report["requests"].as_u64().unwrap() > 2000, "{report}");
+    assert_eq!(report["errors"], 0, "{report}");
+    let dropped: f64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("modelmux_log_lines_dropped_total "))
+        .unwrap_or_else(|| panic!("no dropped-lines counter in {metrics}"))
+        .parse()
+        .unwrap();
+    assert!(dropped > 0.0, "{metrics}");
 }

@@ -102,13 +102,24 @@ fn the_official_openai_client_works_against_modelmux_serve() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    // Every log line of a generation names its request.
+    // One INFO line per request, the front's access line, naming the request, its method and
+    // path, and the adapter the body asked for (the front learns it from the LLM deployment).
+    let access: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("modelmux::access"))
+        .collect();
+    assert!(!access.is_empty(), "no access line: {logs}");
     assert!(
-        logs.lines()
-            .filter(|l| l.contains("generation started"))
-            .all(|l| l.contains("request_id=")),
+        access.iter().all(|l| l.contains("request_id=")
+            && l.contains("method=\"POST\"")
+            && l.contains("path=\"/v1/")),
         "{logs}"
     );
+    assert!(
+        access.iter().any(|l| l.contains("model_id=\"pirate\"")),
+        "the adapter is on the outer line: {logs}"
+    );
+    assert!(!logs.contains("generation started"), "{logs}");
 }
 
 fn metric(text: &str, name: &str) -> f64 {
@@ -239,4 +250,47 @@ fn a_failing_adapter_store_is_a_502_and_the_base_model_still_answers() {
     let (status, body) = chat(&server.url, "smollm2");
     assert_eq!(status, 200, "{body}");
     server.terminate();
+}
+
+/// `serve --check` refuses what could only fail later: a KV budget that holds no sequence of
+/// `max_model_len` (every long request would get a 400 blaming the client), and a file that
+/// is not a GGUF model (an ONNX file, here).
+#[test]
+fn check_refuses_a_kv_budget_below_one_sequence_and_a_file_that_is_not_gguf() {
+    let check = |config: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("llm.yaml");
+        std::fs::write(&path, config).unwrap();
+        let out = std::process::Command::new(BIN)
+            .args(["serve", "--check", path.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let good = llm_config(&env("MODELMUX_TEST_ADAPTERS"), "");
+    let (ok, err) = check(&good);
+    assert!(ok, "{err}");
+
+    let (ok, err) = check(&good.replace("kv_cache_bytes: 268435456", "kv_cache_bytes: 1000"));
+    assert!(!ok);
+    assert!(
+        err.contains("kv_cache_bytes")
+            && err.contains("max_model_len (1024 tokens)")
+            && err.contains("bytes per token"),
+        "{err}"
+    );
+
+    let onnx = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/models/customer-1/model.onnx"
+    );
+    let (ok, err) = check(&good.replace(&env("MODELMUX_TEST_GGUF"), onnx));
+    assert!(!ok);
+    assert!(
+        err.contains("model_source") && err.contains("not a readable GGUF file"),
+        "{err}"
+    );
 }

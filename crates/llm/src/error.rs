@@ -59,6 +59,16 @@ pub enum LlmError {
         context: usize,
     },
 
+    /// The engine's settings cannot work with this model (a KV budget that holds no sequence
+    /// of `max_model_len`, say).
+    #[error("{setting}: {message}")]
+    InvalidConfig {
+        /// The setting at fault, as the configuration names it.
+        setting: &'static str,
+        /// What is wrong and what would work.
+        message: String,
+    },
+
     /// A request parameter out of range.
     #[error("invalid request: {0}")]
     InvalidRequest(String),
@@ -89,7 +99,9 @@ impl LlmError {
     /// What the error is about.
     pub fn kind(&self) -> ErrorKind {
         match self {
-            Self::InvalidGguf { .. } | Self::InvalidAdapter { .. } => ErrorKind::UnusableModel,
+            Self::InvalidGguf { .. } | Self::InvalidAdapter { .. } | Self::InvalidConfig { .. } => {
+                ErrorKind::UnusableModel
+            }
             Self::AdapterNotFound { .. } => ErrorKind::NotFound,
             Self::Storage { .. } => ErrorKind::Upstream,
             Self::ContextOverflow { .. } | Self::InvalidRequest(_) | Self::Text(_) => {

@@ -71,6 +71,23 @@ fn repository(
 
 /// Where the GGUF file comes from: a path (checked now), or `<repository>/<dir>/<file>` on a
 /// store, downloaded by the first replica that starts.
+/// What can be known of a local model before any replica starts (so `serve --check` refuses
+/// it): the file is a GGUF model this engine runs, and the engine's settings fit it. Reads the
+/// header and metadata only.
+fn check_local_model(path: &std::path::Path, config: &LlmConfig) -> Result<(), StoreError> {
+    let wrong = |e: modelmux_llm::LlmError| {
+        StoreError::Config(format!("model_loading_config.model_source: {e}"))
+    };
+    let model = modelmux_llm::GgufFile::open(path)
+        .and_then(|file| file.llama_config())
+        .map_err(wrong)?;
+    config
+        .runtime_options()
+        .engine
+        .check_fits(&model)
+        .map_err(|e| StoreError::Config(e.to_string()))
+}
+
 fn gguf_source(
     config: &LlmConfig,
     disk_cache: Option<&DiskCache>,
@@ -84,6 +101,7 @@ fn gguf_source(
                 path.display()
             )));
         }
+        check_local_model(&path, config)?;
         return Ok(GgufSource::Local(path));
     }
     let bad = || {

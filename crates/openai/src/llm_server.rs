@@ -134,7 +134,8 @@ impl LlmServer {
             .as_ref()
             .map_or(&self.runtime.options().model_id[..], |a| a.as_str());
         self.metrics.request(model);
-        tracing::info!(
+        // Debug: the front's access line already says one line per request.
+        tracing::debug!(
             request_id = %request_id,
             model,
             prompt_tokens,

@@ -2,7 +2,7 @@
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `GET /-/healthz` | 200 when every deployment has a replica taking requests, else 503 |
+//! | `GET /-/healthz`, `GET /health` | 200 when every deployment has a replica taking requests, else 503 (`/health` is the name vLLM and most probes use) |
 //! | `GET /-/routes` | route prefix → application, as Ray Serve's `/-/routes` |
 //! | `GET /-/models` | per application, deployment and replica: loaded and loading models |
 //! | `POST /-/models/{deployment}/{model_id}/load[?pin=true]` | prewarm (and pin) a model |
@@ -33,6 +33,21 @@ use crate::dispatch::DeploymentRouter;
 use crate::placement::ReplicaView;
 use crate::server::{ServerState, StartError};
 use crate::{Body, Response, ServeError};
+
+/// Whether the admin API, not an application, answers `path`: `/-/...`, `/metrics` and
+/// `/health`.
+pub(crate) fn is_admin_path(path: &str) -> bool {
+    path == "/metrics" || path == "/health" || path.starts_with("/-/")
+}
+
+/// Whether an application's route prefix would take paths of the admin API (`/-...`,
+/// `/metrics`, `/health`), which answers them first.
+pub fn is_reserved_route_prefix(prefix: &str) -> bool {
+    prefix.starts_with("/-")
+        || prefix == "/metrics"
+        || prefix.starts_with("/metrics/")
+        || prefix == "/health"
+}
 
 /// Who may use the admin API.
 #[derive(Debug, Clone, Default)]
@@ -221,7 +236,7 @@ async fn route(
     let path = request.uri().path();
     let method = request.method();
     match (method, path) {
-        (&Method::GET, "/-/healthz") => Ok(healthz(state)),
+        (&Method::GET, "/-/healthz" | "/health") => Ok(healthz(state)),
         (&Method::GET, "/-/routes") => {
             let routes: serde_json::Map<String, Value> = state
                 .apps

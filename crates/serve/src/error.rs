@@ -179,6 +179,10 @@ fn status_of(kind: ErrorKind) -> StatusCode {
     }
 }
 
+/// An error response's [`ServeError::error_type`], kept on the response for the access line.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ErrorType(pub(crate) &'static str);
+
 impl ServeError {
     /// Turns a deployment's error into a `ServeError`, keeping a typed one as it is.
     pub fn from_deployment(deployment: &str, error: BoxError) -> Self {
@@ -323,12 +327,16 @@ impl ServeError {
         })
     }
 
-    /// The response: the status, `Retry-After` when there is one, and [`body`](Self::body).
+    /// The response: the status, `Retry-After` when there is one, and [`body`](Self::body)
+    /// (and the error's type as an extension, for the access line).
     pub fn into_response(self, request_id: Option<&str>) -> Response {
         let status = self.http_status();
         let body = self.body(request_id);
         let mut response = Response::new(Body::json(&body));
         *response.status_mut() = status;
+        response
+            .extensions_mut()
+            .insert(ErrorType(self.error_type()));
         let headers = response.headers_mut();
         headers.insert(
             header::CONTENT_TYPE,

@@ -46,19 +46,82 @@ pub(crate) async fn handle(
         .and_then(|v| RequestId::new(v).ok())
         .unwrap_or_else(RequestId::generate);
     let path = request.uri().path();
-    let mut response = if path == "/metrics" || path.starts_with("/-/") {
+    let mut response = if crate::admin::is_admin_path(path) {
         crate::admin::handle(&state, request, &request_id).await
     } else {
+        let started = Instant::now();
+        // Cheap to keep: the method is inline and the URI shares its bytes.
+        let (method, uri) = (request.method().clone(), request.uri().clone());
         request.extensions_mut().insert(request_id.clone());
-        match apps.oneshot(request).await {
+        let response = match apps.oneshot(request).await {
             Ok(response) => response,
             Err(e) => front_error(e, &state).into_response(Some(request_id.as_str())),
-        }
+        };
+        access_line(&method, &uri, &request_id, &response, started);
+        response
     };
     if let Ok(v) = HeaderValue::from_str(request_id.as_str()) {
         response.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
     Ok(response)
+}
+
+/// What the access line says of a request that reached an application: put on its response by
+/// [`route`], with the model the innermost call that named one used (an OpenAI request's
+/// adapter, named in its body, comes back this way from the LLM deployment).
+#[derive(Clone)]
+pub(crate) struct Served {
+    pub(crate) app: Arc<str>,
+    pub(crate) model: Option<ModelId>,
+}
+
+/// The model a deployment's call named, put on its response by the dispatcher unless an inner
+/// call already did.
+#[derive(Clone)]
+pub(crate) struct ServedModel(pub(crate) ModelId);
+
+/// Whether access lines are written (`modelmux::access` at INFO): what they need is kept only
+/// then.
+pub(crate) fn access_log_on() -> bool {
+    tracing::enabled!(target: "modelmux::access", tracing::Level::INFO)
+}
+
+/// One line per application request (target `modelmux::access`, INFO): formatted here, on the
+/// request's task, and written by the log's writer off it.
+fn access_line(
+    method: &http::Method,
+    uri: &http::Uri,
+    request_id: &RequestId,
+    response: &Response,
+    started: Instant,
+) {
+    if !access_log_on() {
+        return;
+    }
+    let served = response.extensions().get::<Served>();
+    let model = served
+        .and_then(|s| s.model.as_ref())
+        .or_else(|| response.extensions().get::<ServedModel>().map(|m| &m.0));
+    let replica = response
+        .headers()
+        .get(&REPLICA_HEADER)
+        .and_then(|v| v.to_str().ok());
+    let status = response.status();
+    tracing::info!(
+        target: "modelmux::access",
+        request_id = request_id.as_str(),
+        method = method.as_str(),
+        path = uri.path(),
+        app = served.map_or("-", |s| &*s.app),
+        replica = replica.unwrap_or("-"),
+        model_id = model.map_or("-", |m| m.as_str()),
+        status = status.as_u16(),
+        ms = format_args!("{:.2}", started.elapsed().as_secs_f64() * 1e3),
+        error = response
+            .extensions()
+            .get::<crate::error::ErrorType>()
+            .map(|e| e.0),
+    );
 }
 
 /// What the front door's tower layers refused with, as the one error type.
@@ -121,8 +184,8 @@ pub(crate) async fn route(state: &ServerState, mut request: http::Request<Incomi
         None => Route::Anywhere,
     };
     let mut context = RequestContext::new().with_request_id(request_id.clone());
-    if let Some(model) = model {
-        context = context.with_multiplexed_model_id(model);
+    if let Some(model) = &model {
+        context = context.with_multiplexed_model_id(model.clone());
     }
     let (result, replica) = app
         .ingress
@@ -131,6 +194,13 @@ pub(crate) async fn route(state: &ServerState, mut request: http::Request<Incomi
     let mut response = result.unwrap_or_else(fail);
     if let Some(v) = replica.and_then(|r| HeaderValue::from_str(&r).ok()) {
         response.headers_mut().insert(REPLICA_HEADER, v);
+    }
+    if access_log_on() {
+        let served = Served {
+            app: app.name.clone(),
+            model,
+        };
+        response.extensions_mut().insert(served);
     }
     response
 }

@@ -30,7 +30,7 @@ mod replica;
 mod router;
 mod server;
 
-pub use admin::AdminAccess;
+pub use admin::{AdminAccess, is_reserved_route_prefix};
 pub use body::{Body, BodyError, BodySender, bearer_token_matches, json_response};
 pub use cluster_api::NodeHandle;
 pub use custom_metrics::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};

@@ -281,13 +281,19 @@ pub(crate) fn render(state: &ServerState) -> String {
         }
     }
     deployment_metrics(&mut x, &replicas);
+    for family in state.metric_sources.iter().flat_map(|s| s.collect()) {
+        x.family(family.name, family.kind.as_str(), family.help);
+        for sample in &family.samples {
+            custom_sample(&mut x, family.name, Vec::new(), sample);
+        }
+    }
     x.out
 }
 
 /// The families deployments add, merged by name across replicas (HELP and TYPE from the first
 /// replica reporting a family).
 fn deployment_metrics(x: &mut Exposition, replicas: &[std::sync::Arc<Replica>]) {
-    use crate::custom_metrics::{MetricFamily, MetricValue};
+    use crate::custom_metrics::MetricFamily;
     let mut families: Vec<(MetricFamily, Vec<(&Replica, crate::MetricSample)>)> = Vec::new();
     for r in replicas {
         for source in &r.metric_sources {
@@ -303,13 +309,22 @@ fn deployment_metrics(x: &mut Exposition, replicas: &[std::sync::Arc<Replica>]) 
     for (family, samples) in families {
         x.family(family.name, family.kind.as_str(), family.help);
         for (r, sample) in samples {
-            let mut l = labels(r);
-            l.extend(sample.labels.iter().map(|(k, v)| (*k, v.as_str())));
-            match &sample.value {
-                MetricValue::Number(v) => x.sample(family.name, &l, v),
-                MetricValue::Histogram(h) => x.histogram(family.name, &l, h),
-            }
+            custom_sample(x, family.name, labels(r), &sample);
         }
+    }
+}
+
+/// One sample of a family a deployment or the process added, with `labels` before its own.
+fn custom_sample<'a>(
+    x: &mut Exposition,
+    name: &str,
+    mut labels: Vec<(&'a str, &'a str)>,
+    sample: &'a crate::MetricSample,
+) {
+    labels.extend(sample.labels.iter().map(|(k, v)| (*k, v.as_str())));
+    match &sample.value {
+        crate::MetricValue::Number(v) => x.sample(name, &labels, v),
+        crate::MetricValue::Histogram(h) => x.histogram(name, &labels, h),
     }
 }
 

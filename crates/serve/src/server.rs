@@ -148,6 +148,7 @@ impl Default for ServerConfig {
 pub struct ServerBuilder {
     config: ServerConfig,
     apps: Vec<Application>,
+    metric_sources: Vec<Arc<dyn crate::MetricsSource>>,
 }
 
 impl ServerBuilder {
@@ -212,6 +213,13 @@ impl ServerBuilder {
         self
     }
 
+    /// Adds metrics of the process rather than of a replica (the log writer's dropped lines,
+    /// say) to `/metrics`: its families are rendered as they are, with no replica labels.
+    pub fn metrics_source(mut self, source: Arc<dyn crate::MetricsSource>) -> Self {
+        self.metric_sources.push(source);
+        self
+    }
+
     /// Adds an application.
     pub fn application(mut self, app: Application) -> Self {
         self.apps.push(app);
@@ -220,7 +228,7 @@ impl ServerBuilder {
 
     /// Starts every replica, then listens. Fails if any replica fails to start.
     pub async fn start(self) -> Result<Server, StartError> {
-        Server::start(self.config, self.apps).await
+        Server::start(self.config, self.apps, self.metric_sources).await
     }
 }
 
@@ -248,6 +256,8 @@ pub(crate) struct ServerState {
     pub(crate) changes: Arc<Notify>,
     /// An extra readiness condition (the cluster layer's: etcd reachable lately).
     pub(crate) readiness: parking_lot::RwLock<Option<crate::cluster_api::Readiness>>,
+    /// The process's own metrics (not a replica's).
+    pub(crate) metric_sources: Vec<Arc<dyn crate::MetricsSource>>,
 }
 
 /// Counts a connection as open for as long as it lives.
@@ -307,10 +317,12 @@ fn validate(apps: &[Application]) -> Result<(), StartError> {
                 format!("route_prefix '{p}' must start with '/' and not end with one"),
             ));
         }
-        if p.starts_with("/-") || p == "/metrics" || p.starts_with("/metrics/") {
+        if crate::admin::is_reserved_route_prefix(p) {
             return Err(invalid(
                 app,
-                format!("route_prefix '{p}' is reserved for the admin API (/-/...) and /metrics"),
+                format!(
+                    "route_prefix '{p}' is reserved for the admin API (/-/..., /metrics, /health)"
+                ),
             ));
         }
         if !prefixes.insert(p) {
@@ -352,7 +364,11 @@ impl Server {
         ServerBuilder::default()
     }
 
-    async fn start(config: ServerConfig, apps: Vec<Application>) -> Result<Server, StartError> {
+    async fn start(
+        config: ServerConfig,
+        apps: Vec<Application>,
+        metric_sources: Vec<Arc<dyn crate::MetricsSource>>,
+    ) -> Result<Server, StartError> {
         validate(&apps)?;
         config
             .http
@@ -441,6 +457,7 @@ impl Server {
             retiring: parking_lot::Mutex::default(),
             changes,
             readiness: parking_lot::RwLock::default(),
+            metric_sources,
         });
         let (stop, stopped) = watch::channel(false);
         let accept = tokio::spawn(crate::front::accept_loop(

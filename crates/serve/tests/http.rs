@@ -32,6 +32,20 @@ async fn start(app: Application) -> Server {
         .unwrap()
 }
 
+/// `/health` is the readiness probe's name in vLLM and most load balancers: it answers as
+/// `/-/healthz` does, even with an application at `/` (which would otherwise take it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_as_healthz_even_beside_an_application_at_the_root() {
+    let server = start(Application::new("default").ingress(echo("Echo"))).await;
+    let addr = server.local_addr();
+    let health = get(addr, "/health", &[]).await;
+    assert_eq!(health.status, StatusCode::OK, "{}", health.text());
+    assert_eq!(health.json(), serde_json::json!({"status": "ok"}));
+    assert_eq!(health.json(), get(addr, "/-/healthz", &[]).await.json());
+    assert_eq!(health.replica(), "", "no application answered /health");
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_guides_request_loads_once_then_is_served_from_cache_by_the_same_replica() {
     let counters = Arc::new(Counters::default());

@@ -9,7 +9,9 @@ use std::time::Duration;
 use modelmux_cache::{EvictionPolicy, Multiplexer};
 
 mod cluster;
+mod explain;
 mod kinds;
+mod paths;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -185,7 +187,7 @@ fn default_port() -> u16 {
 }
 
 /// `logging`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Logging {
     /// `text` (default) or `json`.
@@ -194,6 +196,24 @@ pub struct Logging {
     /// A `tracing` filter, such as `info` or `info,modelmux::access=warn` (default `info`).
     #[serde(default)]
     pub level: Option<String>,
+    /// Lines that may wait for the log's writer; past them, lines are dropped and counted
+    /// (`modelmux_log_lines_dropped_total`) rather than making requests wait for stderr.
+    #[serde(default = "default_buffered_lines")]
+    pub max_buffered_lines: usize,
+}
+
+impl Default for Logging {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::default(),
+            level: None,
+            max_buffered_lines: default_buffered_lines(),
+        }
+    }
+}
+
+fn default_buffered_lines() -> usize {
+    crate::logging::DEFAULT_BUFFERED_LINES
 }
 
 /// Log line format.
@@ -299,8 +319,8 @@ pub enum ConfigError {
 impl Config {
     /// Parses and checks a configuration.
     pub fn parse(text: &str) -> Result<Config, ConfigError> {
-        let config: Config =
-            serde_yaml_ng::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        let config: Config = serde_yaml_ng::from_str(text)
+            .map_err(|e| ConfigError::Parse(explain::parse_error(text, &e)))?;
         if config.applications.is_empty() {
             return Err(ConfigError::Invalid(
                 "applications: at least one application is needed".into(),
@@ -352,9 +372,9 @@ impl Config {
                     "applications[{i}].route_prefix: '{p}' must start with '/' and not end with one"
                 )));
             }
-            if p.starts_with("/-") || p == "/metrics" || p.starts_with("/metrics/") {
+            if modelmux_serve::is_reserved_route_prefix(p) {
                 return Err(ConfigError::Invalid(format!(
-                    "applications[{i}].route_prefix: '{p}' is reserved for the admin API (/-/...) and /metrics"
+                    "applications[{i}].route_prefix: '{p}' is reserved for the admin API (/-/..., /metrics, /health)"
                 )));
             }
             let earlier = &config.applications[..i];
@@ -373,6 +393,11 @@ impl Config {
         if config.disk_cache.max_bytes == 0 {
             return Err(ConfigError::Invalid(
                 "disk_cache.max_bytes: must be at least 1".into(),
+            ));
+        }
+        if config.logging.max_buffered_lines == 0 {
+            return Err(ConfigError::Invalid(
+                "logging.max_buffered_lines: must be at least 1".into(),
             ));
         }
         if let Some(level) = &config.logging.level {

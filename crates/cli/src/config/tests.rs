@@ -221,13 +221,12 @@ async fn llm_settings_are_checked_with_their_path() {
     assert!(err.contains("engine_kwargs.max_num_seqs"), "{err}");
     let err = build_error(&yaml(&with_file.replace("model_id: m", "model_id: 'm:x'"))).await;
     assert!(err.contains("model_id"), "{err}");
-    // A good one builds: an ingress and the LLM deployment.
+    // The settings are fine, but an empty file is no GGUF model: refused before any replica
+    // starts (a real model builds: `tests/llm.rs`, which has one).
+    let err = build_error(&yaml(&with_file)).await;
     assert!(
-        Config::parse(&yaml(&with_file))
-            .unwrap()
-            .server()
-            .await
-            .is_ok()
+        err.contains("model_source") && err.contains("not a readable GGUF file"),
+        "{err}"
     );
 }
 

@@ -58,6 +58,30 @@ impl Default for EngineConfig {
     }
 }
 
+impl EngineConfig {
+    /// Checks these limits against a model's shape: the KV budget must hold at least one
+    /// sequence of `max_model_len` tokens, or every long request would be refused as if the
+    /// client had asked too much.
+    pub fn check_fits(&self, model: &crate::LlamaConfig) -> Result<()> {
+        let per_token = model.kv_bytes_per_token();
+        let needed = per_token.saturating_mul(self.max_model_len as u64);
+        if self.kv_cache_bytes < needed {
+            return Err(LlmError::InvalidConfig {
+                setting: "engine_kwargs.kv_cache_bytes",
+                message: format!(
+                    "{} bytes cannot hold one sequence of max_model_len ({} tokens): this \
+                     model's KV cache takes {per_token} bytes per token, so at least {needed} \
+                     bytes ({:.1} MiB) are needed; raise kv_cache_bytes or lower max_model_len",
+                    self.kv_cache_bytes,
+                    self.max_model_len,
+                    needed as f64 / (1u64 << 20) as f64
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
 /// An adapter held for as long as a sequence uses it: a cache guard (`ModelGuard`) or any
 /// other owner of a [`LoraAdapter`].
 pub struct AdapterLease(Box<dyn Deref<Target = LoraAdapter> + Send + Sync>);
@@ -309,6 +333,7 @@ impl Engine {
                 config.max_model_len
             )));
         }
+        config.check_fits(model.config())?;
         let budget = KvBudget::new(config.kv_cache_bytes);
         let stats = Arc::new(EngineStats::default());
         let (commands, receiver) = std::sync::mpsc::sync_channel(config.max_waiting.max(1));

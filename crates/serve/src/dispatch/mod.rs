@@ -237,8 +237,22 @@ impl DeploymentRouter {
         let status = result
             .as_ref()
             .map_or_else(|e| e.http_status(), |r| r.status());
-        tracing::info!(
-            target: "modelmux::access",
+        // The access line is the front's, one per HTTP request (it reads the model from
+        // here); each call to a deployment, a handle's too, is a debug line.
+        let mut result = result;
+        if let (Ok(response), Some(model)) = (&mut result, &model)
+            && crate::ingress::access_log_on()
+            && response
+                .extensions()
+                .get::<crate::ingress::ServedModel>()
+                .is_none()
+        {
+            response
+                .extensions_mut()
+                .insert(crate::ingress::ServedModel(model.clone()));
+        }
+        tracing::debug!(
+            target: "modelmux::dispatch",
             request_id = context.request_id().map_or("-", |r| r.as_str()),
             app = %self.app,
             deployment = %self.config.name,

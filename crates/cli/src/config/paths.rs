@@ -1,0 +1,138 @@
+//! Relative paths in a configuration file are read from the file's own directory, as a user
+//! who writes `repository: models` beside `config.yaml` means, whatever directory the server
+//! is started from.
+
+use std::path::{Path, PathBuf};
+
+use super::{Config, ModelSpec};
+
+impl Config {
+    /// Makes every relative local path in the configuration relative to `dir` (the config
+    /// file's directory): `disk_cache.path`, an ONNX `repository`, an LLM's `model_source` and
+    /// `dynamic_lora_loading_path`. URLs (`s3://`, `https://`, `file://`, `builtin://`) and
+    /// absolute paths are left as they are.
+    pub fn resolve_paths(&mut self, dir: &Path) {
+        // An absolute directory, so errors name the full path that was tried.
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        if let Some(path) = &mut self.disk_cache.path
+            && path.is_relative()
+        {
+            *path = dir.join(&*path);
+        }
+        for deployment in self
+            .applications
+            .iter_mut()
+            .flat_map(|a| &mut a.deployments)
+        {
+            match &mut deployment.model {
+                ModelSpec::Synthetic(_) => {}
+                ModelSpec::Onnx(onnx) => resolve(&dir, &mut onnx.repository),
+                ModelSpec::Llm(llm) => {
+                    resolve(&dir, &mut llm.model_loading_config.model_source);
+                    if let Some(lora) = &mut llm.lora_config {
+                        resolve(&dir, &mut lora.dynamic_lora_loading_path);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `location` joined to `dir` if it is a relative local path.
+fn resolve(dir: &Path, location: &mut String) {
+    if location.is_empty() || location.contains("://") || Path::new(location).is_absolute() {
+        return;
+    }
+    *location = path_text(dir.join(&*location));
+}
+
+fn path_text(path: PathBuf) -> String {
+    path.to_string_lossy().into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = "\
+disk_cache: {path: cache}
+applications:
+  - name: a
+    deployments:
+      - name: onnx
+        model: {kind: onnx, repository: models}
+      - name: s3
+        model: {kind: onnx, repository: 's3://bucket/models'}
+      - name: abs
+        model: {kind: onnx, repository: /srv/models}
+      - name: demo
+        model: {kind: onnx, repository: 'builtin://demo'}
+      - name: llm
+        model:
+          kind: llm
+          model_loading_config: {model_id: m, model_source: ../weights/m.gguf}
+          lora_config: {dynamic_lora_loading_path: adapters}
+";
+
+    fn repositories(c: &Config) -> Vec<String> {
+        c.applications[0]
+            .deployments
+            .iter()
+            .map(|d| match &d.model {
+                ModelSpec::Onnx(o) => o.repository.clone(),
+                ModelSpec::Llm(l) => format!(
+                    "{} {}",
+                    l.model_loading_config.model_source,
+                    l.lora_config.as_ref().unwrap().dynamic_lora_loading_path
+                ),
+                ModelSpec::Synthetic(_) => String::new(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn relative_paths_are_read_from_the_config_files_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = std::fs::canonicalize(dir.path()).unwrap();
+        let mut c = Config::parse(YAML).unwrap();
+        c.resolve_paths(dir.path());
+        let at = |p: &str| path_text(base.join(p));
+        assert_eq!(
+            repositories(&c),
+            [
+                at("models"),
+                "s3://bucket/models".into(),
+                "/srv/models".into(),
+                "builtin://demo".into(),
+                format!("{} {}", at("../weights/m.gguf"), at("adapters")),
+            ]
+        );
+        assert_eq!(c.disk_cache.path, Some(base.join("cache")));
+    }
+
+    /// The user's case: `repository: models` beside the config file, the server started from
+    /// elsewhere.
+    #[tokio::test]
+    async fn a_repository_beside_the_config_file_opens_from_any_working_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let demo = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../examples/models/customer-1"
+        );
+        std::fs::create_dir_all(dir.path().join("models/customer-1")).unwrap();
+        std::fs::copy(
+            format!("{demo}/model.onnx"),
+            dir.path().join("models/customer-1/model.onnx"),
+        )
+        .unwrap();
+        let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: onnx, repository: models}\n";
+        let unresolved = Config::parse(yaml).unwrap().check().await;
+        assert!(
+            unresolved.is_err(),
+            "the test's cwd has no models/ directory"
+        );
+        let mut c = Config::parse(yaml).unwrap();
+        c.resolve_paths(dir.path());
+        c.check().await.unwrap();
+    }
+}
