@@ -171,8 +171,10 @@ async fn stop_strings_stop_tokens_and_eos_end_a_sequence() {
 async fn past_the_kv_budget_requests_wait_then_are_refused_as_overloaded() {
     let rt = runtime();
     let per_token = rt.model().config().kv_bytes_per_token();
+    // The budget holds one sequence of max_model_len (an engine refuses to start otherwise).
     let engine = rt.engine(EngineConfig {
         kv_cache_bytes: per_token * 300,
+        max_model_len: 300,
         queue_timeout: Duration::from_millis(300),
         ..EngineConfig::default()
     });
