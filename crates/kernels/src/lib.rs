@@ -39,6 +39,7 @@
 
 mod columns;
 mod matrix;
+mod panel;
 mod rows;
 mod scalar;
 pub mod vector;

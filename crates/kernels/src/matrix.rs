@@ -3,38 +3,12 @@
 
 use half::f16;
 
+use crate::panel::{GROUPS, Line, Panel, Tile};
 use crate::rows::round_to_i8;
 use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL};
 
 /// Activation rows multiplied by every panel of a call before the next rows start.
 const ROW_BLOCK: usize = 64;
-/// 4-byte groups per block.
-pub(crate) const GROUPS: usize = BLOCK / 4;
-
-/// 64 bytes: weights `4g..4g+4` of one block of each of a panel's 16 rows, stored as
-/// `q ^ 0x80` (that is `q + 128` as `u8`, what VNNI's unsigned operand wants). Aligned so
-/// every vector load is one cache line.
-#[derive(Clone, Copy, Debug)]
-#[repr(C, align(64))]
-pub(crate) struct Line(pub(crate) [u8; 4 * PANEL]);
-
-/// One panel's weights over all blocks: `lines[b * GROUPS + g]`, `scales[b * PANEL + lane]`
-/// (f16 bits).
-#[derive(Clone, Copy)]
-pub(crate) struct Panel<'a> {
-    pub(crate) lines: &'a [Line],
-    pub(crate) scales: &'a [u16],
-}
-
-/// `R` consecutive rows of quantized activations: `q` is `R x k`, `scales` and `bias` are
-/// `R x blocks`.
-#[derive(Clone, Copy)]
-pub(crate) struct Tile<'a> {
-    pub(crate) q: &'a [i8],
-    pub(crate) scales: &'a [f32],
-    pub(crate) bias: &'a [i32],
-}
-
 /// An `n x k` weight matrix as int8 blocks of [`BLOCK`] values with an f16 scale each,
 /// repacked into panels of [`PANEL`] rows (see the crate docs). `k` is a multiple of
 /// [`BLOCK`]; rows past `n` in the last panel are zeros.

@@ -4,7 +4,7 @@
 
 use half::f16;
 
-use crate::matrix::{GROUPS, Panel, Tile};
+use crate::panel::{GROUPS, Panel, Tile};
 use crate::{BLOCK, PANEL};
 
 pub(crate) fn tile(panel: Panel<'_>, x: Tile<'_>, out: &mut [[f32; PANEL]]) {

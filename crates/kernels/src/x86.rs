@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::matrix::{GROUPS, Panel, Tile};
+use crate::panel::{GROUPS, Panel, Tile};
 use crate::{BLOCK, PANEL};
 
 /// How many blocks (of 512 bytes) ahead the VNNI kernel prefetches weights.

@@ -22,9 +22,10 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
+use modelmux_front::Server;
 use modelmux_llm::{ChatMessage, LlmRuntime, RuntimeOptions, SamplingParams};
 use modelmux_openai::{LlmConfig, llm_deployments};
-use modelmux_serve::{Application, Server};
+use modelmux_serve::Application;
 use modelmux_store::{ModelRepository, RepositoryOptions};
 use serde_json::json;
 use tokio::time::Instant;

@@ -69,7 +69,7 @@ pub(crate) enum PromptInput {
 }
 
 /// The body of `POST /v1/chat/completions` and `POST /v1/completions`: one type for both, so
-/// serde refuses unknown fields and names the path of a bad value; [`crate::params`] refuses
+/// serde refuses unknown fields and names the path of a bad value; `params.rs` refuses
 /// the fields of the other endpoint.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

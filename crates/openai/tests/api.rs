@@ -326,7 +326,7 @@ async fn adapters_are_loaded_and_unloaded_with_vllms_controls_behind_the_admin_t
         &modelmux_serve::AdminAccess::with_token("secret"),
     )
     .unwrap();
-    let server = modelmux_serve::Server::builder()
+    let server = modelmux_front::Server::builder()
         .bind("127.0.0.1:0".parse().unwrap())
         .application(
             modelmux_serve::Application::new("llm")

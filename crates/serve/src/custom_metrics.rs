@@ -17,7 +17,8 @@ pub enum MetricKind {
 }
 
 impl MetricKind {
-    pub(crate) fn as_str(self) -> &'static str {
+    /// Its name in the exposition format (`counter`, `gauge`, `histogram`).
+    pub fn as_str(self) -> &'static str {
         match self {
             Self::Counter => "counter",
             Self::Gauge => "gauge",

@@ -10,7 +10,7 @@ use modelmux_cache::{BoxError, Loader, Model, Multiplexer, MultiplexerBuilder};
 
 use crate::custom_metrics::MetricsSource;
 use crate::handle::{DeploymentHandle, HandleDirectory};
-use crate::replica::ModelCache;
+use crate::model_cache::ModelCache;
 use crate::{Request, Response, ServeError};
 
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -1,5 +1,6 @@
 //! The serve layer's one error type, and the one place errors become HTTP responses.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::{HeaderValue, StatusCode, header};
@@ -181,7 +182,7 @@ fn status_of(kind: ErrorKind) -> StatusCode {
 
 /// An error response's [`ServeError::error_type`], kept on the response for the access line.
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct ErrorType(pub(crate) &'static str);
+pub struct ErrorType(pub &'static str);
 
 impl ServeError {
     /// Turns a deployment's error into a `ServeError`, keeping a typed one as it is.
@@ -469,4 +470,49 @@ mod tests {
         assert_eq!(body["error"]["param"], "max_tokens");
         assert_eq!(body["error"]["type"], "invalid_parameter");
     }
+}
+/// Why a server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The applications are not consistent (a name or prefix twice, no deployment, ...).
+    #[error("invalid application '{app}': {message}")]
+    InvalidApplication {
+        /// The application.
+        app: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A replica's constructor failed.
+    #[error("replica of deployment '{deployment}' failed to start: {source}")]
+    Replica {
+        /// The deployment.
+        deployment: String,
+        /// The constructor's error.
+        source: BoxError,
+    },
+    /// A server setting is out of range.
+    #[error("invalid http options: {message}")]
+    InvalidConfig {
+        /// What is wrong.
+        message: String,
+    },
+    /// The server would listen beyond this machine with an admin API anyone could use.
+    #[error(
+        "refusing to listen on {addr} without an admin token: anyone who can reach it could \
+         load, pin and evict models. Set an admin token, or allow an open admin API explicitly \
+         (http_options.allow_open_admin: true) if every client is trusted"
+    )]
+    OpenAdmin {
+        /// The address.
+        addr: SocketAddr,
+    },
+    /// The listening socket could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
 }

@@ -6,18 +6,18 @@ use std::sync::Arc;
 use modelmux_cache::ModelId;
 use modelmux_context::{RequestContext, RequestId};
 
-use crate::dispatch::DeploymentRouter;
 use crate::placement::Holding;
+use crate::port::{Dispatch, Route};
 use crate::{Request, Response, ServeError};
 
 /// The deployments of one application, by name, for [`ReplicaContext::handle`](crate::ReplicaContext::handle).
 #[derive(Clone, Default)]
 pub(crate) struct HandleDirectory {
-    routers: Arc<HashMap<String, Arc<DeploymentRouter>>>,
+    routers: Arc<HashMap<String, Arc<dyn Dispatch>>>,
 }
 
 impl HandleDirectory {
-    pub(crate) fn new(routers: HashMap<String, Arc<DeploymentRouter>>) -> Self {
+    pub(crate) fn new(routers: HashMap<String, Arc<dyn Dispatch>>) -> Self {
         Self {
             routers: Arc::new(routers),
         }
@@ -55,7 +55,7 @@ impl HandleDirectory {
 /// ```
 #[derive(Clone)]
 pub struct DeploymentHandle {
-    router: Arc<DeploymentRouter>,
+    router: Arc<dyn Dispatch>,
     model_id: Option<ModelId>,
 }
 
@@ -81,35 +81,31 @@ impl HandleOptions {
 }
 
 impl DeploymentHandle {
+    /// A handle on any deployment reached through the port (a router of this server, or
+    /// another implementation of [`Dispatch`]), calling it with no model id.
+    pub fn new(deployment: Arc<dyn Dispatch>) -> Self {
+        Self {
+            router: deployment,
+            model_id: None,
+        }
+    }
+
     /// The deployment this handle calls.
     pub fn deployment(&self) -> &str {
-        self.router.name()
+        self.router.deployment()
     }
 
     /// The models the deployment's replicas hold now (loaded, loading, or just placed), by
     /// replica id, as the router sees them: from the caches' events, no call to a replica.
     pub fn held_models(&self) -> Vec<(String, Vec<(ModelId, Holding)>)> {
-        self.router
-            .replicas()
-            .iter()
-            .map(|r| {
-                let mut held: Vec<_> = r.slot.holdings().into_iter().collect();
-                held.sort_by(|a, b| a.0.cmp(&b.0));
-                (r.id.to_string(), held)
-            })
-            .collect()
+        self.router.held_models()
     }
 
     /// Evicts model `id` from every replica of the deployment (as `DELETE /-/models/...` does):
     /// new requests no longer find it, and each copy is unloaded when its last user is done.
     /// Returns the replicas that held it.
     pub fn evict_model(&self, id: &str) -> Vec<String> {
-        self.router
-            .replicas()
-            .iter()
-            .filter(|r| r.caches.iter().fold(false, |any, c| c.evict(id) | any))
-            .map(|r| r.id.to_string())
-            .collect()
+        self.router.evict_model(id)
     }
 
     /// Starts setting options; the handle itself is not changed.
@@ -127,11 +123,8 @@ impl DeploymentHandle {
             context = context.with_multiplexed_model_id(id.clone());
         }
         self.router
-            .dispatch(
-                request,
-                context,
-                crate::dispatch::Route::Local { preferred: None },
-            )
+            .clone()
+            .dispatch(request, context, Route::Local { preferred: None })
             .await
             .0
     }

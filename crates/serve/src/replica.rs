@@ -6,70 +6,18 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use modelmux_cache::{
-    BoxError, DurationHistogram, MetricsSnapshot, Model, ModelInfo, Multiplexer, ShutdownReport,
-    Subscription,
-};
+use modelmux_cache::{BoxError, DurationHistogram};
 use modelmux_context::{RequestContext, RequestId};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use crate::custom_metrics::MetricsSource;
-use crate::deployment::{BoxFuture, DeploymentSpec, DynDeployment, ReplicaContext};
+use crate::deployment::{DeploymentSpec, DynDeployment, ReplicaContext};
 use crate::handle::HandleDirectory;
+use crate::model_cache::ModelCache;
 use crate::placement::ReplicaSlot;
 use crate::{Request, Response, ServeError};
-
-/// A model cache as the serve layer sees it, whatever its model type.
-pub(crate) trait ModelCache: Send + Sync + 'static {
-    fn models(&self) -> Vec<ModelInfo>;
-    fn metrics(&self) -> MetricsSnapshot;
-    fn max_models(&self) -> Option<usize>;
-    fn max_bytes(&self) -> Option<u64>;
-    fn subscribe(&self) -> Subscription;
-    fn load(&self, id: &str, pin: bool) -> BoxFuture<'_, Result<(), modelmux_cache::Error>>;
-    fn evict(&self, id: &str) -> bool;
-    fn unpin(&self, id: &str) -> bool;
-    fn shutdown(&self, timeout: Duration) -> BoxFuture<'_, ShutdownReport>;
-}
-
-impl<M: Model> ModelCache for Multiplexer<M> {
-    fn models(&self) -> Vec<ModelInfo> {
-        Multiplexer::models(self)
-    }
-    fn metrics(&self) -> MetricsSnapshot {
-        Multiplexer::metrics(self)
-    }
-    fn max_models(&self) -> Option<usize> {
-        self.config().max_models
-    }
-    fn max_bytes(&self) -> Option<u64> {
-        self.config().max_bytes
-    }
-    fn subscribe(&self) -> Subscription {
-        Multiplexer::subscribe(self)
-    }
-    fn load(&self, id: &str, pin: bool) -> BoxFuture<'_, Result<(), modelmux_cache::Error>> {
-        let id = id.to_string();
-        Box::pin(async move {
-            if pin {
-                self.pin(&id).await
-            } else {
-                self.preload(&id).await
-            }
-        })
-    }
-    fn evict(&self, id: &str) -> bool {
-        Multiplexer::evict(self, id)
-    }
-    fn unpin(&self, id: &str) -> bool {
-        Multiplexer::unpin(self, id)
-    }
-    fn shutdown(&self, timeout: Duration) -> BoxFuture<'_, ShutdownReport> {
-        Box::pin(Multiplexer::shutdown(self, timeout))
-    }
-}
 
 /// Upper bounds (seconds) of the request-duration histogram: 100 µs to 60 s.
 pub(crate) static REQUEST_BUCKETS: [f64; 16] = [
@@ -123,7 +71,7 @@ impl Replica {
         app: &Arc<str>,
         node: Option<&str>,
         handles: HandleDirectory,
-        wake: crate::dispatch::Waker,
+        wake: crate::port::Waker,
     ) -> Result<Replica, BoxError> {
         let deployment: Arc<str> = spec.config.name.as_str().into();
         let generated = RequestId::generate();
@@ -285,7 +233,7 @@ fn spawn_feed(
     source: usize,
     cache: Arc<dyn ModelCache>,
     slot: Arc<ReplicaSlot>,
-    wake: crate::dispatch::Waker,
+    wake: crate::port::Waker,
 ) -> JoinHandle<()> {
     let mut sub = cache.subscribe();
     slot.apply_snapshot(source, &sub.snapshot);

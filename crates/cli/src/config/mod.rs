@@ -18,8 +18,9 @@ mod values;
 
 pub use cluster::{ClusterConfig, ClusterFlags};
 pub use kinds::*;
+use modelmux_front::ServerBuilder;
 use modelmux_onnx::Onnx;
-use modelmux_serve::{Application, ServerBuilder, model_deployment};
+use modelmux_serve::{Application, model_deployment};
 use modelmux_store::{DiskCache, ModelRepository, RepositoryOptions};
 use modelmux_synthetic::Synthetic;
 use serde::Deserialize;
@@ -79,7 +80,7 @@ fn default_disk_cache_bytes() -> u64 {
 
 /// `http_options`: where to listen, who may use the admin API, and the front door's limits.
 /// Durations are in seconds; every limit has a default that holds up against hostile
-/// clients (see `modelmux_serve::HttpOptions`).
+/// clients (see `modelmux_front::HttpOptions`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpOptions {
@@ -150,8 +151,8 @@ impl Default for HttpOptions {
 
 impl HttpOptions {
     /// The serve layer's limits: these settings over its defaults.
-    pub fn limits(&self) -> modelmux_serve::HttpOptions {
-        let mut o = modelmux_serve::HttpOptions::default();
+    pub fn limits(&self) -> modelmux_front::HttpOptions {
+        let mut o = modelmux_front::HttpOptions::default();
         let secs = |v: &Option<Seconds>| v.as_ref().map(|s| s.0);
         o.max_body_bytes = self.max_body_bytes.unwrap_or(o.max_body_bytes);
         o.header_read_timeout = secs(&self.header_read_timeout_s).unwrap_or(o.header_read_timeout);
@@ -457,7 +458,7 @@ impl Config {
             None
         };
         let admin = self.http_options.admin();
-        let mut builder = modelmux_serve::Server::builder()
+        let mut builder = modelmux_front::Server::builder()
             .bind(self.bind_address()?)
             .http_options(self.http_options.limits())
             .admin_access(admin.clone());

@@ -10,9 +10,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
+use modelmux_front::Server;
 use modelmux_llm::{ChatMessage, LlmRuntime, RuntimeOptions, SamplingParams};
 use modelmux_openai::{LlmConfig, llm_deployments};
-use modelmux_serve::{Application, Server};
+use modelmux_serve::Application;
 use modelmux_store::{ModelRepository, RepositoryOptions};
 use tokio::net::TcpStream;
 

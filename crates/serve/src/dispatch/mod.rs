@@ -18,13 +18,15 @@ use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http_body::{Frame, SizeHint};
 use modelmux_cache::{BoxError, ModelId};
 use modelmux_context::{Hold, RequestContext};
 use tokio::time::Instant;
 
 use crate::deployment::DeploymentConfig;
-use crate::placement::ReplicaView;
+use crate::placement::{Holding, ReplicaView};
+use crate::port::{Dispatch, Dispatched, Route, Waker};
 use crate::remote::{ForwardError, RemoteReplica};
 use crate::replica::Replica;
 use crate::router::{Choice, Reason, Rng, choose_with};
@@ -39,19 +41,6 @@ use target::Targets;
 
 /// How many replicas one request may be sent to when nodes cannot be reached or turn it away.
 const MAX_ATTEMPTS: usize = 3;
-
-/// Which replicas a request may go to.
-#[derive(Debug, Clone, Default)]
-pub(crate) enum Route {
-    /// Any, on any node.
-    #[default]
-    Anywhere,
-    /// This node's own (another node forwarded it here), preferring the one that node chose.
-    Local {
-        /// The replica the forwarding node chose.
-        preferred: Option<Arc<str>>,
-    },
-}
 
 /// How often a queued request looks again even without a wake-up.
 const RECHECK: std::time::Duration = std::time::Duration::from_millis(250);
@@ -149,7 +138,8 @@ impl DeploymentRouter {
     /// What replicas call when their models change (a load ended, a model was evicted): the
     /// queue may move.
     pub(crate) fn waker(self: &Arc<Self>) -> Waker {
-        Waker(Arc::downgrade(self))
+        let port: Arc<dyn Dispatch> = self.clone();
+        Waker::new(&port)
     }
 
     pub(crate) fn queued(&self) -> usize {
@@ -168,12 +158,12 @@ impl DeploymentRouter {
     /// Routes `request` to a replica and runs it there (or forwards it to the node that
     /// has it). Returns the response (or the error) and the replica that served it, if one was
     /// reached.
-    pub(crate) async fn dispatch(
+    async fn run(
         self: &Arc<Self>,
         request: Request,
         context: RequestContext,
         route: Route,
-    ) -> (Result<Response, ServeError>, Option<Arc<str>>) {
+    ) -> Dispatched {
         let start = Instant::now();
         let model = context.multiplexed_model_id().cloned();
         let mut request = Some(request);
@@ -241,15 +231,15 @@ impl DeploymentRouter {
         // here); each call to a deployment, a handle's too, is a debug line.
         let mut result = result;
         if let (Ok(response), Some(model)) = (&mut result, &model)
-            && crate::ingress::access_log_on()
+            && crate::port::access_log_on()
             && response
                 .extensions()
-                .get::<crate::ingress::ServedModel>()
+                .get::<crate::port::ServedModel>()
                 .is_none()
         {
             response
                 .extensions_mut()
-                .insert(crate::ingress::ServedModel(model.clone()));
+                .insert(crate::port::ServedModel(model.clone()));
         }
         tracing::debug!(
             target: "modelmux::dispatch",
@@ -532,16 +522,42 @@ impl Drop for LeaveQueue<'_> {
     }
 }
 
-/// Tells a deployment's router that its replicas' models changed.
-#[derive(Clone)]
-pub(crate) struct Waker(std::sync::Weak<DeploymentRouter>);
+impl Dispatch for DeploymentRouter {
+    fn deployment(&self) -> &str {
+        self.name()
+    }
 
-impl Waker {
-    pub(crate) fn wake(&self) {
-        if let Some(router) = self.0.upgrade() {
-            router.grant();
-            router.changes.notify_one();
-        }
+    fn dispatch(
+        self: Arc<Self>,
+        request: Request,
+        context: RequestContext,
+        route: Route,
+    ) -> BoxFuture<'static, Dispatched> {
+        Box::pin(async move { self.run(request, context, route).await })
+    }
+
+    fn held_models(&self) -> Vec<(String, Vec<(ModelId, Holding)>)> {
+        self.replicas()
+            .iter()
+            .map(|r| {
+                let mut held: Vec<_> = r.slot.holdings().into_iter().collect();
+                held.sort_by(|a, b| a.0.cmp(&b.0));
+                (r.id.to_string(), held)
+            })
+            .collect()
+    }
+
+    fn evict_model(&self, id: &str) -> Vec<String> {
+        self.replicas()
+            .iter()
+            .filter(|r| r.caches.iter().fold(false, |any, c| c.evict(id) | any))
+            .map(|r| r.id.to_string())
+            .collect()
+    }
+
+    fn capacity_changed(self: Arc<Self>) {
+        self.grant();
+        self.changes.notify_one();
     }
 }
 

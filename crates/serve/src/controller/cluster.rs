@@ -1,45 +1,23 @@
-//! What the cluster layer (`modelmux-cluster`) uses of a running server: this node's state
-//! out, the other nodes' replicas in, and an extra readiness condition. The serve layer knows
-//! nothing of etcd; it only routes over whatever replicas it is told about.
+//! What the cluster layer needs of the running applications: this node's state out (its
+//! ingress replicas, their load and models), the other nodes' replicas in (routed over beside
+//! this node's own), and a wake-up when anything local changes. Nothing here knows of etcd.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use tokio::sync::Notify;
 
+use super::Controller;
 use crate::placement::ReplicaView;
 use crate::remote::{DeploymentState, Forwarder, RemoteReplica, ReplicaState};
-use crate::server::{Server, ServerState};
 
-/// An extra condition for `/-/healthz`: `Err(reason)` makes it answer 503.
-pub(crate) type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
-
-/// The part of a running server the cluster layer talks to. Cheap to clone; stays usable
-/// while the server shuts down (it publishes its drain through it).
-#[derive(Clone)]
-pub struct NodeHandle(Arc<ServerState>);
-
-impl Server {
-    /// A handle for the cluster layer.
-    pub fn node_handle(&self) -> NodeHandle {
-        NodeHandle(self.state.clone())
-    }
-}
-
-impl NodeHandle {
-    /// This node's id, if it is part of a cluster.
-    pub fn node_id(&self) -> Option<&str> {
-        self.0.config.node_id.as_deref()
-    }
-
+impl Controller {
     /// Each application's ingress deployment and the state of its replicas on this node now.
     /// While the server drains, every replica is reported unavailable: other nodes stop
     /// sending it requests.
     pub fn local_state(&self) -> Vec<DeploymentState> {
         let draining = self.is_draining();
-        self.0
-            .apps
+        self.apps
             .iter()
             .map(|app| DeploymentState {
                 app: app.name.to_string(),
@@ -67,12 +45,7 @@ impl NodeHandle {
 
     /// Notified whenever a local replica's models (or the replica set) change.
     pub fn changes(&self) -> Arc<Notify> {
-        self.0.changes.clone()
-    }
-
-    /// Whether the server is shutting down.
-    pub fn is_draining(&self) -> bool {
-        self.0.draining.load(Ordering::SeqCst)
+        self.changes.clone()
     }
 
     /// Replaces what this node knows of `app`'s ingress replicas on other nodes: `(node,
@@ -84,7 +57,7 @@ impl NodeHandle {
         replicas: &[(Arc<str>, ReplicaState)],
         forwarder: &Arc<dyn Forwarder>,
     ) {
-        let Some(app) = self.0.apps.iter().find(|a| &*a.name == app) else {
+        let Some(app) = self.apps.iter().find(|a| &*a.name == app) else {
             return;
         };
         let router = &app.ingress;
@@ -113,10 +86,5 @@ impl NodeHandle {
         } else {
             router.set_remotes(next);
         }
-    }
-
-    /// Adds a condition to `/-/healthz` (the cluster layer's: etcd answered lately).
-    pub fn set_readiness(&self, check: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
-        *self.0.readiness.write() = Some(Arc::new(check));
     }
 }

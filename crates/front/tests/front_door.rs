@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use common::{echo, get, send};
 use http::{Method, StatusCode};
-use modelmux_serve::{
-    Application, Body, BoxError, Deployment, DeploymentSpec, HttpOptions, Request, Response, Server,
-};
+use modelmux_front::{HttpOptions, Server};
+use modelmux_serve::{Application, Body, BoxError, Deployment, DeploymentSpec, Request, Response};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, timeout};

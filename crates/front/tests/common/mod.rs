@@ -182,8 +182,8 @@ pub fn counted(
 }
 
 /// A server on a free loopback port with one application whose ingress is `spec`.
-pub async fn serve(spec: DeploymentSpec) -> modelmux_serve::Server {
-    modelmux_serve::Server::builder()
+pub async fn serve(spec: DeploymentSpec) -> modelmux_front::Server {
+    modelmux_front::Server::builder()
         .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
         .application(modelmux_serve::Application::new("a").ingress(spec))
         .start()

@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::{Counters, counted, get, get_model, send};
 use http::{Method, StatusCode};
 use modelmux_cache::Multiplexer;
-use modelmux_serve::{Application, HttpOptions, Server, StartError};
+use modelmux_front::{HttpOptions, Server};
+use modelmux_serve::{Application, StartError};
 
 fn app() -> Application {
     let spec = counted(

@@ -1,7 +1,10 @@
 //! The front door's limits: timeouts, caps and budgets, with defaults that hold up against
 //! slow or hostile clients.
 
+use std::net::SocketAddr;
 use std::time::Duration;
+
+use modelmux_serve::AdminAccess;
 
 /// How the HTTP front door treats clients (YAML `http_options`).
 ///
@@ -93,5 +96,36 @@ impl HttpOptions {
             ));
         }
         Ok(())
+    }
+}
+
+/// Server-wide settings.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// Where to listen (default `127.0.0.1:8000`).
+    pub bind: SocketAddr,
+    /// The front door's timeouts, caps and budgets.
+    pub http: HttpOptions,
+    /// When set, `/-/models`, `/-/deployments` and everything under them need
+    /// `Authorization: Bearer <token>`.
+    pub admin: AdminAccess,
+    /// This node's id in a cluster: it is part of every replica id (`deployment#tag@node`)
+    /// and a label on every metric. `None` outside a cluster.
+    pub node_id: Option<String>,
+    /// Whether this process runs replicas (`false`: a router that forwards every request to
+    /// other nodes of its cluster).
+    pub run_replicas: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from(([127, 0, 0, 1], 8000)),
+            http: HttpOptions::default(),
+            admin: AdminAccess::default(),
+            node_id: None,
+            run_replicas: true,
+        }
     }
 }

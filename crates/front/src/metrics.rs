@@ -22,9 +22,9 @@ use std::fmt::Write;
 
 use modelmux_cache::{HistogramSnapshot, MetricsSnapshot};
 
-use crate::placement::ReplicaView;
-use crate::replica::Replica;
-use crate::server::ServerState;
+use crate::state::FrontState;
+use modelmux_serve::ReplicaMetrics;
+use modelmux_serve::{MetricFamily, MetricSample};
 
 /// Writes one metric family at a time, each with its HELP and TYPE once.
 struct Exposition {
@@ -67,26 +67,6 @@ fn escape(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
-}
-
-/// One replica's cache metrics (summed over its caches; usually one).
-fn cache_metrics(replica: &Replica) -> Option<MetricsSnapshot> {
-    let mut all = replica.caches.iter().map(|c| c.metrics());
-    let first = all.next()?;
-    Some(all.fold(first, |mut a, b| {
-        a.hits += b.hits;
-        a.misses += b.misses;
-        a.loads += b.loads;
-        a.load_failures += b.load_failures;
-        a.unloads += b.unloads;
-        a.unload_failures += b.unload_failures;
-        a.evictions += b.evictions;
-        a.loads_abandoned += b.loads_abandoned;
-        a.gauges.loaded += b.gauges.loaded;
-        a.gauges.loading += b.gauges.loading;
-        a.gauges.used_bytes += b.gauges.used_bytes;
-        a
-    }))
 }
 
 type Counter = fn(&MetricsSnapshot) -> u64;
@@ -149,11 +129,11 @@ const CACHE_GAUGES: [(&str, &str, Counter); 3] = [
 ];
 
 /// The labels of every replica series, borrowed from the replica.
-fn labels(r: &Replica) -> Vec<(&str, &str)> {
+fn labels(r: &ReplicaMetrics) -> Vec<(&str, &str)> {
     let mut labels = vec![
         ("app", &*r.app),
         ("deployment", &*r.deployment),
-        ("replica", &*r.id),
+        ("replica", &*r.replica),
     ];
     // In a cluster, every series also names its node.
     if let Some(node) = &r.node {
@@ -172,25 +152,24 @@ fn with<'a>(
 }
 
 /// Renders every metric.
-pub(crate) fn render(state: &ServerState) -> String {
+pub(crate) fn render(state: &FrontState) -> String {
     let mut x = Exposition {
         out: String::with_capacity(16 << 10),
     };
-    let routers: Vec<_> = state.routers().cloned().collect();
-    let replicas: Vec<_> = routers.iter().flat_map(|r| r.replicas().to_vec()).collect();
+    let report = state.controller.metrics();
+    let replicas = &report.replicas;
 
     x.family(
         "modelmux_requests_total",
         "counter",
         "Requests handled, by status class.",
     );
-    for r in &replicas {
+    for r in replicas {
         for (i, class) in ["1xx", "2xx", "3xx", "4xx", "5xx"].iter().enumerate() {
-            let n = r.metrics.by_class[i].load(std::sync::atomic::Ordering::Relaxed);
             x.sample(
                 "modelmux_requests_total",
                 &with(labels(r), "status", class),
-                n,
+                r.requests_by_class[i],
             );
         }
     }
@@ -199,34 +178,30 @@ pub(crate) fn render(state: &ServerState) -> String {
         "histogram",
         "Time from dispatch to response headers.",
     );
-    for r in &replicas {
-        x.histogram(
-            "modelmux_request_duration_seconds",
-            &labels(r),
-            &r.metrics.duration.snapshot(),
-        );
+    for r in replicas {
+        x.histogram("modelmux_request_duration_seconds", &labels(r), &r.duration);
     }
     x.family(
         "modelmux_replica_ongoing_requests",
         "gauge",
         "Requests in progress on the replica.",
     );
-    for r in &replicas {
-        x.sample("modelmux_replica_ongoing_requests", &labels(r), r.ongoing());
+    for r in replicas {
+        x.sample("modelmux_replica_ongoing_requests", &labels(r), r.ongoing);
     }
     x.family(
         "modelmux_deployment_queued_requests",
         "gauge",
         "Requests waiting for a free replica.",
     );
-    for router in &routers {
-        let l = [("app", &*router.app), ("deployment", router.name())];
-        x.sample("modelmux_deployment_queued_requests", &l, router.queued());
+    for (app, deployment, queued) in &report.queues {
+        let l = [("app", &**app), ("deployment", deployment.as_str())];
+        x.sample("modelmux_deployment_queued_requests", &l, queued);
     }
 
-    let caches: Vec<(&Replica, MetricsSnapshot)> = replicas
+    let caches: Vec<(&ReplicaMetrics, &MetricsSnapshot)> = replicas
         .iter()
-        .filter_map(|r| cache_metrics(r).map(|m| (&**r, m)))
+        .filter_map(|r| r.cache.as_ref().map(|m| (r, m)))
         .collect();
     for (families, kind) in [
         (&CACHE_COUNTERS[..], "counter"),
@@ -269,18 +244,16 @@ pub(crate) fn render(state: &ServerState) -> String {
         "gauge",
         "1 for each model loaded on the replica.",
     );
-    for r in &replicas {
-        for info in r.caches.iter().flat_map(|c| c.models()) {
-            if info.status == modelmux_cache::ModelStatus::Loaded {
-                x.sample(
-                    "modelmux_model_loaded",
-                    &with(labels(r), "model", info.id.as_str()),
-                    1,
-                );
-            }
+    for r in replicas {
+        for id in &r.loaded_models {
+            x.sample(
+                "modelmux_model_loaded",
+                &with(labels(r), "model", id.as_str()),
+                1,
+            );
         }
     }
-    deployment_metrics(&mut x, &replicas);
+    deployment_metrics(&mut x, replicas);
     for family in state.metric_sources.iter().flat_map(|s| s.collect()) {
         x.family(family.name, family.kind.as_str(), family.help);
         for sample in &family.samples {
@@ -292,24 +265,21 @@ pub(crate) fn render(state: &ServerState) -> String {
 
 /// The families deployments add, merged by name across replicas (HELP and TYPE from the first
 /// replica reporting a family).
-fn deployment_metrics(x: &mut Exposition, replicas: &[std::sync::Arc<Replica>]) {
-    use crate::custom_metrics::MetricFamily;
-    let mut families: Vec<(MetricFamily, Vec<(&Replica, crate::MetricSample)>)> = Vec::new();
+fn deployment_metrics(x: &mut Exposition, replicas: &[ReplicaMetrics]) {
+    let mut families: Vec<(&MetricFamily, Vec<(&ReplicaMetrics, &MetricSample)>)> = Vec::new();
     for r in replicas {
-        for source in &r.metric_sources {
-            for mut family in source.collect() {
-                let samples: Vec<_> = family.samples.drain(..).map(|s| (&**r, s)).collect();
-                match families.iter_mut().find(|(f, _)| f.name == family.name) {
-                    Some((_, all)) => all.extend(samples),
-                    None => families.push((family, samples)),
-                }
+        for family in &r.families {
+            let samples = family.samples.iter().map(|s| (r, s));
+            match families.iter_mut().find(|(f, _)| f.name == family.name) {
+                Some((_, all)) => all.extend(samples),
+                None => families.push((family, samples.collect())),
             }
         }
     }
     for (family, samples) in families {
         x.family(family.name, family.kind.as_str(), family.help);
         for (r, sample) in samples {
-            custom_sample(x, family.name, labels(r), &sample);
+            custom_sample(x, family.name, labels(r), sample);
         }
     }
 }
@@ -319,12 +289,12 @@ fn custom_sample<'a>(
     x: &mut Exposition,
     name: &str,
     mut labels: Vec<(&'a str, &'a str)>,
-    sample: &'a crate::MetricSample,
+    sample: &'a MetricSample,
 ) {
     labels.extend(sample.labels.iter().map(|(k, v)| (*k, v.as_str())));
     match &sample.value {
-        crate::MetricValue::Number(v) => x.sample(name, &labels, v),
-        crate::MetricValue::Histogram(h) => x.histogram(name, &labels, h),
+        modelmux_serve::MetricValue::Number(v) => x.sample(name, &labels, v),
+        modelmux_serve::MetricValue::Histogram(h) => x.histogram(name, &labels, h),
     }
 }
 

@@ -13,7 +13,7 @@
 //! - memory: connections × [`MAX_BUF_BYTES`] plus `max_inflight_body_bytes`.
 
 mod activity;
-mod options;
+mod entry;
 mod stack;
 
 use std::net::SocketAddr;
@@ -25,10 +25,9 @@ use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
 
-pub use options::{HttpOptions, MAX_BUF_BYTES};
-pub(crate) use stack::Apps;
+use crate::options::{HttpOptions, MAX_BUF_BYTES};
+use crate::state::FrontState;
 
-use crate::server::ServerState;
 use activity::{Activity, Watched};
 
 /// Streams one HTTP/2 connection carries at once (a peer node's forwarded requests).
@@ -39,7 +38,7 @@ const H2_PING_INTERVAL: Duration = Duration::from_secs(1);
 /// Accepts connections until `stopped` turns true, each under a connection permit.
 pub(crate) async fn accept_loop(
     listener: TcpListener,
-    state: Arc<ServerState>,
+    state: Arc<FrontState>,
     mut stopped: watch::Receiver<bool>,
 ) {
     let options = state.config.http.clone();
@@ -84,7 +83,7 @@ pub(crate) async fn accept_loop(
 async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
-    state: Arc<ServerState>,
+    state: Arc<FrontState>,
     apps: stack::Apps,
     options: HttpOptions,
     mut stopped: watch::Receiver<bool>,
@@ -94,7 +93,7 @@ async fn serve_connection(
         let activity = activity.clone();
         hyper::service::service_fn(move |request| {
             let busy = activity.begin();
-            let handling = crate::ingress::handle(state.clone(), apps.clone(), request);
+            let handling = entry::handle(state.clone(), apps.clone(), request);
             async move {
                 let response = handling.await;
                 drop(busy);

@@ -10,9 +10,9 @@ use std::time::Duration;
 use common::{Counters, counted, echo, get, get_model, send};
 use http::{Method, StatusCode};
 use modelmux_cache::Multiplexer;
+use modelmux_front::Server;
 use modelmux_serve::{
     Application, Body, BoxError, Deployment, DeploymentHandle, DeploymentSpec, Request, Response,
-    Server,
 };
 
 fn ms(n: u64) -> Duration {

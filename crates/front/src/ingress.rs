@@ -4,7 +4,6 @@
 //! It knows nothing of models beyond their ids: it validates the header and hands the request
 //! to the application's ingress deployment.
 
-use std::convert::Infallible;
 use std::sync::Arc;
 
 use bytes::BytesMut;
@@ -12,16 +11,16 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 use http_body::Body as _;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
-use modelmux_cache::{BoxError, ModelId};
+use modelmux_cache::ModelId;
 use modelmux_context::{RequestContext, RequestId};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use tower::ServiceExt;
 
-use crate::dispatch::Route;
-use crate::remote::FORWARDED_HEADER;
-use crate::server::ServerState;
-use crate::{Body, Response, ServeError};
+use crate::Response;
+use crate::state::FrontState;
+use modelmux_serve::FORWARDED_HEADER;
+use modelmux_serve::Route;
+use modelmux_serve::{Body, ServeError};
 
 /// The header naming the model, as Ray Serve spells it.
 pub const MODEL_ID_HEADER: HeaderName = HeaderName::from_static("serve_multiplexed_model_id");
@@ -33,39 +32,6 @@ pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id"
 /// The replica that served the request.
 pub const REPLICA_HEADER: HeaderName = HeaderName::from_static("x-modelmux-replica");
 
-pub(crate) async fn handle(
-    state: Arc<ServerState>,
-    apps: crate::front::Apps,
-    mut request: http::Request<Incoming>,
-) -> Result<Response, Infallible> {
-    // A client's request id is echoed if it is usable, else one is made up.
-    let request_id = request
-        .headers()
-        .get(&REQUEST_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| RequestId::new(v).ok())
-        .unwrap_or_else(RequestId::generate);
-    let path = request.uri().path();
-    let mut response = if crate::admin::is_admin_path(path) {
-        crate::admin::handle(&state, request, &request_id).await
-    } else {
-        let started = Instant::now();
-        // Cheap to keep: the method is inline and the URI shares its bytes.
-        let (method, uri) = (request.method().clone(), request.uri().clone());
-        request.extensions_mut().insert(request_id.clone());
-        let response = match apps.oneshot(request).await {
-            Ok(response) => response,
-            Err(e) => front_error(e, &state).into_response(Some(request_id.as_str())),
-        };
-        access_line(&method, &uri, &request_id, &response, started);
-        response
-    };
-    if let Ok(v) = HeaderValue::from_str(request_id.as_str()) {
-        response.headers_mut().insert(REQUEST_ID_HEADER, v);
-    }
-    Ok(response)
-}
-
 /// What the access line says of a request that reached an application: put on its response by
 /// [`route`], with the model the innermost call that named one used (an OpenAI request's
 /// adapter, named in its body, comes back this way from the LLM deployment).
@@ -75,85 +41,15 @@ pub(crate) struct Served {
     pub(crate) model: Option<ModelId>,
 }
 
-/// The model a deployment's call named, put on its response by the dispatcher unless an inner
-/// call already did.
-#[derive(Clone)]
-pub(crate) struct ServedModel(pub(crate) ModelId);
-
-/// Whether access lines are written (`modelmux::access` at INFO): what they need is kept only
-/// then.
-pub(crate) fn access_log_on() -> bool {
-    tracing::enabled!(target: "modelmux::access", tracing::Level::INFO)
-}
-
-/// One line per application request (target `modelmux::access`, INFO): formatted here, on the
-/// request's task, and written by the log's writer off it.
-fn access_line(
-    method: &http::Method,
-    uri: &http::Uri,
-    request_id: &RequestId,
-    response: &Response,
-    started: Instant,
-) {
-    if !access_log_on() {
-        return;
-    }
-    let served = response.extensions().get::<Served>();
-    let model = served
-        .and_then(|s| s.model.as_ref())
-        .or_else(|| response.extensions().get::<ServedModel>().map(|m| &m.0));
-    let replica = response
-        .headers()
-        .get(&REPLICA_HEADER)
-        .and_then(|v| v.to_str().ok());
-    let status = response.status();
-    tracing::info!(
-        target: "modelmux::access",
-        request_id = request_id.as_str(),
-        method = method.as_str(),
-        path = uri.path(),
-        app = served.map_or("-", |s| &*s.app),
-        replica = replica.unwrap_or("-"),
-        model_id = model.map_or("-", |m| m.as_str()),
-        status = status.as_u16(),
-        ms = format_args!("{:.2}", started.elapsed().as_secs_f64() * 1e3),
-        error = response
-            .extensions()
-            .get::<crate::error::ErrorType>()
-            .map(|e| e.0),
-    );
-}
-
-/// What the front door's tower layers refused with, as the one error type.
-fn front_error(error: BoxError, state: &ServerState) -> ServeError {
-    if error.is::<tower::load_shed::error::Overloaded>() {
-        ServeError::ServerOverloaded {
-            message: format!(
-                "the server is at its limit of {} requests in progress; try again shortly",
-                state.config.http.max_inflight_requests
-            ),
-        }
-    } else if error.is::<tower::timeout::error::Elapsed>() {
-        ServeError::RequestTimeout {
-            limit: state.config.http.request_timeout.unwrap_or_default(),
-        }
-    } else {
-        ServeError::Deployment {
-            deployment: "-".into(),
-            message: error.to_string(),
-        }
-    }
-}
-
 /// An application request, behind the front door's layers: route it to its application's
 /// ingress deployment.
-pub(crate) async fn route(state: &ServerState, mut request: http::Request<Incoming>) -> Response {
+pub(crate) async fn route(state: &FrontState, mut request: http::Request<Incoming>) -> Response {
     let request_id = request
         .extensions_mut()
         .remove::<RequestId>()
         .unwrap_or_else(RequestId::generate);
     let fail = |e: ServeError| e.into_response(Some(request_id.as_str()));
-    let Some(app) = state.app_for(request.uri().path()) else {
+    let Some(app) = state.controller.app_for(request.uri().path()) else {
         return fail(ServeError::NoRoute {
             path: request.uri().path().to_string(),
         });
@@ -188,16 +84,16 @@ pub(crate) async fn route(state: &ServerState, mut request: http::Request<Incomi
         context = context.with_multiplexed_model_id(model.clone());
     }
     let (result, replica) = app
-        .ingress
+        .ingress()
         .dispatch(http::Request::from_parts(parts, body), context, route)
         .await;
     let mut response = result.unwrap_or_else(fail);
     if let Some(v) = replica.and_then(|r| HeaderValue::from_str(&r).ok()) {
         response.headers_mut().insert(REPLICA_HEADER, v);
     }
-    if access_log_on() {
+    if modelmux_serve::access_log_on() {
         let served = Served {
-            app: app.name.clone(),
+            app: app.name().clone(),
             model,
         };
         response.extensions_mut().insert(served);
@@ -238,7 +134,7 @@ pub(crate) fn model_id(headers: &HeaderMap) -> Result<Option<ModelId>, ServeErro
 async fn read_body(
     headers: &HeaderMap,
     body: Incoming,
-    state: &ServerState,
+    state: &FrontState,
 ) -> Result<(Body, Option<OwnedSemaphorePermit>), ServeError> {
     let options = &state.config.http;
     let limit = options.max_body_bytes;

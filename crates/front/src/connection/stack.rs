@@ -13,13 +13,13 @@ use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::util::BoxCloneSyncService;
 
 use crate::Response;
-use crate::server::ServerState;
+use crate::state::FrontState;
 
 /// The application requests' service, cloned into every connection.
 pub(crate) type Apps = BoxCloneSyncService<http::Request<Incoming>, Response, BoxError>;
 
 /// Builds the stack over [`crate::ingress::route`].
-pub(super) fn build(state: Arc<ServerState>) -> Apps {
+pub(super) fn build(state: Arc<FrontState>) -> Apps {
     let options = &state.config.http;
     let cap = Arc::new(tokio::sync::Semaphore::new(options.max_inflight_requests));
     let timeout = options

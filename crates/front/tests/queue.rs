@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::{Counters, counted, get, get_model};
 use http::StatusCode;
 use modelmux_cache::Multiplexer;
-use modelmux_serve::{Body, BoxError, Deployment, DeploymentSpec, Request, Response, Server};
+use modelmux_front::Server;
+use modelmux_serve::{Body, BoxError, Deployment, DeploymentSpec, Request, Response};
 
 /// Records the order requests start in (by their `x-seq` header) and the most in progress at
 /// once; each takes `delay`.

@@ -1,0 +1,271 @@
+//! The admin and observability API, under `/-/`, and `/metrics`.
+//!
+//! | method and path | what |
+//! |---|---|
+//! | `GET /-/healthz`, `GET /health` | 200 when every deployment has a replica taking requests, else 503 (`/health` is the name vLLM and most probes use) |
+//! | `GET /-/routes` | route prefix → application, as Ray Serve's `/-/routes` |
+//! | `GET /-/models` | per application, deployment and replica: loaded and loading models |
+//! | `POST /-/models/{deployment}/{model_id}/load[?pin=true]` | prewarm (and pin) a model |
+//! | `DELETE /-/models/{deployment}/{model_id}` | evict a model from every replica |
+//! | `POST /-/models/{deployment}/{model_id}/unpin` | unpin it everywhere |
+//! | `POST /-/deployments/{deployment}/controls/{name}` | a deployment's own control (an LLM's `pause`), on every replica |
+//! | `GET /metrics` | Prometheus text format |
+//!
+//! Access (see [`AdminAccess`]): with an admin token, `/-/models*` and `/-/deployments*` need
+//! `Authorization: Bearer <token>`. Without one, the server listens only on loopback (unless
+//! told the admin API may be open), and a call that changes state must carry
+//! `Content-Type: application/json` and a `Host` that is an IP address, `localhost` or an
+//! allowed host name: a web page can neither send such a request cross-site without a CORS
+//! preflight (never granted) nor reach the API through a rebound DNS name.
+//! Model ids may contain `/`; percent-encode other reserved characters.
+
+use http::{HeaderValue, Method, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use modelmux_cache::ModelId;
+use modelmux_context::RequestId;
+use serde_json::{Value, json};
+
+use crate::Response;
+use crate::state::FrontState;
+use modelmux_serve::Health;
+use modelmux_serve::{Body, ServeError};
+
+pub(crate) async fn handle(
+    state: &FrontState,
+    request: http::Request<Incoming>,
+    request_id: &RequestId,
+) -> Response {
+    let result = match control_path(&request) {
+        Some((deployment, name)) => control(state, request, &deployment, &name).await,
+        None => route(state, &request).await,
+    };
+    match result {
+        Ok(response) => response,
+        Err(e) => e.into_response(Some(request_id.as_str())),
+    }
+}
+
+/// `POST /-/deployments/{deployment}/controls/{name}`: its deployment and control.
+fn control_path(request: &http::Request<Incoming>) -> Option<(String, String)> {
+    let rest = request.uri().path().strip_prefix("/-/deployments/")?;
+    let (deployment, name) = rest.split_once("/controls/")?;
+    (request.method() == Method::POST && !name.is_empty() && !name.contains('/'))
+        .then(|| (deployment.to_owned(), name.to_owned()))
+}
+
+/// Runs a deployment's control on every replica at once; 200 when every replica did it, else
+/// the first failure's status, with each replica's answer or error.
+async fn control(
+    state: &FrontState,
+    request: http::Request<Incoming>,
+    deployment: &str,
+    name: &str,
+) -> Result<Response, ServeError> {
+    state.config.admin.authorize(request.headers(), true)?;
+    let limit = state.config.http.max_body_bytes;
+    let body = http_body_util::Limited::new(request.into_body(), limit)
+        .collect()
+        .await
+        .map_err(|_| ServeError::PayloadTooLarge { limit })?
+        .to_bytes();
+    let results = state.controller.control(deployment, name, body).await?;
+    let mut answers = serde_json::Map::new();
+    let mut failure = None;
+    for (replica, result) in results {
+        let answer = match result {
+            Ok(value) => value,
+            Err(e) => {
+                let value = json!({"error": {"message": e.to_string(), "type": e.error_type()}});
+                failure.get_or_insert(e);
+                value
+            }
+        };
+        answers.insert(replica, answer);
+    }
+    let status = failure.map_or(StatusCode::OK, |e| e.http_status());
+    Ok(json_response(
+        status,
+        &json!({"deployment": deployment, "control": name, "replicas": answers}),
+    ))
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Response {
+    let mut r = modelmux_serve::json_response(body);
+    *r.status_mut() = status;
+    r
+}
+
+async fn route(
+    state: &FrontState,
+    request: &http::Request<Incoming>,
+) -> Result<Response, ServeError> {
+    let path = request.uri().path();
+    let method = request.method();
+    match (method, path) {
+        (&Method::GET, "/-/healthz" | "/health") => Ok(healthz(state)),
+        (&Method::GET, "/-/routes") => {
+            let routes: serde_json::Map<String, Value> = state
+                .controller
+                .routes()
+                .into_iter()
+                .map(|(prefix, app)| (prefix, json!(&*app)))
+                .collect();
+            Ok(json_response(StatusCode::OK, &Value::Object(routes)))
+        }
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(Body::from(crate::metrics::render(state)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            Ok(r)
+        }
+        (_, p) if p == "/-/models" || p.starts_with("/-/models/") => {
+            state
+                .config
+                .admin
+                .authorize(request.headers(), method != Method::GET)?;
+            models(state, method, p, request.uri().query()).await
+        }
+        (_, p) if p.starts_with("/-/deployments/") => {
+            state
+                .config
+                .admin
+                .authorize(request.headers(), method != Method::GET)?;
+            Err(ServeError::NotFound {
+                what: format!("no admin endpoint {method} {p}"),
+            })
+        }
+        _ => Err(ServeError::NotFound {
+            what: format!("no admin endpoint {method} {path}"),
+        }),
+    }
+}
+
+fn healthz(state: &FrontState) -> Response {
+    let unavailable = |body: Value| json_response(StatusCode::SERVICE_UNAVAILABLE, &body);
+    match state.controller.health() {
+        Health::Ready => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        Health::Draining => unavailable(json!({"status": "draining"})),
+        Health::NotReady(reason) => unavailable(json!({"status": "not_ready", "reason": reason})),
+        Health::Unavailable(deployments) => unavailable(
+            json!({"status": "unavailable", "deployments_without_replicas": deployments}),
+        ),
+    }
+}
+
+async fn models(
+    state: &FrontState,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+) -> Result<Response, ServeError> {
+    if path == "/-/models" {
+        return match *method {
+            Method::GET => Ok(json_response(
+                StatusCode::OK,
+                &json!(state.controller.models()),
+            )),
+            _ => Err(ServeError::MethodNotAllowed {
+                message: "use GET on /-/models".into(),
+            }),
+        };
+    }
+    let rest = &path["/-/models/".len()..];
+    let (deployment, rest) = rest.split_once('/').ok_or_else(|| ServeError::BadRequest {
+        message: "expected /-/models/{deployment}/{model_id}[/load|/unpin]".into(),
+    })?;
+    let (id, action) = match (method, rest.rsplit_once('/')) {
+        (&Method::POST, Some((id, "load"))) => (id, Action::Load),
+        (&Method::POST, Some((id, "unpin"))) => (id, Action::Unpin),
+        (&Method::DELETE, _) => (rest, Action::Evict),
+        _ => {
+            return Err(ServeError::MethodNotAllowed {
+                message: "use POST .../{model_id}/load, POST .../{model_id}/unpin or DELETE \
+                          .../{model_id}"
+                    .into(),
+            });
+        }
+    };
+    let id = ModelId::new(percent_decode(id)?)?;
+    let controller = &state.controller;
+    let answer = match action {
+        Action::Load => {
+            let pin = query_flag(query, "pin");
+            let replica = controller.load_model(deployment, &id, pin).await?;
+            json!({"model_id": id.as_str(), "deployment": deployment, "replica": replica, "pinned": pin})
+        }
+        Action::Evict => {
+            let evicted = controller.evict_model(deployment, &id)?;
+            json!({"model_id": id.as_str(), "evicted_from": evicted})
+        }
+        Action::Unpin => {
+            let unpinned = controller.unpin_model(deployment, &id)?;
+            json!({"model_id": id.as_str(), "unpinned_on": unpinned})
+        }
+    };
+    Ok(json_response(StatusCode::OK, &answer))
+}
+
+enum Action {
+    Load,
+    Evict,
+    Unpin,
+}
+
+fn query_flag(query: Option<&str>, name: &str) -> bool {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .any(|kv| kv == name || kv == format!("{name}=true") || kv == format!("{name}=1"))
+}
+
+/// Decodes `%XX` escapes (model ids in paths may need them).
+fn percent_decode(s: &str) -> Result<String, ServeError> {
+    let bad = || ServeError::BadRequest {
+        message: format!("'{s}' is not a valid percent-encoded model id"),
+    };
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3).ok_or_else(bad)?;
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return Err(bad());
+            }
+            let hex = std::str::from_utf8(hex).map_err(|_| bad())?;
+            out.push(u8::from_str_radix(hex, 16).map_err(|_| bad())?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).map_err(|_| bad())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_decoding() {
+        assert_eq!(percent_decode("a%2Fb%20c").unwrap(), "a/b c");
+        assert!(percent_decode("bad%2").is_err());
+        assert!(percent_decode("bad%zz").is_err());
+        assert!(
+            percent_decode("bad%+f").is_err(),
+            "from_str_radix alone would take a sign"
+        );
+    }
+
+    #[test]
+    fn query_flags() {
+        assert!(query_flag(Some("pin=true"), "pin"));
+        assert!(query_flag(Some("x=1&pin"), "pin"));
+        assert!(!query_flag(Some("pin=false"), "pin"));
+        assert!(!query_flag(None, "pin"));
+    }
+}

@@ -1,0 +1,112 @@
+//! Where every HTTP request enters: its request id (the client's, if usable, else a new one),
+//! the admin API or the application stack, the `x-request-id` response header, and the access
+//! line.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::HeaderValue;
+use hyper::body::Incoming;
+use modelmux_cache::BoxError;
+use modelmux_context::RequestId;
+use tokio::time::Instant;
+use tower::ServiceExt;
+
+use super::stack::Apps;
+use crate::Response;
+use crate::ingress::{REPLICA_HEADER, REQUEST_ID_HEADER, Served};
+use crate::state::FrontState;
+use modelmux_serve::ServeError;
+use modelmux_serve::{ServedModel, access_log_on};
+
+pub(crate) async fn handle(
+    state: Arc<FrontState>,
+    apps: Apps,
+    mut request: http::Request<Incoming>,
+) -> Result<Response, Infallible> {
+    // A client's request id is echoed if it is usable, else one is made up.
+    let request_id = request
+        .headers()
+        .get(&REQUEST_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| RequestId::new(v).ok())
+        .unwrap_or_else(RequestId::generate);
+    let path = request.uri().path();
+    let mut response = if modelmux_serve::is_admin_path(path) {
+        crate::admin::handle(&state, request, &request_id).await
+    } else {
+        let started = Instant::now();
+        // Cheap to keep: the method is inline and the URI shares its bytes.
+        let (method, uri) = (request.method().clone(), request.uri().clone());
+        request.extensions_mut().insert(request_id.clone());
+        let response = match apps.oneshot(request).await {
+            Ok(response) => response,
+            Err(e) => front_error(e, &state).into_response(Some(request_id.as_str())),
+        };
+        access_line(&method, &uri, &request_id, &response, started);
+        response
+    };
+    if let Ok(v) = HeaderValue::from_str(request_id.as_str()) {
+        response.headers_mut().insert(REQUEST_ID_HEADER, v);
+    }
+    Ok(response)
+}
+
+/// What the front door's tower layers refused with, as the one error type.
+fn front_error(error: BoxError, state: &FrontState) -> ServeError {
+    if error.is::<tower::load_shed::error::Overloaded>() {
+        ServeError::ServerOverloaded {
+            message: format!(
+                "the server is at its limit of {} requests in progress; try again shortly",
+                state.config.http.max_inflight_requests
+            ),
+        }
+    } else if error.is::<tower::timeout::error::Elapsed>() {
+        ServeError::RequestTimeout {
+            limit: state.config.http.request_timeout.unwrap_or_default(),
+        }
+    } else {
+        ServeError::Deployment {
+            deployment: "-".into(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// One line per application request (target `modelmux::access`, INFO): formatted here, on the
+/// request's task, and written by the log's writer off it.
+fn access_line(
+    method: &http::Method,
+    uri: &http::Uri,
+    request_id: &RequestId,
+    response: &Response,
+    started: Instant,
+) {
+    if !access_log_on() {
+        return;
+    }
+    let served = response.extensions().get::<Served>();
+    let model = served
+        .and_then(|s| s.model.as_ref())
+        .or_else(|| response.extensions().get::<ServedModel>().map(|m| &m.0));
+    let replica = response
+        .headers()
+        .get(&REPLICA_HEADER)
+        .and_then(|v| v.to_str().ok());
+    let status = response.status();
+    tracing::info!(
+        target: "modelmux::access",
+        request_id = request_id.as_str(),
+        method = method.as_str(),
+        path = uri.path(),
+        app = served.map_or("-", |s| &*s.app),
+        replica = replica.unwrap_or("-"),
+        model_id = model.map_or("-", |m| m.as_str()),
+        status = status.as_u16(),
+        ms = format_args!("{:.2}", started.elapsed().as_secs_f64() * 1e3),
+        error = response
+            .extensions()
+            .get::<modelmux_serve::ErrorType>()
+            .map(|e| e.0),
+    );
+}

@@ -1,0 +1,203 @@
+//! The server: the controller's applications behind the HTTP front. Starts the replicas (the
+//! controller), listens (the front), and shuts down gracefully in that order reversed.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::options::{HttpOptions, ServerConfig};
+use crate::state::FrontState;
+use modelmux_serve::AdminAccess;
+use modelmux_serve::StartError;
+use modelmux_serve::{Application, Controller};
+
+/// Builds a [`Server`].
+#[derive(Default)]
+#[must_use]
+pub struct ServerBuilder {
+    config: ServerConfig,
+    apps: Vec<Application>,
+    metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
+}
+
+impl ServerBuilder {
+    /// Where to listen; port 0 picks a free one (see [`Server::local_addr`]).
+    pub fn bind(mut self, addr: SocketAddr) -> Self {
+        self.config.bind = addr;
+        self
+    }
+
+    /// Largest request body accepted.
+    pub fn max_body_bytes(mut self, n: usize) -> Self {
+        self.config.http.max_body_bytes = n;
+        self
+    }
+
+    /// The front door's timeouts, caps and budgets (replacing `max_body_bytes` too).
+    pub fn http_options(mut self, options: HttpOptions) -> Self {
+        self.config.http = options;
+        self
+    }
+
+    /// Lets the server start on a non-loopback address without an admin token, leaving its
+    /// state-changing admin API open to whoever can reach it. Only for networks where every
+    /// client is trusted.
+    pub fn allow_open_admin(mut self) -> Self {
+        self.config.admin.allow_open = true;
+        self
+    }
+
+    /// Host names (with or without a port) the admin API answers to, besides loopback names
+    /// and the address it listens on. Guards a tokenless admin API against DNS rebinding.
+    pub fn allowed_hosts(mut self, hosts: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.config
+            .admin
+            .allowed_hosts
+            .extend(hosts.into_iter().map(Into::into));
+        self
+    }
+
+    /// Requires this bearer token on the admin API.
+    pub fn admin_token(mut self, token: impl Into<String>) -> Self {
+        self.config.admin.token = Some(token.into());
+        self
+    }
+
+    /// The admin API's access settings, as a whole.
+    pub fn admin_access(mut self, access: AdminAccess) -> Self {
+        self.config.admin = access;
+        self
+    }
+
+    /// This node's id in a cluster (in replica ids and metric labels).
+    pub fn node_id(mut self, node: impl Into<String>) -> Self {
+        self.config.node_id = Some(node.into());
+        self
+    }
+
+    /// Runs no replicas: every request is forwarded to other nodes of the cluster (set with
+    /// [`Server::set_remote_replicas`]).
+    pub fn router_only(mut self) -> Self {
+        self.config.run_replicas = false;
+        self
+    }
+
+    /// Adds metrics of the process rather than of a replica (the log writer's dropped lines,
+    /// say) to `/metrics`: its families are rendered as they are, with no replica labels.
+    pub fn metrics_source(mut self, source: Arc<dyn modelmux_serve::MetricsSource>) -> Self {
+        self.metric_sources.push(source);
+        self
+    }
+
+    /// Adds an application.
+    pub fn application(mut self, app: Application) -> Self {
+        self.apps.push(app);
+        self
+    }
+
+    /// Starts every replica, then listens. Fails if any replica fails to start.
+    pub async fn start(self) -> Result<Server, StartError> {
+        Server::start(self.config, self.apps, self.metric_sources).await
+    }
+}
+
+/// A running server. Call [`shutdown`](Self::shutdown) to stop it gracefully; dropping it
+/// stops accepting connections and closes idle ones, but neither drains replicas nor unloads
+/// models.
+pub struct Server {
+    local_addr: SocketAddr,
+    pub(crate) state: Arc<FrontState>,
+    stop: watch::Sender<bool>,
+    accept: JoinHandle<()>,
+    health: Vec<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Starts building a server.
+    pub fn builder() -> ServerBuilder {
+        ServerBuilder::default()
+    }
+
+    async fn start(
+        config: ServerConfig,
+        apps: Vec<Application>,
+        metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
+    ) -> Result<Server, StartError> {
+        config
+            .http
+            .validate()
+            .map_err(|message| StartError::InvalidConfig { message })?;
+        config.admin.check_exposure(config.bind)?;
+        let controller =
+            Arc::new(Controller::start(apps, config.node_id.clone(), config.run_replicas).await?);
+        let listener = TcpListener::bind(config.bind)
+            .await
+            .map_err(|source| StartError::Bind {
+                addr: config.bind,
+                source,
+            })?;
+        let local_addr = listener.local_addr().map_err(|source| StartError::Bind {
+            addr: config.bind,
+            source,
+        })?;
+        let state = Arc::new(FrontState::new(config, controller.clone(), metric_sources));
+        let (stop, stopped) = watch::channel(false);
+        let accept = tokio::spawn(crate::connection::accept_loop(
+            listener,
+            state.clone(),
+            stopped.clone(),
+        ));
+        let health = controller.watch_health(&stopped);
+        tracing::info!(%local_addr, "modelmux listening");
+        Ok(Server {
+            local_addr,
+            state,
+            stop,
+            accept,
+            health,
+        })
+    }
+
+    /// A handle for the cluster layer.
+    pub fn node_handle(&self) -> modelmux_serve::NodeHandle {
+        modelmux_serve::NodeHandle::new(self.state.controller.clone())
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops taking connections and requests, lets in-flight requests finish (up to each
+    /// deployment's `graceful_shutdown_timeout`), then unloads every model.
+    ///
+    /// In order: the ingress deployments stop taking requests and their requests in flight
+    /// finish (they may still call other deployments through handles); then the deployments
+    /// they call stop and drain; then every model is unloaded; then the server waits for its
+    /// connections to finish writing their last responses.
+    pub async fn shutdown(self) {
+        // Readiness fails first; connections and requests are still taken for the grace
+        // period, so a load balancer stops sending before anything is refused.
+        let controller = &self.state.controller;
+        controller.begin_drain();
+        let grace = self.state.config.http.drain_grace_period;
+        if !grace.is_zero() {
+            tracing::info!(
+                ?grace,
+                "draining: readiness fails, still serving for the grace period"
+            );
+            tokio::time::sleep(grace).await;
+        }
+        let _ = self.stop.send(true);
+        self.accept.abort();
+        for task in &self.health {
+            task.abort();
+        }
+        let latest = controller.stop().await;
+        self.state.connections_closed(latest).await;
+        tracing::info!("modelmux stopped");
+    }
+}

@@ -1,0 +1,76 @@
+//! What the HTTP front owns of a running server: its settings, the budget of request bodies,
+//! the open connections and the process's own metrics, beside the
+//! controller (the applications) it serves.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::sync::Notify;
+
+use crate::options::ServerConfig;
+use modelmux_serve::Controller;
+
+/// The front's state, shared by every connection.
+pub(crate) struct FrontState {
+    pub(crate) config: ServerConfig,
+    /// The applications served.
+    pub(crate) controller: Arc<Controller>,
+    /// Request bodies held, in KiB (`max_inflight_body_bytes`).
+    pub(crate) body_budget: Arc<tokio::sync::Semaphore>,
+    /// Open connections, and a wake-up when one closes (shutdown waits for them).
+    connections: AtomicUsize,
+    connection_closed: Notify,
+    /// The process's own metrics (not a replica's).
+    pub(crate) metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
+}
+
+/// Counts a connection as open for as long as it lives.
+pub(crate) struct OpenConnection(Arc<FrontState>);
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+        self.0.connection_closed.notify_waiters();
+    }
+}
+
+impl FrontState {
+    pub(crate) fn new(
+        config: ServerConfig,
+        controller: Arc<Controller>,
+        metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
+    ) -> Self {
+        let body_kib = config.http.max_inflight_body_bytes.div_ceil(1024);
+        Self {
+            body_budget: Arc::new(tokio::sync::Semaphore::new(
+                body_kib.min(tokio::sync::Semaphore::MAX_PERMITS),
+            )),
+            config,
+            controller,
+            connections: AtomicUsize::new(0),
+            connection_closed: Notify::new(),
+            metric_sources,
+        }
+    }
+
+    /// Counts a connection as open until the returned value drops.
+    pub(crate) fn connection_opened(self: &Arc<Self>) -> OpenConnection {
+        self.connections.fetch_add(1, Ordering::SeqCst);
+        OpenConnection(self.clone())
+    }
+
+    /// Waits until every connection has closed, or `deadline`.
+    pub(crate) async fn connections_closed(&self, deadline: tokio::time::Instant) {
+        loop {
+            let closed = self.connection_closed.notified();
+            tokio::pin!(closed);
+            closed.as_mut().enable();
+            if self.connections.load(Ordering::SeqCst) == 0
+                || tokio::time::Instant::now() >= deadline
+            {
+                return;
+            }
+            let _ = tokio::time::timeout_at(deadline, closed).await;
+        }
+    }
+}

@@ -1,0 +1,32 @@
+//! The shapes the matrix kernels share: a panel of packed weights and a tile of quantized
+//! activation rows. The product's loop (`matrix`) hands them to a kernel (`scalar`, `x86`);
+//! kept apart from both so neither kernel imports the loop that calls it.
+
+use crate::{BLOCK, PANEL};
+
+/// 4-byte groups per block.
+pub(crate) const GROUPS: usize = BLOCK / 4;
+
+/// 64 bytes: weights `4g..4g+4` of one block of each of a panel's 16 rows, stored as
+/// `q ^ 0x80` (that is `q + 128` as `u8`, what VNNI's unsigned operand wants). Aligned so
+/// every vector load is one cache line.
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+pub(crate) struct Line(pub(crate) [u8; 4 * PANEL]);
+
+/// One panel's weights over all blocks: `lines[b * GROUPS + g]`, `scales[b * PANEL + lane]`
+/// (f16 bits).
+#[derive(Clone, Copy)]
+pub(crate) struct Panel<'a> {
+    pub(crate) lines: &'a [Line],
+    pub(crate) scales: &'a [u16],
+}
+
+/// `R` consecutive rows of quantized activations: `q` is `R x k`, `scales` and `bias` are
+/// `R x blocks`.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile<'a> {
+    pub(crate) q: &'a [i8],
+    pub(crate) scales: &'a [f32],
+    pub(crate) bias: &'a [i32],
+}

@@ -1,0 +1,426 @@
+//! The controller: the applications of one process and their deployments' replicas. It starts
+//! them, checks their health and replaces those that fail, and drains and stops them in order.
+//! It knows nothing of HTTP: the front (`server.rs`, `front/`, `ingress.rs`, `admin.rs`) reads
+//! it and sends requests to its deployments through the [`Dispatch`](crate::Dispatch) port.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::deployment::DeploymentSpec;
+use crate::dispatch::DeploymentRouter;
+use crate::error::StartError;
+use crate::handle::HandleDirectory;
+use crate::replica::Replica;
+
+mod cluster;
+mod node;
+mod operate;
+mod report;
+
+pub use node::NodeHandle;
+pub use operate::ControlAnswer;
+pub use report::{
+    AppModels, DeploymentModels, Health, LoadedModel, MetricsReport, ModelsReport, ReplicaMetrics,
+    ReplicaModels,
+};
+
+/// A set of deployments served under one route prefix; requests under the prefix go to its
+/// ingress deployment, which may call the others through handles.
+#[derive(Clone)]
+pub struct Application {
+    pub(crate) name: String,
+    pub(crate) route_prefix: String,
+    pub(crate) deployments: Vec<DeploymentSpec>,
+    pub(crate) ingress: Option<String>,
+}
+
+impl Application {
+    /// An application named `name`, served at `/` until [`route_prefix`](Self::route_prefix)
+    /// says otherwise.
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            route_prefix: "/".to_string(),
+            deployments: Vec::new(),
+            ingress: None,
+        }
+    }
+
+    /// The path prefix it serves (`/` by default). Requests go to the application with the
+    /// longest matching prefix.
+    pub fn route_prefix(mut self, prefix: &str) -> Self {
+        self.route_prefix = prefix.to_string();
+        self
+    }
+
+    /// Adds a deployment that other deployments call through handles.
+    pub fn deployment(mut self, spec: DeploymentSpec) -> Self {
+        self.deployments.push(spec);
+        self
+    }
+
+    /// Adds the deployment that receives the application's HTTP requests. Without one, the
+    /// first deployment added is the ingress.
+    pub fn ingress(mut self, spec: DeploymentSpec) -> Self {
+        self.ingress = Some(spec.config.name.clone());
+        self.deployments.push(spec);
+        self
+    }
+}
+
+/// One running application.
+pub struct AppState {
+    pub(crate) name: Arc<str>,
+    pub(crate) route_prefix: String,
+    pub(crate) ingress: Arc<DeploymentRouter>,
+    pub(crate) deployments: Vec<(Arc<DeploymentRouter>, DeploymentSpec)>,
+    handles: HandleDirectory,
+}
+
+/// The applications of a process, running: what the HTTP front serves and the cluster layer
+/// publishes. Every request reaches them through [`Dispatch`](crate::Dispatch).
+pub struct Controller {
+    pub(crate) apps: Vec<AppState>,
+    /// This node's id in a cluster (part of every replica id).
+    pub(crate) node_id: Option<String>,
+    /// Set when shutdown begins: readiness fails from then on.
+    draining: AtomicBool,
+    /// Replicas replaced after failing a health check, still draining (shutdown awaits them).
+    retiring: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+    /// Notified whenever a local replica's models or the replica set change.
+    pub(crate) changes: Arc<Notify>,
+    /// An extra readiness condition (the cluster layer's: etcd reachable lately).
+    readiness: parking_lot::RwLock<Option<Readiness>>,
+}
+
+/// An extra condition for readiness: `Err(reason)` makes the applications not ready.
+pub(crate) type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
+
+impl AppState {
+    /// Its name.
+    pub fn name(&self) -> &Arc<str> {
+        &self.name
+    }
+
+    /// The deployment its HTTP requests go to.
+    pub fn ingress(&self) -> Arc<dyn crate::Dispatch> {
+        self.ingress.clone()
+    }
+}
+
+impl Controller {
+    /// This node's id in a cluster.
+    pub fn node_id(&self) -> Option<&str> {
+        self.node_id.as_deref()
+    }
+
+    /// Starts every replica of every application (none when `run_replicas` is false: a
+    /// router that forwards everything to other nodes). Fails if any replica fails to start.
+    pub async fn start(
+        apps: Vec<Application>,
+        node_id: Option<String>,
+        run_replicas: bool,
+    ) -> Result<Self, StartError> {
+        validate(&apps)?;
+        let changes = Arc::new(Notify::new());
+        let mut states = Vec::new();
+        for app in apps {
+            let name: Arc<str> = app.name.as_str().into();
+            let routers: HashMap<String, Arc<DeploymentRouter>> = app
+                .deployments
+                .iter()
+                .map(|d| {
+                    (
+                        d.config.name.clone(),
+                        Arc::new(DeploymentRouter::new(
+                            name.clone(),
+                            d.config.clone(),
+                            changes.clone(),
+                        )),
+                    )
+                })
+                .collect();
+            let handles = HandleDirectory::new(
+                routers
+                    .iter()
+                    .map(|(name, r)| (name.clone(), r.clone() as Arc<dyn crate::Dispatch>))
+                    .collect(),
+            );
+            let ingress_name = app
+                .ingress
+                .clone()
+                .unwrap_or_else(|| app.deployments[0].config.name.clone());
+            let mut deployments = Vec::new();
+            for spec in app.deployments {
+                let router = routers[&spec.config.name].clone();
+                let replicas = if run_replicas {
+                    spec.config.num_replicas
+                } else {
+                    0
+                };
+                let starts = (0..replicas).map(|_| {
+                    Replica::start(
+                        &spec,
+                        &name,
+                        node_id.as_deref(),
+                        handles.clone(),
+                        router.waker(),
+                    )
+                });
+                let replicas =
+                    futures_util::future::try_join_all(starts)
+                        .await
+                        .map_err(|source| StartError::Replica {
+                            deployment: spec.config.name.clone(),
+                            source,
+                        })?;
+                router.set_replicas(replicas.into_iter().map(Arc::new).collect());
+                deployments.push((router, spec));
+            }
+            states.push(AppState {
+                ingress: routers[&ingress_name].clone(),
+                name,
+                route_prefix: app.route_prefix,
+                deployments,
+                handles,
+            });
+        }
+        Ok(Self {
+            apps: states,
+            node_id,
+            draining: AtomicBool::new(false),
+            retiring: parking_lot::Mutex::default(),
+            changes,
+            readiness: parking_lot::RwLock::default(),
+        })
+    }
+
+    /// Starts checking every replica's health each period, until `stopped` turns true.
+    pub fn watch_health(self: &Arc<Self>, stopped: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        self.apps
+            .iter()
+            .flat_map(|app| {
+                app.deployments
+                    .iter()
+                    .map(move |(router, spec)| (app, router, spec))
+            })
+            .map(|(app, router, spec)| {
+                tokio::spawn(health_loop(
+                    self.clone(),
+                    app.name.clone(),
+                    router.clone(),
+                    spec.clone(),
+                    app.handles.clone(),
+                    stopped.clone(),
+                ))
+            })
+            .collect()
+    }
+
+    /// The application whose prefix is the longest one matching `path`.
+    pub fn app_for(&self, path: &str) -> Option<&AppState> {
+        self.apps
+            .iter()
+            .filter(|a| prefix_matches(&a.route_prefix, path))
+            .max_by_key(|a| a.route_prefix.len())
+    }
+
+    /// Every deployment router, with its application.
+    pub(crate) fn routers(&self) -> impl Iterator<Item = &Arc<DeploymentRouter>> {
+        self.apps
+            .iter()
+            .flat_map(|a| a.deployments.iter().map(|(r, _)| r))
+    }
+
+    /// Adds a condition to readiness (the cluster layer's: etcd answered lately).
+    pub fn set_readiness(&self, check: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
+        *self.readiness.write() = Some(Arc::new(check));
+    }
+
+    /// Whether shutdown has begun.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Shutdown begins: readiness fails from now on, and in a cluster the drain is published
+    /// at once (other nodes stop sending requests).
+    pub fn begin_drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+        self.changes.notify_one();
+    }
+
+    /// Stops the deployments in order and unloads every model: the ingress deployments stop
+    /// taking requests and their requests in flight finish (they may still call other
+    /// deployments through handles); then the deployments they call stop and drain; then every
+    /// model is unloaded. Returns the latest deadline any deployment's drain had.
+    pub async fn stop(&self) -> Instant {
+        let ingress: Vec<Arc<DeploymentRouter>> =
+            self.apps.iter().map(|a| a.ingress.clone()).collect();
+        let is_ingress = |r: &Arc<DeploymentRouter>| ingress.iter().any(|i| Arc::ptr_eq(i, r));
+        let mut latest = Instant::now();
+        for phase in [true, false] {
+            for router in self.routers().filter(|r| is_ingress(r) == phase) {
+                router.stop_accepting();
+            }
+            for router in self.routers().filter(|r| is_ingress(r) == phase) {
+                let deadline = Instant::now() + router.config.graceful_shutdown_timeout;
+                latest = latest.max(deadline);
+                for replica in router.replicas().iter() {
+                    drain(replica, deadline).await;
+                }
+            }
+        }
+        let retiring: Vec<_> = self.retiring.lock().drain(..).collect();
+        for task in retiring {
+            let _ = tokio::time::timeout_at(latest, task).await;
+        }
+        for router in self.routers() {
+            for replica in router.replicas().iter() {
+                replica
+                    .shutdown(latest.saturating_duration_since(Instant::now()))
+                    .await;
+            }
+        }
+        latest
+    }
+}
+
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
+}
+
+pub(crate) fn validate(apps: &[Application]) -> Result<(), StartError> {
+    let invalid = |app: &Application, message: String| StartError::InvalidApplication {
+        app: app.name.clone(),
+        message,
+    };
+    let mut names = std::collections::HashSet::new();
+    let mut prefixes = std::collections::HashSet::new();
+    for app in apps {
+        if !names.insert(&app.name) {
+            return Err(invalid(app, "two applications have this name".into()));
+        }
+        let p = &app.route_prefix;
+        if !p.starts_with('/') || (p.len() > 1 && p.ends_with('/')) {
+            return Err(invalid(
+                app,
+                format!("route_prefix '{p}' must start with '/' and not end with one"),
+            ));
+        }
+        if crate::access::is_reserved_route_prefix(p) {
+            return Err(invalid(
+                app,
+                format!(
+                    "route_prefix '{p}' is reserved for the admin API (/-/..., /metrics, /health)"
+                ),
+            ));
+        }
+        if !prefixes.insert(p) {
+            return Err(invalid(
+                app,
+                format!("route_prefix '{p}' is used by another application"),
+            ));
+        }
+        if app.deployments.is_empty() {
+            return Err(invalid(app, "it has no deployments".into()));
+        }
+        let mut deployment_names = std::collections::HashSet::new();
+        for d in &app.deployments {
+            if !deployment_names.insert(&d.config.name) {
+                return Err(invalid(
+                    app,
+                    format!("two deployments are named '{}'", d.config.name),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Waits until `replica` has no request in progress, or `deadline`.
+async fn drain(replica: &Replica, deadline: Instant) {
+    replica.slot.set_available(false);
+    while replica.slot.inside() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Checks each replica's health every period; replaces one that fails.
+async fn health_loop(
+    controller: Arc<Controller>,
+    app: Arc<str>,
+    router: Arc<DeploymentRouter>,
+    spec: DeploymentSpec,
+    handles: HandleDirectory,
+    mut stopped: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return,
+            _ = tokio::time::sleep(spec.config.health_check_period) => {}
+        }
+        for replica in router.replicas().iter() {
+            let Err(reason) = replica.check_health(spec.config.health_check_timeout).await else {
+                continue;
+            };
+            tracing::warn!(replica = %replica.id, %reason, "replica failed its health check; replacing it");
+            // The old replica keeps serving while its replacement starts: a deployment of one
+            // replica is never left with none.
+            let node = controller.node_id.as_deref();
+            match Replica::start(&spec, &app, node, handles.clone(), router.waker()).await {
+                Ok(fresh) => {
+                    let fresh = Arc::new(fresh);
+                    let next = router
+                        .replicas()
+                        .iter()
+                        .map(|r| {
+                            if Arc::ptr_eq(r, replica) {
+                                fresh.clone()
+                            } else {
+                                r.clone()
+                            }
+                        })
+                        .collect();
+                    router.set_replicas(next);
+                    let (old, deadline) = (
+                        replica.clone(),
+                        Instant::now() + spec.config.graceful_shutdown_timeout,
+                    );
+                    let retire = tokio::spawn(async move {
+                        drain(&old, deadline).await;
+                        old.shutdown(deadline.saturating_duration_since(Instant::now()))
+                            .await;
+                    });
+                    let mut retiring = controller.retiring.lock();
+                    retiring.retain(|t| !t.is_finished());
+                    retiring.push(retire);
+                }
+                Err(e) => {
+                    // Keep the old one serving and try again next period.
+                    tracing::error!(deployment = %spec.config.name, error = %e, "could not start a replacement replica; keeping the old one");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_whole_segments() {
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/v1"));
+        assert!(!prefix_matches("/api", "/apis"));
+    }
+}

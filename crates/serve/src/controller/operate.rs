@@ -1,0 +1,117 @@
+//! What an operator can do to the running applications' models: load (and pin) one where
+//! placement would put a first request for it, unpin or evict one on every replica, and run a
+//! deployment's own control on each replica. The admin API calls these; so can a program that
+//! embeds a server. Deployments are named without their application here, so a name used in
+//! two applications is refused with a message that says so.
+
+use std::sync::Arc;
+
+use modelmux_cache::{ErrorKind, Failure, ModelId};
+use tokio::time::Instant;
+
+use super::Controller;
+use crate::ServeError;
+use crate::dispatch::DeploymentRouter;
+use crate::model_cache::ModelCache;
+
+/// One replica's answer to a deployment control.
+pub type ControlAnswer = (String, Result<serde_json::Value, ServeError>);
+
+impl Controller {
+    /// Loads model `id` on the replica of `deployment` a first request for it would go to
+    /// (and pins it there against eviction when `pin`); returns that replica's id.
+    pub async fn load_model(
+        &self,
+        deployment: &str,
+        id: &ModelId,
+        pin: bool,
+    ) -> Result<String, ServeError> {
+        let router = self.deployment(deployment)?;
+        let replicas = router.replicas();
+        let index = crate::router::place(&replicas, id, Instant::now()).ok_or_else(|| {
+            ServeError::Failed(Failure::new(
+                ErrorKind::Unavailable,
+                format!("no replica of '{deployment}' is available to load into"),
+            ))
+        })?;
+        let replica = &replicas[index];
+        let cache = replica
+            .caches
+            .first()
+            .ok_or_else(|| ServeError::BadRequest {
+                message: format!("deployment '{deployment}' has no model cache to load into"),
+            })?;
+        cache.load(id.as_str(), pin).await?;
+        Ok(replica.id.to_string())
+    }
+
+    /// Evicts model `id` from every replica of `deployment` (each copy is unloaded when its
+    /// last request is done); returns the replicas that held it, and is an error when none did.
+    pub fn evict_model(&self, deployment: &str, id: &ModelId) -> Result<Vec<String>, ServeError> {
+        let evicted = on_every_cache(self.deployment(deployment)?, |c| c.evict(id.as_str()));
+        if evicted.is_empty() {
+            return Err(ServeError::NotFound {
+                what: format!("model '{id}' is not loaded by any replica of '{deployment}'"),
+            });
+        }
+        Ok(evicted)
+    }
+
+    /// Unpins model `id` on every replica of `deployment`; returns those where it was pinned.
+    pub fn unpin_model(&self, deployment: &str, id: &ModelId) -> Result<Vec<String>, ServeError> {
+        Ok(on_every_cache(self.deployment(deployment)?, |c| {
+            c.unpin(id.as_str())
+        }))
+    }
+
+    /// Runs `deployment`'s control `name` (an LLM's `pause`, say) with `body` on every replica
+    /// at once; returns each replica's answer.
+    pub async fn control(
+        &self,
+        deployment: &str,
+        name: &str,
+        body: bytes::Bytes,
+    ) -> Result<Vec<ControlAnswer>, ServeError> {
+        let replicas = self.deployment(deployment)?.replicas();
+        let results =
+            futures_util::future::join_all(replicas.iter().map(|r| r.control(name, body.clone())))
+                .await;
+        Ok(replicas
+            .iter()
+            .map(|r| r.id.to_string())
+            .zip(results)
+            .collect())
+    }
+
+    /// The deployment named `name`, in whichever application has it.
+    fn deployment(&self, name: &str) -> Result<&Arc<DeploymentRouter>, ServeError> {
+        let found: Vec<_> = self.routers().filter(|r| r.name() == name).collect();
+        match found.as_slice() {
+            [router] => Ok(router),
+            [] => Err(ServeError::NotFound {
+                what: format!("no deployment named '{name}'"),
+            }),
+            several => Err(ServeError::BadRequest {
+                message: format!(
+                    "deployment '{name}' exists in applications {}; give deployments distinct names to manage them here",
+                    several
+                        .iter()
+                        .map(|r| format!("'{}'", r.app))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }),
+        }
+    }
+}
+
+/// Runs `f` on every cache of every replica; returns the replicas where it returned true.
+fn on_every_cache(router: &DeploymentRouter, f: impl Fn(&dyn ModelCache) -> bool) -> Vec<String> {
+    router
+        .replicas()
+        .iter()
+        // Every cache is visited (no short-circuit): a model may be in more than one.
+        .filter(|r| r.caches.iter().fold(false, |any, c| f(&**c) | any))
+        .map(|r| r.id.to_string())
+        .collect()
+}

@@ -1,0 +1,315 @@
+//! What the running applications report of themselves, as plain data: their routes, whether
+//! they can take requests, the models each replica holds, and every counter `/metrics` shows.
+//! The HTTP front renders these (JSON, Prometheus text); the dashboard and `modelmux status`
+//! read the same through the admin API. Reading them takes no lock a request takes.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use modelmux_cache::{HistogramSnapshot, MetricsSnapshot, ModelId, ModelStatus};
+use serde::Serialize;
+
+use super::Controller;
+use crate::custom_metrics::MetricFamily;
+use crate::placement::{Holding, ReplicaView};
+use crate::remote::RemoteReplica;
+use crate::replica::Replica;
+
+/// Whether the applications can take requests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Health {
+    /// Every deployment has a replica taking requests.
+    Ready,
+    /// Shutdown has begun.
+    Draining,
+    /// An extra condition failed (the cluster layer's: etcd has not answered lately).
+    NotReady(String),
+    /// These deployments (`app/deployment`) have no replica taking requests.
+    Unavailable(Vec<String>),
+}
+
+/// The models of every application, deployment and replica (`GET /-/models`).
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelsReport {
+    /// Per application.
+    pub applications: Vec<AppModels>,
+}
+
+/// One application's deployments.
+#[derive(Debug, Clone, Serialize)]
+pub struct AppModels {
+    /// Its name.
+    pub name: String,
+    /// Its route prefix.
+    pub route_prefix: String,
+    /// Its deployments.
+    pub deployments: Vec<DeploymentModels>,
+}
+
+/// One deployment's replicas, this node's and (in a cluster) the others' it routes to.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeploymentModels {
+    /// Its name.
+    pub name: String,
+    /// Requests waiting for a replica.
+    pub queued_requests: usize,
+    /// Its replicas.
+    pub replicas: Vec<ReplicaModels>,
+}
+
+/// One replica and its models.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReplicaModels {
+    /// Its id.
+    pub id: String,
+    /// Its node, in a cluster.
+    pub node: Option<String>,
+    /// On another node (as this node last heard of it).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub remote: bool,
+    /// Taking requests.
+    pub available: bool,
+    /// Requests in progress.
+    pub ongoing_requests: usize,
+    /// Requests waiting for their model's load (this node's replicas only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub waiting_for_load: Option<usize>,
+    /// Its `max_ongoing_requests`.
+    pub max_ongoing_requests: usize,
+    /// Models loaded.
+    pub loaded: Vec<LoadedModel>,
+    /// Models being loaded.
+    pub loading: Vec<String>,
+}
+
+/// A loaded model; the details are known for this node's replicas only.
+#[derive(Debug, Clone, Serialize)]
+pub struct LoadedModel {
+    /// Its id.
+    pub id: String,
+    /// Bytes it reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<Option<u64>>,
+    /// Requests using it now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub in_use: Option<usize>,
+    /// Pinned against eviction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned: Option<bool>,
+    /// Seconds since it was last used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub idle_seconds: Option<f64>,
+}
+
+/// Every counter `/metrics` shows, read now.
+#[derive(Debug, Clone)]
+pub struct MetricsReport {
+    /// This node's replicas.
+    pub replicas: Vec<ReplicaMetrics>,
+    /// Each deployment's queue: `(app, deployment, requests waiting)`.
+    pub queues: Vec<(Arc<str>, String, usize)>,
+}
+
+/// One replica's counters.
+#[derive(Debug, Clone)]
+pub struct ReplicaMetrics {
+    /// Its application.
+    pub app: Arc<str>,
+    /// Its deployment.
+    pub deployment: Arc<str>,
+    /// Its id.
+    pub replica: Arc<str>,
+    /// Its node, in a cluster.
+    pub node: Option<Arc<str>>,
+    /// Requests answered, by status class (1xx to 5xx).
+    pub requests_by_class: [u64; 5],
+    /// Time from dispatch to response headers.
+    pub duration: HistogramSnapshot,
+    /// Requests in progress.
+    pub ongoing: usize,
+    /// Its caches' counters, summed (none: it has no cache).
+    pub cache: Option<MetricsSnapshot>,
+    /// The models loaded now.
+    pub loaded_models: Vec<ModelId>,
+    /// The families its deployment adds (an LLM engine's token counts, say).
+    pub families: Vec<MetricFamily>,
+}
+
+impl Controller {
+    /// Each application's route prefix and name.
+    pub fn routes(&self) -> Vec<(String, Arc<str>)> {
+        self.apps
+            .iter()
+            .map(|a| (a.route_prefix.clone(), a.name.clone()))
+            .collect()
+    }
+
+    /// Whether the applications can take requests (a deployment with a reachable replica on
+    /// another node counts as available).
+    pub fn health(&self) -> Health {
+        if self.is_draining() {
+            return Health::Draining;
+        }
+        if let Some(check) = self.readiness.read().clone()
+            && let Err(reason) = check()
+        {
+            return Health::NotReady(reason);
+        }
+        let unavailable: Vec<String> = self
+            .routers()
+            .filter(|r| {
+                !r.replicas().iter().any(|rep| rep.is_available())
+                    && !r.remotes().iter().any(|rep| rep.reachable())
+            })
+            .map(|r| format!("{}/{}", r.app, r.name()))
+            .collect();
+        if unavailable.is_empty() {
+            Health::Ready
+        } else {
+            Health::Unavailable(unavailable)
+        }
+    }
+
+    /// The models of every replica now.
+    pub fn models(&self) -> ModelsReport {
+        let node = self.node_id.as_deref();
+        let applications = self
+            .apps
+            .iter()
+            .map(|app| AppModels {
+                name: app.name.to_string(),
+                route_prefix: app.route_prefix.clone(),
+                deployments: app
+                    .deployments
+                    .iter()
+                    .map(|(router, _)| DeploymentModels {
+                        name: router.name().to_string(),
+                        queued_requests: router.queued(),
+                        replicas: router
+                            .replicas()
+                            .iter()
+                            .map(|r| local_models(r, node))
+                            .chain(router.remotes().iter().map(|r| remote_models(r)))
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect();
+        ModelsReport { applications }
+    }
+
+    /// Every counter of this node's replicas now.
+    pub fn metrics(&self) -> MetricsReport {
+        let replicas = self
+            .routers()
+            .flat_map(|r| r.replicas().to_vec())
+            .map(|r| replica_metrics(&r))
+            .collect();
+        let queues = self
+            .routers()
+            .map(|r| (r.app.clone(), r.name().to_string(), r.queued()))
+            .collect();
+        MetricsReport { replicas, queues }
+    }
+}
+
+fn local_models(replica: &Replica, node: Option<&str>) -> ReplicaModels {
+    let mut loaded = Vec::new();
+    let mut loading = Vec::new();
+    for info in replica.caches.iter().flat_map(|c| c.models()) {
+        match info.status {
+            ModelStatus::Loaded => loaded.push(LoadedModel {
+                id: info.id.to_string(),
+                size_bytes: Some(info.size_bytes),
+                in_use: Some(info.in_use),
+                pinned: Some(info.pinned),
+                idle_seconds: Some(info.idle_for.as_secs_f64()),
+            }),
+            ModelStatus::Loading => loading.push(info.id.to_string()),
+        }
+    }
+    ReplicaModels {
+        id: replica.id.to_string(),
+        node: node.map(str::to_string),
+        remote: false,
+        available: replica.is_available(),
+        ongoing_requests: replica.ongoing(),
+        waiting_for_load: Some(replica.slot.loading_waiters()),
+        max_ongoing_requests: replica.max_ongoing(),
+        loaded,
+        loading,
+    }
+}
+
+/// A replica on another node, as this node last heard of it.
+fn remote_models(replica: &RemoteReplica) -> ReplicaModels {
+    let mut loaded = Vec::new();
+    let mut loading = Vec::new();
+    let mut holdings: Vec<_> = replica.slot.holdings().into_iter().collect();
+    holdings.sort_by(|a, b| a.0.as_str().cmp(b.0.as_str()));
+    for (id, holding) in holdings {
+        match holding {
+            Holding::Loaded => loaded.push(LoadedModel {
+                id: id.to_string(),
+                size_bytes: None,
+                in_use: None,
+                pinned: None,
+                idle_seconds: None,
+            }),
+            Holding::Loading | Holding::Pending(_) => loading.push(id.to_string()),
+        }
+    }
+    ReplicaModels {
+        id: replica.slot.id().to_string(),
+        node: Some(replica.node.to_string()),
+        remote: true,
+        available: replica.reachable() && replica.slot.is_available(),
+        ongoing_requests: replica.ongoing(),
+        waiting_for_load: None,
+        max_ongoing_requests: replica.slot.max_ongoing(),
+        loaded,
+        loading,
+    }
+}
+
+fn replica_metrics(r: &Replica) -> ReplicaMetrics {
+    let loaded_models = r
+        .caches
+        .iter()
+        .flat_map(|c| c.models())
+        .filter(|info| info.status == ModelStatus::Loaded)
+        .map(|info| info.id)
+        .collect();
+    ReplicaMetrics {
+        app: r.app.clone(),
+        deployment: r.deployment.clone(),
+        replica: r.id.clone(),
+        node: r.node.clone(),
+        requests_by_class: std::array::from_fn(|i| r.metrics.by_class[i].load(Ordering::Relaxed)),
+        duration: r.metrics.duration.snapshot(),
+        ongoing: r.ongoing(),
+        cache: cache_metrics(r),
+        loaded_models,
+        families: r.metric_sources.iter().flat_map(|s| s.collect()).collect(),
+    }
+}
+
+/// One replica's cache metrics (summed over its caches; usually one).
+fn cache_metrics(replica: &Replica) -> Option<MetricsSnapshot> {
+    let mut all = replica.caches.iter().map(|c| c.metrics());
+    let first = all.next()?;
+    Some(all.fold(first, |mut a, b| {
+        a.hits += b.hits;
+        a.misses += b.misses;
+        a.loads += b.loads;
+        a.load_failures += b.load_failures;
+        a.unloads += b.unloads;
+        a.unload_failures += b.unload_failures;
+        a.evictions += b.evictions;
+        a.loads_abandoned += b.loads_abandoned;
+        a.gauges.loaded += b.gauges.loaded;
+        a.gauges.loading += b.gauges.loading;
+        a.gauges.used_bytes += b.gauges.used_bytes;
+        a
+    }))
+}

@@ -1,0 +1,91 @@
+//! The one port into a deployment: what everything that sends it requests needs from its
+//! router, as a trait. The HTTP front, a [`DeploymentHandle`](crate::DeploymentHandle) (one
+//! deployment calling another) and a replica telling its router that capacity freed all reach
+//! a deployment through [`Dispatch`], never through the router's type, so none of them depends
+//! on how routing is done (and the router depends on none of them).
+//!
+//! This module must stay at the bottom of the serve layer: it names requests, responses,
+//! errors and the router's view of held models, and nothing that sends or runs requests.
+
+use std::sync::{Arc, Weak};
+
+use futures_util::future::BoxFuture;
+use modelmux_cache::ModelId;
+use modelmux_context::RequestContext;
+
+use crate::placement::Holding;
+use crate::{Request, Response, ServeError};
+
+/// Which replicas a request may go to.
+#[derive(Debug, Clone, Default)]
+pub enum Route {
+    /// Any, on any node.
+    #[default]
+    Anywhere,
+    /// This node's own (another node forwarded it here, or a handle calls from a replica of
+    /// this node), preferring the one named.
+    Local {
+        /// The replica the forwarding node chose.
+        preferred: Option<Arc<str>>,
+    },
+}
+
+/// What a dispatch ends with: the response (or the error) and the replica that served it, if
+/// one was reached.
+pub type Dispatched = (Result<Response, ServeError>, Option<Arc<str>>);
+
+/// A deployment as its callers see it: send it a request, see and drop the models its replicas
+/// hold, tell it capacity may have freed.
+pub trait Dispatch: Send + Sync + 'static {
+    /// The deployment's name.
+    fn deployment(&self) -> &str;
+
+    /// Routes `request` to a replica and runs it there (or forwards it to the node that has
+    /// it), within `context` (its request id and model id).
+    fn dispatch(
+        self: Arc<Self>,
+        request: Request,
+        context: RequestContext,
+        route: Route,
+    ) -> BoxFuture<'static, Dispatched>;
+
+    /// The models this node's replicas hold (loaded, loading, or just placed), by replica id,
+    /// as the router sees them: from the caches' events, no call to a replica.
+    fn held_models(&self) -> Vec<(String, Vec<(ModelId, Holding)>)>;
+
+    /// Evicts model `id` from every replica of this node; returns the replicas that held it.
+    fn evict_model(&self, id: &str) -> Vec<String>;
+
+    /// Capacity may have freed (a load ended, a model was evicted): requests waiting for a
+    /// replica may move now.
+    fn capacity_changed(self: Arc<Self>);
+}
+
+/// What a replica holds of its deployment's router: a weak reference through the port, so a
+/// replica never keeps its router alive and never knows its type.
+#[derive(Clone)]
+pub(crate) struct Waker(Weak<dyn Dispatch>);
+
+impl Waker {
+    pub(crate) fn new(deployment: &Arc<dyn Dispatch>) -> Self {
+        Self(Arc::downgrade(deployment))
+    }
+
+    /// Tells the router that capacity may have freed, if it still exists.
+    pub(crate) fn wake(&self) {
+        if let Some(deployment) = self.0.upgrade() {
+            deployment.capacity_changed();
+        }
+    }
+}
+
+/// The model a deployment's call named, put on its response by the dispatcher unless an inner
+/// call already did.
+#[derive(Clone)]
+pub struct ServedModel(pub ModelId);
+
+/// Whether access lines are written (`modelmux::access` at INFO): what they need is kept only
+/// then.
+pub fn access_log_on() -> bool {
+    tracing::enabled!(target: "modelmux::access", tracing::Level::INFO)
+}
