@@ -132,7 +132,11 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::InvalidModelId(_) => ErrorKind::InvalidInput,
-            Error::LoadFailed { source, .. } => Failure::kind_of(&**source),
+            // A loader may fail with a cache error of its own (a nested multiplexer's).
+            Error::LoadFailed { source, .. } => match source.downcast_ref::<Error>() {
+                Some(inner) => inner.kind(),
+                None => Failure::kind_of(&**source),
+            },
             Error::BackingOff { cause, .. } => match cause.kind() {
                 kind if kind.is_client_error() => kind,
                 _ => ErrorKind::Overloaded,

@@ -47,8 +47,6 @@ mod core;
 mod error;
 mod events;
 mod guard;
-mod id;
-mod kind;
 mod load;
 mod metrics;
 mod model;
@@ -57,12 +55,11 @@ mod multiplexer;
 pub use error::{Error, SharedError, panic_message};
 pub use events::{EvictReason, ModelEvent, ModelEventKind, ModelStatus, Subscription};
 pub use guard::ModelGuard;
-pub use id::{InvalidModelId, MAX_MODEL_ID_LEN, ModelId};
-pub use kind::{ErrorKind, Failure};
 pub use metrics::{
     DURATION_BUCKETS, DurationHistogram, Gauges, HistogramSnapshot, MetricsSnapshot,
 };
 pub use model::{BoxError, Loader, Model};
+pub use modelmux_types::{ErrorKind, Failure, InvalidModelId, MAX_MODEL_ID_LEN, ModelId};
 pub use multiplexer::{
     Config, EvictionPolicy, ModelInfo, Multiplexer, MultiplexerBuilder, ShutdownReport,
 };

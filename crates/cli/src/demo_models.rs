@@ -19,6 +19,9 @@ macro_rules! demo {
     };
 }
 
+/// The repository that means "the demo models compiled into this binary".
+pub const BUILTIN_DEMO_REPOSITORY: &str = "builtin://demo";
+
 /// `(model id, model.onnx, reference.json)` of each demo model.
 pub const DEMO_MODELS: &[(&str, &[u8], &str)] = demo!(
     "customer-1",
@@ -49,7 +52,7 @@ pub async fn repository() -> Result<ModelRepository, StoreError> {
         }
     }
     ModelRepository::from_store(
-        crate::config::BUILTIN_DEMO_REPOSITORY,
+        BUILTIN_DEMO_REPOSITORY,
         Arc::new(store),
         "",
         None,

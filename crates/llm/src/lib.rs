@@ -13,7 +13,6 @@
 //! - [`LlmRuntime`]: all of it from one GGUF file, and adapters from a model repository
 //!   through a [`modelmux_cache::Multiplexer`].
 
-mod adapters;
 mod chat;
 mod engine;
 mod error;
@@ -24,11 +23,11 @@ mod matmul;
 mod model;
 mod ops;
 mod parallel;
+mod runtime;
 mod sampling;
 mod tokenizer;
 mod weights;
 
-pub use adapters::{AdapterLoader, LlmRuntime, RuntimeOptions};
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{
     AdapterLease, Engine, EngineConfig, EngineSnapshot, FinishReason, Generation, GenerationEvent,
@@ -39,6 +38,7 @@ pub use gguf::{GgufFile, LlamaConfig};
 pub use kv::{KvBudget, KvCache, KvReservation};
 pub use lora::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LoraAdapter};
 pub use model::{LlamaModel, Segment};
+pub use runtime::{AdapterLoader, LlmRuntime, RuntimeOptions};
 pub use sampling::{MAX_STOP_BYTES, MAX_STOP_STRINGS, Sampler, SamplingParams, argmax};
 pub use tokenizer::{TextStream, TextTokenizer};
 pub use weights::{LlamaWeights, Target, WeightFormat};

@@ -23,7 +23,8 @@
 //! what it expects. Inference runs on Tokio's blocking pool, never on the async workers that
 //! route requests.
 
-mod json;
+mod config;
+mod signature;
 
 use std::sync::Arc;
 
@@ -33,7 +34,8 @@ use modelmux_serve::{Body, ModelKind, Request, Response};
 use modelmux_store::{ModelRepository, StoreError};
 use tract_onnx::prelude::*;
 
-pub use json::{InputSpec, Signature};
+pub use config::OnnxConfig;
+pub use signature::{InputSpec, Signature};
 /// The tract crate this kind runs on, for callers that need its types.
 pub use tract_onnx;
 

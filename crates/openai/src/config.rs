@@ -286,17 +286,10 @@ impl LlmConfig {
 
     /// Whether the model or the adapters come from a remote store (and need the disk cache).
     pub fn needs_disk_cache(&self) -> bool {
-        is_remote(&self.model_loading_config.model_source)
+        modelmux_store::is_remote(&self.model_loading_config.model_source)
             || self
                 .lora_config
                 .as_ref()
-                .is_some_and(|l| is_remote(&l.dynamic_lora_loading_path))
+                .is_some_and(|l| modelmux_store::is_remote(&l.dynamic_lora_loading_path))
     }
-}
-
-/// Whether a location is a URL other than `file://`.
-pub(crate) fn is_remote(location: &str) -> bool {
-    location
-        .split_once("://")
-        .is_some_and(|(scheme, _)| scheme != "file")
 }

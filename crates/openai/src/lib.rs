@@ -22,21 +22,19 @@ mod params;
 mod protocol;
 mod respond;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use modelmux_cache::ModelId;
 use modelmux_llm::LlmRuntime;
 use modelmux_serve::DeploymentSpec;
-use modelmux_store::{DiskCache, ModelRepository, RepositoryOptions, StoreError};
+use modelmux_store::{DiskCache, FileSource, ModelRepository, RepositoryOptions, StoreError};
 
 pub use config::{
     EngineKwargs, ExperimentalConfigs, LlmConfig, LoraConfig, ModelLoadingConfig, WeightFormatName,
 };
 
 use crate::config::option_strings;
-use crate::llm_server::{GgufSource, LlmServer, longest_token};
+use crate::llm_server::{LlmServer, longest_token};
 
 /// The deployments serving one LLM: `server` runs the model (its replicas are the ones to
 /// scale), `ingress` takes the HTTP requests (make it the application's ingress).
@@ -69,8 +67,6 @@ fn repository(
     )
 }
 
-/// Where the GGUF file comes from: a path (checked now), or `<repository>/<dir>/<file>` on a
-/// store, downloaded by the first replica that starts.
 /// What can be known of a local model before any replica starts (so `serve --check` refuses
 /// it): the file is a GGUF model this engine runs, and the engine's settings fit it. Reads the
 /// header and metadata only.
@@ -88,42 +84,24 @@ fn check_local_model(path: &std::path::Path, config: &LlmConfig) -> Result<(), S
         .map_err(|e| StoreError::Config(e.to_string()))
 }
 
+/// Where the GGUF file comes from: a path (checked now, and read as a model), or
+/// `<repository>/<dir>/<file>` on a store, downloaded by the first replica that starts.
 fn gguf_source(
     config: &LlmConfig,
     disk_cache: Option<&DiskCache>,
-) -> Result<GgufSource, StoreError> {
-    let source = &config.model_loading_config.model_source;
-    if !config::is_remote(source) {
-        let path = PathBuf::from(source.strip_prefix("file://").unwrap_or(source));
-        if !path.is_file() {
-            return Err(StoreError::Config(format!(
-                "model_loading_config.model_source: {} is not a file",
-                path.display()
-            )));
-        }
-        check_local_model(&path, config)?;
-        return Ok(GgufSource::Local(path));
+) -> Result<FileSource, StoreError> {
+    let loading = &config.model_loading_config;
+    let source = FileSource::open(
+        &loading.model_source,
+        option_strings(&loading.options),
+        disk_cache,
+        modelmux_store::RetryPolicy::default(),
+    )
+    .map_err(|e| StoreError::Config(format!("model_loading_config.model_source: {e}")))?;
+    if let Some(path) = source.local_path() {
+        check_local_model(path, config)?;
     }
-    let bad = || {
-        StoreError::Config(format!(
-            "model_loading_config.model_source: '{source}' must be <repository>/<directory>/<file>.gguf"
-        ))
-    };
-    let (dir, file) = source.rsplit_once('/').ok_or_else(bad)?;
-    let (location, id) = dir.rsplit_once('/').ok_or_else(bad)?;
-    if file.is_empty() || id.is_empty() || location.ends_with(':') || location.ends_with("//") {
-        return Err(bad());
-    }
-    Ok(GgufSource::Remote {
-        repository: repository(
-            location,
-            &config.model_loading_config.options,
-            disk_cache,
-            modelmux_store::RetryPolicy::default(),
-        )?,
-        id: ModelId::new(id).map_err(|_| bad())?,
-        file: file.to_owned(),
-    })
+    Ok(source)
 }
 
 /// The deployments serving `config` as deployment `name` of an application routed at

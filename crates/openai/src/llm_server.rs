@@ -3,7 +3,6 @@
 //! what the ingress forwards: the request's multiplexed model id is the adapter (none: the
 //! base model).
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -337,40 +336,6 @@ impl Deployment for LlmServer {
             Ok(())
         } else {
             Err("the engine thread stopped".into())
-        }
-    }
-}
-
-/// Where a replica reads the GGUF file from: a local path, or a file downloaded once into the
-/// disk cache (kept alive by the returned guard while the replica loads it).
-pub(crate) enum GgufSource {
-    Local(PathBuf),
-    Remote {
-        repository: modelmux_store::ModelRepository,
-        id: modelmux_cache::ModelId,
-        file: String,
-    },
-}
-
-impl GgufSource {
-    /// The local path, downloading first if the source is remote.
-    pub(crate) async fn fetch(
-        &self,
-    ) -> Result<(PathBuf, Option<modelmux_store::ModelFile>), BoxError> {
-        match self {
-            GgufSource::Local(path) => Ok((path.clone(), None)),
-            GgufSource::Remote {
-                repository,
-                id,
-                file,
-            } => {
-                let fetched = repository.fetch(id, file).await?;
-                let path = fetched
-                    .path()
-                    .ok_or("the downloaded model file has no path on disk")?
-                    .to_path_buf();
-                Ok((path, Some(fetched)))
-            }
         }
     }
 }

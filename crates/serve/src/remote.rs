@@ -4,7 +4,7 @@
 //! replicas hold ([`Server::set_remote_replicas`](crate::Server::set_remote_replicas)) and
 //! how to reach them (a [`Forwarder`]); it reads this node's own state with
 //! [`Server::local_state`](crate::Server::local_state). The router sees a remote replica
-//! through the same [`ReplicaView`](crate::ReplicaView) as a local one: a [`ReplicaSlot`] fed
+//! through the same [`ReplicaView`](crate::ReplicaView) as a local one: a [`ReplicaLedger`] fed
 //! from published reports instead of cache events, with this node's own pending placements
 //! and requests in flight to it.
 
@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::placement::{CopyReport, ReplicaSlot};
+use crate::placement::{CopyReport, ReplicaLedger};
 use crate::{Request, Response};
 use futures_util::future::BoxFuture;
 
@@ -109,7 +109,7 @@ pub trait Forwarder: Send + Sync + 'static {
 /// A replica on another node.
 pub(crate) struct RemoteReplica {
     pub(crate) node: Arc<str>,
-    pub(crate) slot: Arc<ReplicaSlot>,
+    pub(crate) slot: Arc<ReplicaLedger>,
     /// Requests in progress there that other nodes sent, as of its node's last report: what
     /// it reported less what this node had in flight to it when the report came.
     others_ongoing: AtomicUsize,
@@ -128,7 +128,7 @@ fn clock() -> u64 {
 
 impl RemoteReplica {
     pub(crate) fn new(node: Arc<str>, state: &ReplicaState, forwarder: Arc<dyn Forwarder>) -> Self {
-        let slot = ReplicaSlot::new(
+        let slot = ReplicaLedger::new(
             state.id.as_str().into(),
             state.max_ongoing,
             1,

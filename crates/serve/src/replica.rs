@@ -16,7 +16,7 @@ use crate::custom_metrics::MetricsSource;
 use crate::deployment::{DeploymentSpec, DynDeployment, ReplicaContext};
 use crate::handle::HandleDirectory;
 use crate::model_cache::ModelCache;
-use crate::placement::ReplicaSlot;
+use crate::placement::ReplicaLedger;
 use crate::{Request, Response, ServeError};
 
 /// Upper bounds (seconds) of the request-duration histogram: 100 µs to 60 s.
@@ -54,7 +54,7 @@ pub(crate) struct Replica {
     /// The cluster node it runs on, if in a cluster.
     pub(crate) node: Option<Arc<str>>,
     instance: Arc<dyn DynDeployment>,
-    pub(crate) slot: Arc<ReplicaSlot>,
+    pub(crate) slot: Arc<ReplicaLedger>,
     pub(crate) caches: Vec<Arc<dyn ModelCache>>,
     pub(crate) metrics: RequestMetrics,
     /// What the deployment adds to `/metrics`.
@@ -106,7 +106,7 @@ impl Replica {
             .try_fold(0u64, |sum, cap| cap.map(|cap| sum.saturating_add(cap)))
             .filter(|_| !caches.is_empty());
         let slot = Arc::new(
-            ReplicaSlot::new(
+            ReplicaLedger::new(
                 id.clone(),
                 spec.config.max_ongoing_requests,
                 caches.len(),
@@ -232,7 +232,7 @@ impl Drop for Replica {
 fn spawn_feed(
     source: usize,
     cache: Arc<dyn ModelCache>,
-    slot: Arc<ReplicaSlot>,
+    slot: Arc<ReplicaLedger>,
     wake: crate::port::Waker,
 ) -> JoinHandle<()> {
     let mut sub = cache.subscribe();

@@ -30,11 +30,15 @@
 
 mod disk;
 mod error;
+mod file_source;
 mod repository;
 mod retry;
+mod settings;
 
 pub use disk::{CachedFile, DiskCache, DiskCacheStats};
 pub use error::StoreError;
+pub use file_source::FileSource;
 pub use object_store;
 pub use repository::{ModelFile, ModelRepository, RepositoryOptions};
 pub use retry::RetryPolicy;
+pub use settings::{DownloadConfig, OptionValue, is_remote, option_strings};

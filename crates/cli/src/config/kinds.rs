@@ -1,13 +1,16 @@
-//! `model: {kind: ...}`: the model kinds this binary knows and their settings.
+//! `model: {kind: ...}`: the registry of the model kinds this binary knows. Each kind's crate
+//! owns its settings (parsed here as one variant, so serde names a bad field with its path and
+//! line) and how its deployments are built; a new kind is its crate plus one variant and one
+//! arm below.
 
-use std::time::Duration;
-
-use modelmux_store::RetryPolicy;
+use modelmux_cache::MultiplexerBuilder;
+use modelmux_onnx::{Onnx, OnnxConfig};
+use modelmux_serve::{AdminAccess, DeploymentSpec, model_deployment};
+use modelmux_store::{DiskCache, StoreError};
+use modelmux_synthetic::{Synthetic, SyntheticConfig};
 use serde::Deserialize;
 
-use modelmux_synthetic::SyntheticConfig;
-
-use super::values::{Attempts, Seconds};
+use crate::demo_models::BUILTIN_DEMO_REPOSITORY;
 
 /// The model kinds this binary knows.
 #[derive(Debug, Deserialize)]
@@ -26,127 +29,84 @@ impl ModelSpec {
     pub fn needs_disk_cache(&self) -> bool {
         match self {
             ModelSpec::Synthetic(_) => false,
-            ModelSpec::Onnx(onnx) => is_remote(&onnx.repository),
+            ModelSpec::Onnx(onnx) => onnx.needs_disk_cache(),
             ModelSpec::Llm(llm) => llm.needs_disk_cache(),
         }
     }
 }
 
-/// The repository that means "the demo models compiled into this binary".
-pub const BUILTIN_DEMO_REPOSITORY: &str = "builtin://demo";
-
-/// `model: {kind: onnx, ...}`.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct OnnxConfig {
-    /// Where the models are: a directory (`examples/models`), `file:///abs/dir`,
-    /// `s3://bucket/prefix`, `https://host/path` (any web server), or `builtin://demo` (the
-    /// demo models compiled into the binary).
-    /// Each model is `<repository>/<model_id>/model.onnx`.
-    pub repository: String,
-    /// Store options, as `object_store` names them (for S3: `endpoint`, `region`,
-    /// `access_key_id`, `secret_access_key`, `allow_http`, ...). Unset ones come from the
-    /// `AWS_*` environment variables.
-    #[serde(default)]
-    pub options: std::collections::BTreeMap<String, OptionValue>,
-    /// Retries and timeouts of downloads from a remote repository.
-    #[serde(default)]
-    pub download: DownloadConfig,
+/// What a kind's deployments may need of the server being built.
+pub(super) struct BuildContext<'a> {
+    /// The disk cache, when some deployment reads from a remote store.
+    pub(super) disk_cache: Option<&'a DiskCache>,
+    /// Who may use the admin API (the LLM kind guards its adapter endpoints with it).
+    pub(super) admin: &'a AdminAccess,
+    /// The application's route prefix (the LLM kind's ingress serves under it).
+    pub(super) route_prefix: &'a str,
 }
 
-/// A store option's value: YAML strings, booleans and numbers are all accepted
-/// (`allow_http: true` means `allow_http: "true"`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum OptionValue {
-    /// A string.
-    Text(String),
-    /// A boolean.
-    Flag(bool),
-    /// A whole number.
-    Whole(i64),
-    /// A number.
-    Number(f64),
+/// A kind's deployments for one configured deployment.
+pub(super) struct Built {
+    /// The deployment the configuration names (its replicas, caps and queue are the
+    /// configuration's).
+    pub(super) served: DeploymentSpec,
+    /// A deployment in front of it that takes its HTTP requests and calls it through a
+    /// handle (the LLM kind's OpenAI ingress), if the kind has one.
+    pub(super) front: Option<DeploymentSpec>,
+    /// `max_ongoing_requests` when the configuration says none (`None`: the kind's own).
+    pub(super) default_max_ongoing: Option<usize>,
 }
 
-impl std::fmt::Display for OptionValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Text(s) => f.write_str(s),
-            Self::Flag(b) => write!(f, "{b}"),
-            Self::Whole(n) => write!(f, "{n}"),
-            Self::Number(n) => write!(f, "{n}"),
-        }
+impl ModelSpec {
+    /// Builds this kind's deployments as deployment `name`, with `cache` its replicas' model
+    /// cache. Repositories are opened now: a malformed location or option is an error here,
+    /// not at the first request.
+    pub(super) async fn build(
+        &self,
+        name: &str,
+        cache: MultiplexerBuilder,
+        ctx: &BuildContext<'_>,
+    ) -> Result<Built, StoreError> {
+        let one = |served| Built {
+            served,
+            front: None,
+            default_max_ongoing: Some(5),
+        };
+        Ok(match self {
+            ModelSpec::Synthetic(config) => one(model_deployment(
+                name,
+                Synthetic::new(config.clone()),
+                cache,
+            )),
+            ModelSpec::Onnx(onnx) => {
+                let repository = if onnx.repository == BUILTIN_DEMO_REPOSITORY {
+                    if !onnx.options.is_empty() {
+                        return Err(StoreError::Config(format!(
+                            "{BUILTIN_DEMO_REPOSITORY} takes no options"
+                        )));
+                    }
+                    crate::demo_models::repository().await?
+                } else {
+                    onnx.open(ctx.disk_cache)?
+                };
+                one(model_deployment(name, Onnx::new(repository), cache))
+            }
+            ModelSpec::Llm(llm) => {
+                // Two deployments, as Ray composes them: the OpenAI ingress and the LLM
+                // replicas it calls through a handle. The adapters' cache is the kind's own.
+                let both = modelmux_openai::llm_deployments(
+                    name,
+                    llm,
+                    ctx.route_prefix,
+                    ctx.disk_cache,
+                    ctx.admin,
+                )?;
+                Built {
+                    served: both.server,
+                    front: Some(both.ingress),
+                    default_max_ongoing: None,
+                }
+            }
+        })
     }
-}
-
-/// `download`: how remote model files are fetched.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DownloadConfig {
-    /// Attempts in all (default 4).
-    #[serde(default = "default_attempts")]
-    pub attempts: Attempts,
-    /// Longest one attempt may take, the whole transfer included (default 600).
-    #[serde(default = "default_attempt_timeout")]
-    pub attempt_timeout_s: Seconds,
-    /// Backoff before the first retry, doubled each time, with full jitter (default 0.2).
-    #[serde(default = "default_backoff_base")]
-    pub backoff_base_s: Seconds,
-    /// Longest backoff (default 10).
-    #[serde(default = "default_backoff_max")]
-    pub backoff_max_s: Seconds,
-    /// Check each S3 download's MD5 against its ETag (default true; turn off for buckets
-    /// encrypted with SSE-KMS or SSE-C, whose ETags are not MD5s).
-    #[serde(default = "yes")]
-    pub verify_md5: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl Default for DownloadConfig {
-    fn default() -> Self {
-        Self {
-            attempts: default_attempts(),
-            attempt_timeout_s: default_attempt_timeout(),
-            backoff_base_s: default_backoff_base(),
-            backoff_max_s: default_backoff_max(),
-            verify_md5: true,
-        }
-    }
-}
-
-impl DownloadConfig {
-    /// As the store's retry policy.
-    pub fn policy(&self) -> RetryPolicy {
-        RetryPolicy {
-            attempts: self.attempts.0.get(),
-            attempt_timeout: self.attempt_timeout_s.0,
-            backoff_base: self.backoff_base_s.0,
-            backoff_max: self.backoff_max_s.0,
-        }
-    }
-}
-
-fn default_attempts() -> Attempts {
-    Attempts(std::num::NonZeroU32::new(4).expect("4 is not 0"))
-}
-
-fn default_attempt_timeout() -> Seconds {
-    Seconds(Duration::from_secs(600))
-}
-fn default_backoff_base() -> Seconds {
-    Seconds(Duration::from_millis(200))
-}
-fn default_backoff_max() -> Seconds {
-    Seconds(Duration::from_secs(10))
-}
-
-/// Whether a repository location is remote (needs the disk cache).
-fn is_remote(repository: &str) -> bool {
-    repository
-        .split_once("://")
-        .is_some_and(|(scheme, _)| !matches!(scheme, "file" | "builtin"))
 }

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use modelmux_cache::{EvictionPolicy, Multiplexer};
+use modelmux_cache::{EvictionPolicy, Multiplexer, MultiplexerBuilder};
 
 mod cluster;
 mod explain;
@@ -16,13 +16,13 @@ mod paths;
 mod tests;
 mod values;
 
+pub use crate::demo_models::BUILTIN_DEMO_REPOSITORY;
 pub use cluster::{ClusterConfig, ClusterFlags};
-pub use kinds::*;
+use kinds::BuildContext;
+pub use kinds::ModelSpec;
 use modelmux_front::ServerBuilder;
-use modelmux_onnx::Onnx;
-use modelmux_serve::{Application, model_deployment};
-use modelmux_store::{DiskCache, ModelRepository, RepositoryOptions};
-use modelmux_synthetic::Synthetic;
+use modelmux_serve::Application;
+use modelmux_store::DiskCache;
 use serde::Deserialize;
 pub use values::*;
 
@@ -350,11 +350,10 @@ impl Config {
                     )));
                 }
                 if let ModelSpec::Onnx(onnx) = &d.model
-                    && onnx.download.backoff_base_s.0 > onnx.download.backoff_max_s.0
+                    && let Err(e) = onnx.validate()
                 {
                     return Err(ConfigError::Invalid(format!(
-                        "applications[{i}].deployments[{j}].model.download: backoff_base_s is \
-                         larger than backoff_max_s"
+                        "applications[{i}].deployments[{j}].model.{e}"
                     )));
                 }
                 if app.deployments[..j]
@@ -465,34 +464,29 @@ impl Config {
         for (i, app) in self.applications.iter().enumerate() {
             let mut application = Application::new(&app.name).route_prefix(&app.route_prefix);
             let ingress = app.ingress.as_deref().unwrap_or(&app.deployments[0].name);
+            let context = BuildContext {
+                disk_cache: disk_cache.as_ref(),
+                admin: &admin,
+                route_prefix: &app.route_prefix,
+            };
             for (j, d) in app.deployments.iter().enumerate() {
-                let invalid = |e: modelmux_store::StoreError| {
-                    ConfigError::Invalid(format!("applications[{i}].deployments[{j}].model: {e}"))
-                };
-                if let ModelSpec::Llm(llm) = &d.model {
-                    // Two deployments, as Ray composes them: the OpenAI ingress and the LLM
-                    // replicas it calls through a handle.
-                    let both = modelmux_openai::llm_deployments(
-                        &d.name,
-                        llm,
-                        &app.route_prefix,
-                        disk_cache.as_ref(),
-                        &admin,
-                    )
-                    .map_err(invalid)?;
-                    let server = settings(both.server, d, None);
-                    application = if d.name == ingress {
-                        application.ingress(both.ingress).deployment(server)
-                    } else {
-                        application.deployment(both.ingress).deployment(server)
-                    };
-                    continue;
-                }
-                let spec = deployment(d, disk_cache.as_ref()).await.map_err(invalid)?;
-                application = if d.name == ingress {
-                    application.ingress(spec)
-                } else {
-                    application.deployment(spec)
+                let built = d
+                    .model
+                    .build(&d.name, cache_settings(d), &context)
+                    .await
+                    .map_err(|e| {
+                        ConfigError::Invalid(format!(
+                            "applications[{i}].deployments[{j}].model: {e}"
+                        ))
+                    })?;
+                let served = settings(built.served, d, built.default_max_ongoing);
+                // The deployment named as the application's ingress takes its HTTP requests:
+                // through the kind's own front deployment when it has one.
+                application = match (built.front, d.name == ingress) {
+                    (Some(front), true) => application.ingress(front).deployment(served),
+                    (Some(front), false) => application.deployment(front).deployment(served),
+                    (None, true) => application.ingress(served),
+                    (None, false) => application.deployment(served),
                 };
             }
             builder = builder.application(application);
@@ -501,10 +495,8 @@ impl Config {
     }
 }
 
-async fn deployment(
-    d: &DeploymentConfig,
-    disk_cache: Option<&DiskCache>,
-) -> Result<modelmux_serve::DeploymentSpec, modelmux_store::StoreError> {
+/// The replicas' model cache for `d`: its caps, eviction policy and load limits.
+fn cache_settings(d: &DeploymentConfig) -> MultiplexerBuilder {
     let concurrent_loads = d.max_concurrent_loads.map_or_else(
         || {
             d.max_models_per_replica
@@ -527,38 +519,7 @@ async fn deployment(
     if let Some(bytes) = d.max_bytes_per_replica {
         cache = cache.max_bytes(bytes);
     }
-    let spec = match &d.model {
-        ModelSpec::Llm(_) => unreachable!("LLM deployments are built by the caller"),
-        ModelSpec::Synthetic(config) => {
-            model_deployment(&d.name, Synthetic::new(config.clone()), cache)
-        }
-        ModelSpec::Onnx(onnx) => {
-            let repository = if onnx.repository == BUILTIN_DEMO_REPOSITORY {
-                if !onnx.options.is_empty() {
-                    return Err(modelmux_store::StoreError::Config(format!(
-                        "{BUILTIN_DEMO_REPOSITORY} takes no options"
-                    )));
-                }
-                crate::demo_models::repository().await?
-            } else {
-                ModelRepository::open(
-                    &onnx.repository,
-                    RepositoryOptions {
-                        options: onnx
-                            .options
-                            .iter()
-                            .map(|(k, v)| (k.clone(), v.to_string()))
-                            .collect(),
-                        disk_cache: disk_cache.cloned(),
-                        retry: onnx.download.policy(),
-                        verify_md5: onnx.download.verify_md5,
-                    },
-                )?
-            };
-            model_deployment(&d.name, Onnx::new(repository), cache)
-        }
-    };
-    Ok(settings(spec, d, Some(5)))
+    cache
 }
 
 /// The deployment settings of `d` on `spec`; `max_ongoing_requests` falls back to `default`,

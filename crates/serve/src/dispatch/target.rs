@@ -7,7 +7,7 @@ use std::time::Duration;
 use modelmux_cache::ModelId;
 use tokio::time::Instant;
 
-use crate::placement::{ReplicaSlot, ReplicaView};
+use crate::placement::{ReplicaLedger, ReplicaView};
 use crate::remote::RemoteReplica;
 use crate::replica::Replica;
 
@@ -21,7 +21,7 @@ pub(crate) enum Target {
 }
 
 impl Target {
-    pub(crate) fn slot(&self) -> &ReplicaSlot {
+    pub(crate) fn slot(&self) -> &ReplicaLedger {
         match self {
             Self::Local(r) => &r.slot,
             Self::Remote(r) => &r.slot,

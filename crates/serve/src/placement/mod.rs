@@ -1,6 +1,6 @@
 //! What the router knows about each replica: its load, and which models it holds.
 //!
-//! Each replica has a [`ReplicaSlot`]. Its model set is replaced (copy on write) whenever one
+//! Each replica has a [`ReplicaLedger`]. Its model set is replaced (copy on write) whenever one
 //! of the replica's caches publishes an event, the moment it publishes it, so reading it on the
 //! request path takes no lock. The router adds *pending* entries when it places a cold model on
 //! a replica, before that replica has even started the load: requests for the same model that
@@ -82,7 +82,7 @@ pub trait ReplicaView {
 
 /// One replica's routing state, shared by the router (reads) and the replica's event feeds
 /// (writes).
-pub struct ReplicaSlot {
+pub struct ReplicaLedger {
     id: Arc<str>,
     ongoing: AtomicUsize,
     max_ongoing: usize,
@@ -166,7 +166,7 @@ fn live(h: &Holding, now: Instant) -> bool {
     }
 }
 
-impl ReplicaSlot {
+impl ReplicaLedger {
     pub(crate) fn new(
         id: Arc<str>,
         max_ongoing: usize,
@@ -289,7 +289,7 @@ impl ReplicaSlot {
     /// Takes a slot back for a request whose load is done, before any newcomer, waiting (on
     /// this replica, even one being drained: the request was admitted) until one frees.
     pub(crate) async fn resume(&self) {
-        struct Resuming<'a>(&'a ReplicaSlot);
+        struct Resuming<'a>(&'a ReplicaLedger);
         impl Drop for Resuming<'_> {
             fn drop(&mut self) {
                 self.0.resuming.fetch_sub(1, Ordering::SeqCst);
@@ -453,7 +453,7 @@ impl ReplicaSlot {
     }
 }
 
-impl ReplicaView for ReplicaSlot {
+impl ReplicaView for ReplicaLedger {
     fn id(&self) -> &str {
         &self.id
     }

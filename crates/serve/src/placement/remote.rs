@@ -1,4 +1,4 @@
-//! Feeding a [`ReplicaSlot`] from another node's published state instead of local cache
+//! Feeding a [`ReplicaLedger`] from another node's published state instead of local cache
 //! events (cluster mode).
 
 use std::collections::HashMap;
@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use modelmux_cache::ModelId;
 
-use super::{Entry, Holding, ROUTER, ReplicaSlot, coarse_now};
+use super::{Entry, Holding, ROUTER, ReplicaLedger, coarse_now};
 
 /// One model copy a remote replica reports: whether it is loaded (else loading), its size and
 /// how long its load took, when known.
@@ -27,7 +27,7 @@ pub struct CopyReport {
 /// The source remote reports are recorded under (a remote replica has no local caches).
 const REMOTE: usize = 0;
 
-impl ReplicaSlot {
+impl ReplicaLedger {
     /// Replaces what the replica holds with `copies`, as its node last published them. This
     /// router's own pending placements stay (until a report confirms them or they expire), and
     /// a model still reported keeps when it was last routed here.

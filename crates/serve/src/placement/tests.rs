@@ -12,7 +12,7 @@ fn event(id: &str, kind: ModelEventKind) -> ModelEvent {
 
 #[tokio::test(start_paused = true)]
 async fn events_drive_the_model_set() {
-    let slot = ReplicaSlot::new("r".into(), 5, 1, Some(2));
+    let slot = ReplicaLedger::new("r".into(), 5, 1, Some(2));
     let m = ModelId::new("m").unwrap();
     let now = Instant::now();
     assert!(!slot.holds(&m, now));
@@ -45,7 +45,7 @@ async fn events_drive_the_model_set() {
 
 #[tokio::test(start_paused = true)]
 async fn pending_placements_expire() {
-    let slot = ReplicaSlot::new("r".into(), 5, 1, None);
+    let slot = ReplicaLedger::new("r".into(), 5, 1, None);
     let m = ModelId::new("m").unwrap();
     slot.mark_pending(&m);
     assert!(slot.holds(&m, Instant::now()));
@@ -62,7 +62,7 @@ fn evicting() -> ModelEventKind {
 
 #[tokio::test(start_paused = true)]
 async fn two_caches_on_one_replica_keep_their_own_entries() {
-    let slot = ReplicaSlot::new("r".into(), 5, 2, None);
+    let slot = ReplicaLedger::new("r".into(), 5, 2, None);
     let (x, y) = (ModelId::new("x").unwrap(), ModelId::new("y").unwrap());
     slot.apply_snapshot(0, &[(x.clone(), ModelStatus::Loaded)]);
     slot.apply_snapshot(1, &[(y.clone(), ModelStatus::Loaded)]);
@@ -87,7 +87,7 @@ async fn two_caches_on_one_replica_keep_their_own_entries() {
 
 #[tokio::test(start_paused = true)]
 async fn a_new_placement_replaces_an_expired_one() {
-    let slot = ReplicaSlot::new("r".into(), 5, 1, None);
+    let slot = ReplicaLedger::new("r".into(), 5, 1, None);
     let m = ModelId::new("m").unwrap();
     slot.mark_pending(&m);
     tokio::time::advance(PENDING_TTL + Duration::from_secs(1)).await;
@@ -103,7 +103,7 @@ async fn a_new_placement_replaces_an_expired_one() {
 
 #[test]
 fn a_drained_replica_takes_no_new_request() {
-    let slot = ReplicaSlot::new("r".into(), 1, 0, None);
+    let slot = ReplicaLedger::new("r".into(), 1, 0, None);
     assert!(slot.try_begin());
     assert!(!slot.try_begin(), "max_ongoing is 1");
     slot.finish();
@@ -130,7 +130,7 @@ fn unloaded() -> ModelEventKind {
 async fn room_counts_draining_models_and_bytes() {
     let now = Instant::now();
     // Count cap 3: two held and one evicted but still in use leave no room.
-    let slot = ReplicaSlot::new("r".into(), 5, 1, Some(3));
+    let slot = ReplicaLedger::new("r".into(), 5, 1, Some(3));
     for id in ["a", "b", "c"] {
         slot.apply(0, &event(id, loaded(10)));
     }
@@ -145,7 +145,7 @@ async fn room_counts_draining_models_and_bytes() {
 
     // Byte cap 110: 60 bytes held leave room for a typical (30-byte) model; 60 held plus 30
     // draining do not; two draining copies of one id release half their bytes each.
-    let slot = ReplicaSlot::new("r".into(), 5, 1, None).with_byte_capacity(Some(110));
+    let slot = ReplicaLedger::new("r".into(), 5, 1, None).with_byte_capacity(Some(110));
     for id in ["a", "b"] {
         slot.apply(0, &event(id, loaded(30)));
     }
@@ -168,8 +168,8 @@ async fn room_counts_draining_models_and_bytes() {
 async fn placement_passes_over_a_replica_whose_room_is_draining() {
     let now = Instant::now();
     let (a, b) = (
-        ReplicaSlot::new("a".into(), 5, 1, Some(4)),
-        ReplicaSlot::new("b".into(), 5, 1, Some(4)),
+        ReplicaLedger::new("a".into(), 5, 1, Some(4)),
+        ReplicaLedger::new("b".into(), 5, 1, Some(4)),
     );
     // a holds two models and two evicted ones still in use; b holds three.
     for id in ["a1", "a2", "a3", "a4"] {

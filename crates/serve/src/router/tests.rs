@@ -375,11 +375,11 @@ async fn failed_loads_no_longer_attract_traffic() {
 async fn a_failed_load_reported_by_its_cache_no_longer_attracts_traffic() {
     // The real path: replica slots fed the cache's own events (as the replica's feed task
     // does), not a hand-edited view.
-    use crate::placement::ReplicaSlot;
+    use crate::placement::ReplicaLedger;
     use modelmux_cache::{ModelEvent, ModelEventKind};
     let slots = [
-        ReplicaSlot::new("a".into(), 4, 1, Some(2)),
-        ReplicaSlot::new("b".into(), 4, 1, Some(2)),
+        ReplicaLedger::new("a".into(), 4, 1, Some(2)),
+        ReplicaLedger::new("b".into(), 4, 1, Some(2)),
     ];
     let broken = id("broken");
     let event = |kind| ModelEvent {

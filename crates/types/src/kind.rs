@@ -52,14 +52,14 @@ impl ErrorKind {
     }
 }
 
-/// An error with its [`ErrorKind`]: what runtimes return (boxed, as a
-/// [`BoxError`](crate::BoxError)) when the
+/// An error with its [`ErrorKind`]: what runtimes return (boxed, as a `BoxError`) when the
 /// kind is not "internal", and what the serving layer looks for in any error it is handed,
 /// also inside a failed load.
 ///
 /// ```
-/// use modelmux_cache::{BoxError, ErrorKind, Failure};
+/// use modelmux_types::{ErrorKind, Failure};
 ///
+/// type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// let error: BoxError = Failure::not_found("model 'acme' is not in the repository").into();
 /// assert_eq!(Failure::kind_of(&*error), ErrorKind::NotFound);
 /// let plain: BoxError = "the GPU caught fire".into();
@@ -124,15 +124,12 @@ impl Failure {
         self.retry_after
     }
 
-    /// The kind of any error: a [`Failure`]'s own, a cache [`Error`](crate::Error)'s (whose
-    /// failed loads carry their loader's), else [`ErrorKind::Internal`].
+    /// The kind of any error: a [`Failure`]'s own, else [`ErrorKind::Internal`]. (The cache's
+    /// `Error::kind` also reads its own errors, whose failed loads carry their loader's.)
     pub fn kind_of(error: &(dyn std::error::Error + 'static)) -> ErrorKind {
-        if let Some(f) = error.downcast_ref::<Failure>() {
-            f.kind
-        } else if let Some(e) = error.downcast_ref::<crate::Error>() {
-            e.kind()
-        } else {
-            ErrorKind::Internal
+        match error.downcast_ref::<Failure>() {
+            Some(f) => f.kind,
+            None => ErrorKind::Internal,
         }
     }
 }

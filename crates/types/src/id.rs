@@ -16,7 +16,7 @@ pub const MAX_MODEL_ID_LEN: usize = 256;
 /// Cloning is an atomic increment (the text is shared), so ids can be passed around freely.
 ///
 /// ```
-/// use modelmux_cache::ModelId;
+/// use modelmux_types::ModelId;
 ///
 /// let id = ModelId::new("customer-42").unwrap();
 /// assert_eq!(id.as_str(), "customer-42");
@@ -80,7 +80,7 @@ impl ModelId {
     /// `<repository>/<id>` can never address anything outside the repository.
     ///
     /// ```
-    /// use modelmux_cache::ModelId;
+    /// use modelmux_types::ModelId;
     ///
     /// assert!(ModelId::new("org/adapter-1").unwrap().as_relative_path().is_ok());
     /// assert!(ModelId::new("../etc").unwrap().as_relative_path().is_err());
