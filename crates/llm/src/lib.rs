@@ -40,5 +40,5 @@ pub use lora::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LoraAdapter};
 pub use model::{LlamaModel, Segment};
 pub use runtime::{AdapterLoader, LlmRuntime, RuntimeOptions};
 pub use sampling::{MAX_STOP_BYTES, MAX_STOP_STRINGS, Sampler, SamplingParams, argmax};
-pub use tokenizer::{TextStream, TextTokenizer};
+pub use tokenizer::{TextStream, TextTokenizer, check_token_ids};
 pub use weights::{LlamaWeights, Target, WeightFormat};

@@ -149,11 +149,7 @@ impl LlamaModel {
                     self.max_positions()
                 )));
             }
-            if let Some(&bad) = s.tokens.iter().find(|&&t| t as usize >= vocab) {
-                return Err(LlmError::InvalidRequest(format!(
-                    "token id {bad} is outside the vocabulary of {vocab} tokens"
-                )));
-            }
+            crate::check_token_ids("input", s.tokens, vocab)?;
             let row = tokens.len();
             tokens.extend_from_slice(s.tokens);
             positions.extend(start..end);

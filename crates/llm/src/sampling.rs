@@ -91,16 +91,7 @@ impl SamplingParams {
                 s.len()
             ));
         }
-        if let Some(t) = self
-            .stop_token_ids
-            .iter()
-            .find(|&&t| t as usize >= vocab_size)
-        {
-            return bad(format!(
-                "stop token id {t} is outside the vocabulary of {vocab_size}"
-            ));
-        }
-        Ok(())
+        crate::check_token_ids("stop_token_ids", &self.stop_token_ids, vocab_size)
     }
 }
 

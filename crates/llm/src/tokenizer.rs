@@ -330,6 +330,17 @@ impl TextStream {
     }
 }
 
+/// The one check that token ids are in a vocabulary of `vocab` tokens (prompts, stop tokens,
+/// ids to decode, the forward pass's input); `what` names them in the error.
+pub fn check_token_ids(what: &str, ids: &[u32], vocab: usize) -> crate::Result<()> {
+    match ids.iter().find(|&&t| t as usize >= vocab) {
+        Some(t) => Err(crate::LlmError::InvalidRequest(format!(
+            "{what}: token id {t} is outside the vocabulary of {vocab} tokens"
+        ))),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

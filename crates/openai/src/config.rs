@@ -213,26 +213,12 @@ impl LlmConfig {
             ));
         }
         let e = &self.engine_kwargs;
-        for (field, value) in [
-            ("max_num_seqs", e.max_num_seqs),
-            ("max_model_len", e.max_model_len),
-            ("max_num_batched_tokens", e.max_num_batched_tokens),
-            ("max_waiting_seqs", e.max_waiting_seqs),
-        ] {
-            if value == 0 {
-                return Err(format!("engine_kwargs.{field}: must be at least 1"));
-            }
-        }
-        if e.max_num_batched_tokens < e.max_num_seqs {
-            return Err(format!(
-                "engine_kwargs.max_num_batched_tokens ({}) must be at least max_num_seqs ({})",
-                e.max_num_batched_tokens, e.max_num_seqs
-            ));
-        }
-        if e.kv_cache_bytes == 0 {
-            return Err("engine_kwargs.kv_cache_bytes: must be at least 1".into());
-        }
+        // Seconds first: the engine's settings are built from it.
         seconds("engine_kwargs.queue_timeout_s", e.queue_timeout_s)?;
+        self.runtime_options()
+            .engine
+            .validate()
+            .map_err(|e| e.to_string())?;
         if let Some(lora) = &self.lora_config {
             if lora.max_num_adapters_per_replica == 0 {
                 return Err("lora_config.max_num_adapters_per_replica: must be at least 1".into());

@@ -12,7 +12,8 @@ use modelmux_serve::{
 };
 use modelmux_store::ModelRepository;
 
-use crate::params::{Endpoint, invalid, parse_detokenize, parse_job, parse_tokenize};
+use crate::call::{LlmCall, Op, Parsed};
+use crate::params::invalid;
 use crate::protocol::ModelCard;
 
 /// Adapters listed by `GET /v1/models` from the repository, at most.
@@ -99,20 +100,24 @@ impl OpenAiIngress {
         Ok(adapter)
     }
 
+    /// Calls the LLM deployment with `call` (parsed from `body`, which goes along for a
+    /// replica that must parse it again), on `adapter`'s multiplexed model id.
     async fn forward(
         &self,
-        path: &str,
+        op: Op,
         body: Bytes,
+        call: LlmCall,
         adapter: Option<ModelId>,
     ) -> Result<Response, ServeError> {
-        let request = http::Request::builder()
+        let mut request = http::Request::builder()
             .method(Method::POST)
-            .uri(path)
+            .uri(op.path())
             .header(header::CONTENT_TYPE, "application/json")
             .body(Body::from(body))
             .map_err(|e| ServeError::BadRequest {
                 message: e.to_string(),
             })?;
+        request.extensions_mut().insert(Parsed::new(call));
         let handle = match adapter {
             Some(a) => self.llm.options().multiplexed_model_id(a.as_str())?,
             None => self.llm.options().no_model_id(),
@@ -154,7 +159,12 @@ impl OpenAiIngress {
         }
         if load {
             let response = self
-                .forward("/v1/load_lora_adapter", Bytes::new(), Some(adapter.clone()))
+                .forward(
+                    Op::LoadAdapter,
+                    Bytes::new(),
+                    LlmCall::LoadAdapter,
+                    Some(adapter.clone()),
+                )
                 .await?;
             let body = response.into_body().to_bytes(1 << 16).await.map_err(|e| {
                 ServeError::BadRequest {
@@ -224,61 +234,28 @@ impl OpenAiIngress {
 
 impl Deployment for OpenAiIngress {
     async fn call(&self, request: Request) -> Result<Response, BoxError> {
-        let method = request.method().clone();
         let full = request.uri().path();
         let path = match full.strip_prefix(self.prefix.trim_end_matches('/')) {
-            Some(rest) if rest.starts_with('/') => rest.to_owned(),
-            _ => full.to_owned(),
+            Some(rest) if rest.starts_with('/') => rest,
+            _ => full,
         };
-        let answer = match (&method, path.as_str()) {
-            (&Method::GET, "/v1/models") => Ok(self.models().await),
-            (&Method::POST, "/v1/load_lora_adapter") => self.adapter_control(request, true).await,
-            (&Method::POST, "/v1/unload_lora_adapter") => {
-                self.adapter_control(request, false).await
-            }
-            (&Method::POST, "/v1/chat/completions" | "/v1/completions") => {
-                let endpoint = if path == "/v1/completions" {
-                    Endpoint::Completion
-                } else {
-                    Endpoint::Chat
+        let op = Op::of(request.method(), path)?;
+        let answer = match op {
+            Op::Models => Ok(self.models().await),
+            Op::LoadAdapter => self.adapter_control(request, true).await,
+            Op::UnloadAdapter => self.adapter_control(request, false).await,
+            _ => {
+                // Parsed here, once: the LLM replica gets the parsed call with the request.
+                let body = request.into_body().to_bytes(usize::MAX).await?;
+                let (call, model) = LlmCall::parse(op, &body)?;
+                let adapter = self.adapter_for(&model.unwrap_or_default())?;
+                // Adapters share the base model's tokenizer: any replica tokenizes.
+                let adapter = match op {
+                    Op::Tokenize | Op::Detokenize => None,
+                    _ => adapter,
                 };
-                let body = request.into_body().to_bytes(usize::MAX).await?;
-                let job = parse_job(endpoint, &body)?;
-                let adapter = self.adapter_for(&job.model)?;
-                self.forward(&path, body, adapter).await
+                self.forward(op, body, call, adapter).await
             }
-            (&Method::POST, "/v1/embeddings") => {
-                let body = request.into_body().to_bytes(usize::MAX).await?;
-                let job = crate::params::parse_embeddings(&body)?;
-                let adapter = self.adapter_for(&job.model)?;
-                self.forward(&path, body, adapter).await
-            }
-            (&Method::POST, "/tokenize" | "/detokenize") => {
-                let body = request.into_body().to_bytes(usize::MAX).await?;
-                let model = if path == "/tokenize" {
-                    parse_tokenize(&body)?.0
-                } else {
-                    parse_detokenize(&body)?.0
-                };
-                // Adapters share the base model's tokenizer: any replica answers.
-                self.adapter_for(&model)?;
-                self.forward(&path, body, None).await
-            }
-            (
-                _,
-                "/v1/models"
-                | "/v1/chat/completions"
-                | "/v1/completions"
-                | "/tokenize"
-                | "/detokenize",
-            ) => Err(ServeError::MethodNotAllowed {
-                message: format!("{method} is not allowed on {path}"),
-            }),
-            _ => Err(ServeError::NotFound {
-                what: format!(
-                    "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /tokenize, /detokenize)"
-                ),
-            }),
         };
         Ok(answer?)
     }

@@ -13,6 +13,7 @@
 //! `POST /detokenize`, and vLLM's
 //! `POST /v1/load_lora_adapter` / `POST /v1/unload_lora_adapter` (behind the admin token).
 
+mod call;
 mod config;
 mod errors;
 mod ingress;

@@ -12,11 +12,10 @@ use modelmux_serve::{Deployment, Request, Response, ServeError, json_response};
 use serde_json::json;
 use tokio::time::Instant;
 
+use crate::call::{LlmCall, Op, Parsed};
 use crate::errors::serve_error;
 use crate::metrics::LlmMetrics;
-use crate::params::{
-    Endpoint, Prompt, TokenizeInput, invalid, parse_detokenize, parse_job, parse_tokenize,
-};
+use crate::params::{EmbeddingJob, Endpoint, Job, Prompt, TokenizeInput, invalid};
 use crate::respond::{Answer, Timing, streamed, whole};
 
 /// One replica of the LLM deployment.
@@ -70,13 +69,8 @@ impl LlmServer {
             Prompt::Chat(messages) => runtime.chat_prompt(&messages),
             Prompt::Text(text) => runtime.tokenizer().encode_prompt(&text, true),
             Prompt::Tokens(ids) => {
-                let vocab = runtime.tokenizer().vocab_size();
-                match ids.iter().find(|&&t| t as usize >= vocab) {
-                    Some(t) => Err(modelmux_llm::LlmError::InvalidRequest(format!(
-                        "prompt: token id {t} is outside the vocabulary of {vocab}"
-                    ))),
-                    None => Ok(ids),
-                }
+                modelmux_llm::check_token_ids("prompt", &ids, runtime.tokenizer().vocab_size())
+                    .map(|()| ids)
             }
         })
         .await
@@ -111,9 +105,8 @@ impl LlmServer {
         }
     }
 
-    async fn generate(&self, endpoint: Endpoint, body: &[u8]) -> Result<Response, ServeError> {
+    async fn generate(&self, endpoint: Endpoint, job: Job) -> Result<Response, ServeError> {
         let started = Instant::now();
-        let job = parse_job(endpoint, body)?;
         let request_id = modelmux_context::request_id()
             .map(|r| r.as_str().to_owned())
             .unwrap_or_default();
@@ -154,8 +147,7 @@ impl LlmServer {
         }
     }
 
-    async fn tokenize(&self, body: &[u8]) -> Result<Response, ServeError> {
-        let (_, input) = parse_tokenize(body)?;
+    async fn tokenize(&self, input: TokenizeInput) -> Result<Response, ServeError> {
         let runtime = self.runtime.clone();
         let max_bytes = self.max_prompt_bytes;
         let ids = modelmux_context::spawn_blocking(move || match input {
@@ -186,9 +178,8 @@ impl LlmServer {
 
     /// `/v1/embeddings`: each input's embedding (see `LlamaModel::embed`), with the request's
     /// adapter if it names one.
-    async fn embeddings(&self, body: &[u8]) -> Result<Response, ServeError> {
+    async fn embeddings(&self, job: EmbeddingJob) -> Result<Response, ServeError> {
         use base64::Engine as _;
-        let job = crate::params::parse_embeddings(body)?;
         let adapter = modelmux_context::multiplexed_model_id();
         let mut data = Vec::with_capacity(job.inputs.len());
         let mut prompt_tokens = 0;
@@ -231,15 +222,12 @@ impl LlmServer {
         ))
     }
 
-    fn detokenize(&self, body: &[u8]) -> Result<Response, ServeError> {
-        let (_, ids) = parse_detokenize(body)?;
+    fn detokenize(&self, ids: Vec<u32>) -> Result<Response, ServeError> {
         let vocab = self.runtime.tokenizer().vocab_size();
-        if let Some(t) = ids.iter().find(|&&t| t as usize >= vocab) {
-            return Err(invalid(
-                "tokens",
-                format!("token id {t} is outside the vocabulary of {vocab}"),
-            ));
-        }
+        modelmux_llm::check_token_ids("tokens", &ids, vocab).map_err(|e| match e {
+            modelmux_llm::LlmError::InvalidRequest(message) => invalid("tokens", message),
+            other => serve_error(&other),
+        })?;
         Ok(json_response(&json!({
             "prompt": self.runtime.tokenizer().decode(&ids),
         })))
@@ -247,19 +235,23 @@ impl LlmServer {
 }
 
 impl Deployment for LlmServer {
-    async fn call(&self, request: Request) -> Result<Response, BoxError> {
-        let path = request.uri().path().to_owned();
-        let body = request.into_body().to_bytes(usize::MAX).await?;
-        let answer = match path.as_str() {
-            "/v1/chat/completions" => self.generate(Endpoint::Chat, &body).await,
-            "/v1/completions" => self.generate(Endpoint::Completion, &body).await,
-            "/tokenize" => self.tokenize(&body).await,
-            "/detokenize" => self.detokenize(&body),
-            "/v1/load_lora_adapter" => self.load_adapter().await,
-            "/v1/embeddings" => self.embeddings(&body).await,
-            other => Err(ServeError::NotFound {
-                what: format!("the LLM deployment has no endpoint {other}"),
-            }),
+    async fn call(&self, mut request: Request) -> Result<Response, BoxError> {
+        let op = Op::of(request.method(), request.uri().path())?;
+        // The ingress parsed it already; a request built elsewhere is parsed here.
+        let parsed = request.extensions_mut().remove::<Parsed>();
+        let call = match parsed.and_then(|p| p.take()) {
+            Some(call) => call,
+            None => {
+                let body = request.into_body().to_bytes(usize::MAX).await?;
+                LlmCall::parse(op, &body)?.0
+            }
+        };
+        let answer = match call {
+            LlmCall::Generate(endpoint, job) => self.generate(endpoint, job).await,
+            LlmCall::Embeddings(job) => self.embeddings(job).await,
+            LlmCall::Tokenize(input) => self.tokenize(input).await,
+            LlmCall::Detokenize(ids) => self.detokenize(ids),
+            LlmCall::LoadAdapter => self.load_adapter().await,
         };
         Ok(answer?)
     }
@@ -337,5 +329,56 @@ impl Deployment for LlmServer {
         } else {
             Err("the engine thread stopped".into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::params::TokenizeInput;
+
+    /// A replica parses a request only when it arrives without the ingress's parsed call: with
+    /// one, the body is not read (here it is not even JSON, and the answer is the call's).
+    #[tokio::test]
+    async fn a_replica_answers_the_parsed_call_and_parses_only_a_request_without_one() {
+        let gguf = std::env::var("MODELMUX_TEST_GGUF").unwrap_or_else(|_| {
+            panic!("MODELMUX_TEST_GGUF is not set: run the tests with ./scripts/test")
+        });
+        let runtime = LlmRuntime::load(&gguf, None, modelmux_llm::RuntimeOptions::default())
+            .await
+            .unwrap();
+        let server = LlmServer {
+            metrics: Arc::new(LlmMetrics::new(runtime.engine().clone())),
+            max_prompt_bytes: longest_token(runtime.tokenizer()) * 512,
+            runtime: Arc::new(runtime),
+            stream_interval: Duration::ZERO,
+            replica: "r".into(),
+        };
+        let request = |parsed: bool| {
+            let mut request = http::Request::post("/tokenize")
+                .body(modelmux_serve::Body::from("not json"))
+                .unwrap();
+            if parsed {
+                let call = LlmCall::Tokenize(TokenizeInput::Text {
+                    text: "Hello".into(),
+                    add_special: false,
+                });
+                request.extensions_mut().insert(Parsed::new(call));
+            }
+            request
+        };
+        let answer = server.call(request(true)).await.unwrap();
+        assert_eq!(answer.status(), http::StatusCode::OK);
+        let body = answer.into_body().to_bytes(1 << 16).await.unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert!(json["count"].as_u64().unwrap() >= 1, "{json}");
+
+        let refused = server.call(request(false)).await.unwrap_err();
+        let refused = refused.downcast::<ServeError>().unwrap();
+        assert_eq!(
+            refused.http_status(),
+            http::StatusCode::BAD_REQUEST,
+            "{refused}"
+        );
     }
 }

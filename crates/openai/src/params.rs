@@ -1,6 +1,7 @@
 //! From a request body to what the engine runs, checking every field and naming the one at
 //! fault (OpenAI's `param`). The ingress runs these checks before routing, so a bad request
-//! never makes a replica load an adapter; the replica runs them again on what it receives.
+//! never makes a replica load an adapter; the replica gets the parsed call (`call.rs`) and
+//! parses again only a request that arrives without one.
 
 use modelmux_llm::{ChatMessage, MAX_STOP_BYTES, MAX_STOP_STRINGS, SamplingParams};
 use modelmux_serve::ServeError;

@@ -59,6 +59,39 @@ impl Default for EngineConfig {
 }
 
 impl EngineConfig {
+    /// Checks the limits alone and together (the one place they are checked: the YAML
+    /// configuration's check and an engine's start both call this); errors name the setting as
+    /// `engine_kwargs` spells it.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |setting, message: String| Err(LlmError::InvalidConfig { setting, message });
+        for (setting, value) in [
+            ("engine_kwargs.max_num_seqs", self.max_num_seqs),
+            ("engine_kwargs.max_model_len", self.max_model_len),
+            (
+                "engine_kwargs.max_num_batched_tokens",
+                self.max_batch_tokens,
+            ),
+            ("engine_kwargs.max_waiting_seqs", self.max_waiting),
+        ] {
+            if value == 0 {
+                return invalid(setting, "must be at least 1".into());
+            }
+        }
+        if self.max_batch_tokens < self.max_num_seqs {
+            return invalid(
+                "engine_kwargs.max_num_batched_tokens",
+                format!(
+                    "{} must be at least max_num_seqs ({})",
+                    self.max_batch_tokens, self.max_num_seqs
+                ),
+            );
+        }
+        if self.kv_cache_bytes == 0 {
+            return invalid("engine_kwargs.kv_cache_bytes", "must be at least 1".into());
+        }
+        Ok(())
+    }
+
     /// Checks these limits against a model's shape: the KV budget must hold at least one
     /// sequence of `max_model_len` tokens, or every long request would be refused as if the
     /// client had asked too much.
@@ -320,13 +353,8 @@ impl Engine {
         tokenizer: Arc<TextTokenizer>,
         config: EngineConfig,
     ) -> Result<Self> {
-        if config.max_num_seqs == 0 || config.max_batch_tokens < config.max_num_seqs {
-            return Err(LlmError::InvalidRequest(format!(
-                "max_batch_tokens ({}) must be at least max_num_seqs ({}), which must be at least 1",
-                config.max_batch_tokens, config.max_num_seqs
-            )));
-        }
-        if config.max_model_len == 0 || config.max_model_len > model.max_positions() {
+        config.validate()?;
+        if config.max_model_len > model.max_positions() {
             return Err(LlmError::InvalidRequest(format!(
                 "max_model_len must be between 1 and the model's {} positions, got {}",
                 model.max_positions(),
@@ -415,11 +443,7 @@ impl Engine {
         if prompt.is_empty() {
             return Err(LlmError::InvalidRequest("the prompt is empty".into()));
         }
-        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(LlmError::InvalidRequest(format!(
-                "prompt token id {bad} is outside the vocabulary of {vocab} tokens"
-            )));
-        }
+        crate::check_token_ids("prompt", prompt, vocab)?;
         let context = self.inner.config.max_model_len;
         if prompt.len().saturating_add(more) > context {
             return Err(LlmError::ContextOverflow {

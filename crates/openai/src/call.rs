@@ -1,0 +1,199 @@
+//! The one endpoint table of the OpenAI API, and a request as parsed once.
+//!
+//! The ingress deployment reads each request's path ([`Op::of`]) and parses its body into an
+//! [`LlmCall`] (checking every field, naming the one at fault), routes on the model it names,
+//! and hands the parsed call to the LLM deployment on the request it forwards ([`Parsed`], a
+//! request extension). The LLM replica takes it from there; only a request that arrives
+//! without it (one built from bytes, as a handle from elsewhere sends) is parsed again.
+
+use std::sync::Arc;
+
+use http::Method;
+use modelmux_serve::ServeError;
+
+use crate::params::{
+    EmbeddingJob, Endpoint, Job, TokenizeInput, parse_detokenize, parse_embeddings, parse_job,
+    parse_tokenize,
+};
+
+/// What a request asks for, by method and path (the application's route prefix taken off).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// `GET /v1/models`
+    Models,
+    /// `POST /v1/load_lora_adapter`
+    LoadAdapter,
+    /// `POST /v1/unload_lora_adapter`
+    UnloadAdapter,
+    /// `POST /v1/chat/completions`, `POST /v1/completions`
+    Generate(Endpoint),
+    /// `POST /v1/embeddings`
+    Embeddings,
+    /// `POST /tokenize`
+    Tokenize,
+    /// `POST /detokenize`
+    Detokenize,
+}
+
+impl Op {
+    /// The endpoint `method` and `path` name: 405 for a known path with another method, 404
+    /// for an unknown path.
+    pub(crate) fn of(method: &Method, path: &str) -> Result<Self, ServeError> {
+        let op = match path {
+            "/v1/models" => (Method::GET, Op::Models),
+            "/v1/load_lora_adapter" => (Method::POST, Op::LoadAdapter),
+            "/v1/unload_lora_adapter" => (Method::POST, Op::UnloadAdapter),
+            "/v1/chat/completions" => (Method::POST, Op::Generate(Endpoint::Chat)),
+            "/v1/completions" => (Method::POST, Op::Generate(Endpoint::Completion)),
+            "/v1/embeddings" => (Method::POST, Op::Embeddings),
+            "/tokenize" => (Method::POST, Op::Tokenize),
+            "/detokenize" => (Method::POST, Op::Detokenize),
+            _ => {
+                return Err(ServeError::NotFound {
+                    what: format!(
+                        "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /tokenize, /detokenize)"
+                    ),
+                });
+            }
+        };
+        match op {
+            (expected, op) if expected == *method => Ok(op),
+            _ => Err(ServeError::MethodNotAllowed {
+                message: format!("{method} is not allowed on {path}"),
+            }),
+        }
+    }
+
+    /// The path the LLM deployment answers this on.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Op::Models => "/v1/models",
+            Op::LoadAdapter => "/v1/load_lora_adapter",
+            Op::UnloadAdapter => "/v1/unload_lora_adapter",
+            Op::Generate(Endpoint::Chat) => "/v1/chat/completions",
+            Op::Generate(Endpoint::Completion) => "/v1/completions",
+            Op::Embeddings => "/v1/embeddings",
+            Op::Tokenize => "/tokenize",
+            Op::Detokenize => "/detokenize",
+        }
+    }
+}
+
+/// A request for the LLM deployment, parsed and checked.
+pub(crate) enum LlmCall {
+    /// A chat or text completion.
+    Generate(Endpoint, Job),
+    /// Embeddings of each input.
+    Embeddings(EmbeddingJob),
+    /// Tokens of a text or a chat.
+    Tokenize(TokenizeInput),
+    /// The text of token ids.
+    Detokenize(Vec<u32>),
+    /// Load the request's adapter (its multiplexed model id) and keep it cached.
+    LoadAdapter,
+}
+
+impl LlmCall {
+    /// Parses `body` as a request for `op`; also returns the `model` it names (none for an
+    /// adapter load, which names its adapter in the model id).
+    pub(crate) fn parse(op: Op, body: &[u8]) -> Result<(Self, Option<String>), ServeError> {
+        Ok(match op {
+            Op::Generate(endpoint) => {
+                let job = parse_job(endpoint, body)?;
+                let model = job.model.clone();
+                (LlmCall::Generate(endpoint, job), Some(model))
+            }
+            Op::Embeddings => {
+                let job = parse_embeddings(body)?;
+                let model = job.model.clone();
+                (LlmCall::Embeddings(job), Some(model))
+            }
+            Op::Tokenize => {
+                let (model, input) = parse_tokenize(body)?;
+                (LlmCall::Tokenize(input), Some(model))
+            }
+            Op::Detokenize => {
+                let (model, ids) = parse_detokenize(body)?;
+                (LlmCall::Detokenize(ids), Some(model))
+            }
+            Op::LoadAdapter => (LlmCall::LoadAdapter, None),
+            Op::Models | Op::UnloadAdapter => {
+                return Err(ServeError::NotFound {
+                    what: format!("the LLM deployment does not answer {}", op.path()),
+                });
+            }
+        })
+    }
+}
+
+/// A parsed call riding on the request the ingress forwards, taken once by the replica that
+/// runs it (request extensions must be `Clone`; the call is not).
+#[derive(Clone)]
+pub(crate) struct Parsed(Arc<parking_lot::Mutex<Option<LlmCall>>>);
+
+impl Parsed {
+    pub(crate) fn new(call: LlmCall) -> Self {
+        Self(Arc::new(parking_lot::Mutex::new(Some(call))))
+    }
+
+    /// The call, if no one took it yet.
+    pub(crate) fn take(&self) -> Option<LlmCall> {
+        self.0.lock().take()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_endpoint_table_knows_each_path_and_its_method() {
+        for op in [
+            Op::Models,
+            Op::LoadAdapter,
+            Op::UnloadAdapter,
+            Op::Generate(Endpoint::Chat),
+            Op::Generate(Endpoint::Completion),
+            Op::Embeddings,
+            Op::Tokenize,
+            Op::Detokenize,
+        ] {
+            let method = if op == Op::Models {
+                Method::GET
+            } else {
+                Method::POST
+            };
+            assert_eq!(Op::of(&method, op.path()).unwrap(), op);
+            let wrong = if op == Op::Models {
+                Method::POST
+            } else {
+                Method::GET
+            };
+            assert!(matches!(
+                Op::of(&wrong, op.path()),
+                Err(ServeError::MethodNotAllowed { .. })
+            ));
+        }
+        assert!(matches!(
+            Op::of(&Method::POST, "/v2/chat"),
+            Err(ServeError::NotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn a_parsed_call_is_taken_once_and_names_its_model() {
+        let body = br#"{"model": "base:pirate", "prompt": "Hi", "max_tokens": 3}"#;
+        let (call, model) = LlmCall::parse(Op::Generate(Endpoint::Completion), body).unwrap();
+        assert_eq!(model.as_deref(), Some("base:pirate"));
+        let parsed = Parsed::new(call);
+        let copy = parsed.clone();
+        assert!(matches!(
+            copy.take(),
+            Some(LlmCall::Generate(Endpoint::Completion, _))
+        ));
+        assert!(
+            parsed.take().is_none(),
+            "taken once, by whoever holds a clone"
+        );
+    }
+}
