@@ -11,7 +11,7 @@
 //! | `POST /-/deployments/{deployment}/controls/{name}` | a deployment's own control (an LLM's `pause`), on every replica |
 //! | `GET /metrics` | Prometheus text format |
 //!
-//! Access (see [`AdminAccess`]): with an admin token, `/-/models*` and `/-/deployments*` need
+//! Access (see [`AdminAccess`](modelmux_serve::AdminAccess)): with an admin token, `/-/models*` and `/-/deployments*` need
 //! `Authorization: Bearer <token>`. Without one, the server listens only on loopback (unless
 //! told the admin API may be open), and a call that changes state must carry
 //! `Content-Type: application/json` and a `Host` that is an IP address, `localhost` or an
@@ -63,6 +63,7 @@ async fn control(
     name: &str,
 ) -> Result<Response, ServeError> {
     state.config.admin.authorize(request.headers(), true)?;
+    state.controller.check_deployment(deployment)?;
     let limit = state.config.http.max_body_bytes;
     let body = http_body_util::Limited::new(request.into_body(), limit)
         .collect()

@@ -1,5 +1,6 @@
-//! The HTTP front door: request id, model id header, body limit, route to an application,
-//! and the `x-request-id` / `x-modelmux-replica` response headers.
+//! An application request: its application by route prefix, the model id header, the body
+//! (its limit, timeout and share of the body budget), the application's ingress deployment
+//! through the `Dispatch` port, and the `x-modelmux-replica` response header.
 //!
 //! It knows nothing of models beyond their ids: it validates the header and hands the request
 //! to the application's ingress deployment.

@@ -7,7 +7,8 @@
 //!   application's ingress deployment reached through [`Dispatch`](modelmux_serve::Dispatch).
 //! - The admin API under `/-/` (and `/health`), and `/metrics` in the Prometheus text format,
 //!   rendered from what the serve layer's [`Controller`](modelmux_serve::Controller) reports.
-//! - One access line per request, formatted on its task.
+//! - One access line per application request (admin and `/metrics` requests have none),
+//!   formatted on its task.
 //!
 //! It knows nothing of routing, replicas or models beyond what the controller reports: the
 //! serve layer never imports from here.

@@ -194,9 +194,9 @@ pub(crate) fn render(state: &FrontState) -> String {
         "gauge",
         "Requests waiting for a free replica.",
     );
-    for (app, deployment, queued) in &report.queues {
-        let l = [("app", &**app), ("deployment", deployment.as_str())];
-        x.sample("modelmux_deployment_queued_requests", &l, queued);
+    for q in &report.queues {
+        let l = [("app", &*q.app), ("deployment", q.deployment.as_str())];
+        x.sample("modelmux_deployment_queued_requests", &l, q.queued);
     }
 
     let caches: Vec<(&ReplicaMetrics, &MetricsSnapshot)> = replicas

@@ -79,7 +79,7 @@ impl ServerBuilder {
     }
 
     /// Runs no replicas: every request is forwarded to other nodes of the cluster (set with
-    /// [`Server::set_remote_replicas`]).
+    /// `NodeHandle::set_remote_replicas`, from [`Server::node_handle`]).
     pub fn router_only(mut self) -> Self {
         self.config.run_replicas = false;
         self
@@ -126,6 +126,7 @@ impl Server {
         apps: Vec<Application>,
         metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
     ) -> Result<Server, StartError> {
+        Controller::validate(&apps)?;
         config
             .http
             .validate()

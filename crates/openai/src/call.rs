@@ -39,7 +39,25 @@ impl Op {
     /// The endpoint `method` and `path` name: 405 for a known path with another method, 404
     /// for an unknown path.
     pub(crate) fn of(method: &Method, path: &str) -> Result<Self, ServeError> {
-        let op = match path {
+        let (expected, op) = Self::table(path)?;
+        if expected == *method {
+            Ok(op)
+        } else {
+            Err(ServeError::MethodNotAllowed {
+                message: format!("{method} is not allowed on {path}"),
+            })
+        }
+    }
+
+    /// The endpoint `path` names, whatever the method (the LLM deployment's calls come from
+    /// handles, which may not set one).
+    pub(crate) fn at(path: &str) -> Result<Self, ServeError> {
+        Self::table(path).map(|(_, op)| op)
+    }
+
+    /// The one table: each path, its method and its endpoint.
+    fn table(path: &str) -> Result<(Method, Self), ServeError> {
+        Ok(match path {
             "/v1/models" => (Method::GET, Op::Models),
             "/v1/load_lora_adapter" => (Method::POST, Op::LoadAdapter),
             "/v1/unload_lora_adapter" => (Method::POST, Op::UnloadAdapter),
@@ -55,13 +73,7 @@ impl Op {
                     ),
                 });
             }
-        };
-        match op {
-            (expected, op) if expected == *method => Ok(op),
-            _ => Err(ServeError::MethodNotAllowed {
-                message: format!("{method} is not allowed on {path}"),
-            }),
-        }
+        })
     }
 
     /// The path the LLM deployment answers this on.

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use modelmux_llm::{EngineConfig, RuntimeOptions, WeightFormat};
-use modelmux_store::RetryPolicy;
+use modelmux_store::{OptionValue, RetryPolicy};
 use serde::Deserialize;
 
 /// The whole `kind: llm` model section.
@@ -39,7 +39,7 @@ pub struct ModelLoadingConfig {
     pub model_source: String,
     /// Store options for a remote `model_source` (as for `lora_config.options`).
     #[serde(default)]
-    pub options: BTreeMap<String, serde_json::Value>,
+    pub options: BTreeMap<String, OptionValue>,
 }
 
 /// `lora_config`.
@@ -65,7 +65,7 @@ pub struct LoraConfig {
     /// `access_key_id`, `secret_access_key`, `allow_http`, ...); unset ones come from the
     /// `AWS_*` environment variables.
     #[serde(default)]
-    pub options: BTreeMap<String, serde_json::Value>,
+    pub options: BTreeMap<String, OptionValue>,
 }
 
 fn default_max_adapters() -> usize {
@@ -184,22 +184,6 @@ fn seconds(field: &str, s: f64) -> Result<Duration, String> {
             "{field}: must be a positive number of seconds, got {s}"
         ))
     }
-}
-
-/// Store options as strings (YAML booleans and numbers allowed).
-pub(crate) fn option_strings(
-    options: &BTreeMap<String, serde_json::Value>,
-) -> Vec<(String, String)> {
-    options
-        .iter()
-        .map(|(k, v)| {
-            let v = match v {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            (k.clone(), v)
-        })
-        .collect()
 }
 
 impl LlmConfig {

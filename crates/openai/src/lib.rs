@@ -34,8 +34,8 @@ pub use config::{
     EngineKwargs, ExperimentalConfigs, LlmConfig, LoraConfig, ModelLoadingConfig, WeightFormatName,
 };
 
-use crate::config::option_strings;
 use crate::llm_server::{LlmServer, longest_token};
+use modelmux_store::option_strings;
 
 /// The deployments serving one LLM: `server` runs the model (its replicas are the ones to
 /// scale), `ingress` takes the HTTP requests (make it the application's ingress).
@@ -53,7 +53,7 @@ const INGRESS_MAX_ONGOING: usize = 4096;
 
 fn repository(
     location: &str,
-    options: &std::collections::BTreeMap<String, serde_json::Value>,
+    options: &std::collections::BTreeMap<String, modelmux_store::OptionValue>,
     disk_cache: Option<&DiskCache>,
     retry: modelmux_store::RetryPolicy,
 ) -> Result<ModelRepository, StoreError> {

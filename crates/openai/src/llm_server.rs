@@ -236,7 +236,7 @@ impl LlmServer {
 
 impl Deployment for LlmServer {
     async fn call(&self, mut request: Request) -> Result<Response, BoxError> {
-        let op = Op::of(request.method(), request.uri().path())?;
+        let op = Op::at(request.uri().path())?;
         // The ingress parsed it already; a request built elsewhere is parsed here.
         let parsed = request.extensions_mut().remove::<Parsed>();
         let call = match parsed.and_then(|p| p.take()) {

@@ -13,25 +13,25 @@ use crate::{Request, Response, ServeError};
 /// The deployments of one application, by name, for [`ReplicaContext::handle`](crate::ReplicaContext::handle).
 #[derive(Clone, Default)]
 pub(crate) struct HandleDirectory {
-    routers: Arc<HashMap<String, Arc<dyn Dispatch>>>,
+    deployments: Arc<HashMap<String, Arc<dyn Dispatch>>>,
 }
 
 impl HandleDirectory {
-    pub(crate) fn new(routers: HashMap<String, Arc<dyn Dispatch>>) -> Self {
+    pub(crate) fn new(deployments: HashMap<String, Arc<dyn Dispatch>>) -> Self {
         Self {
-            routers: Arc::new(routers),
+            deployments: Arc::new(deployments),
         }
     }
 
     pub(crate) fn get(&self, name: &str) -> Result<DeploymentHandle, ServeError> {
-        let router = self
-            .routers
-            .get(name)
-            .ok_or_else(|| ServeError::UnknownDeployment {
-                name: name.to_string(),
-            })?;
+        let deployment =
+            self.deployments
+                .get(name)
+                .ok_or_else(|| ServeError::UnknownDeployment {
+                    name: name.to_string(),
+                })?;
         Ok(DeploymentHandle {
-            router: router.clone(),
+            deployment: deployment.clone(),
             model_id: None,
         })
     }
@@ -55,7 +55,7 @@ impl HandleDirectory {
 /// ```
 #[derive(Clone)]
 pub struct DeploymentHandle {
-    router: Arc<dyn Dispatch>,
+    deployment: Arc<dyn Dispatch>,
     model_id: Option<ModelId>,
 }
 
@@ -85,27 +85,27 @@ impl DeploymentHandle {
     /// another implementation of [`Dispatch`]), calling it with no model id.
     pub fn new(deployment: Arc<dyn Dispatch>) -> Self {
         Self {
-            router: deployment,
+            deployment,
             model_id: None,
         }
     }
 
     /// The deployment this handle calls.
     pub fn deployment(&self) -> &str {
-        self.router.deployment()
+        self.deployment.deployment()
     }
 
     /// The models the deployment's replicas hold now (loaded, loading, or just placed), by
     /// replica id, as the router sees them: from the caches' events, no call to a replica.
     pub fn held_models(&self) -> Vec<(String, Vec<(ModelId, Holding)>)> {
-        self.router.held_models()
+        self.deployment.held_models()
     }
 
     /// Evicts model `id` from every replica of the deployment (as `DELETE /-/models/...` does):
     /// new requests no longer find it, and each copy is unloaded when its last user is done.
     /// Returns the replicas that held it.
     pub fn evict_model(&self, id: &str) -> Vec<String> {
-        self.router.evict_model(id)
+        self.deployment.evict_model(id)
     }
 
     /// Starts setting options; the handle itself is not changed.
@@ -122,7 +122,7 @@ impl DeploymentHandle {
         if let Some(id) = &self.model_id {
             context = context.with_multiplexed_model_id(id.clone());
         }
-        self.router
+        self.deployment
             .clone()
             .dispatch(request, context, Route::Local { preferred: None })
             .await

@@ -34,7 +34,8 @@ pub use access::{AdminAccess, is_admin_path, is_reserved_route_prefix};
 pub use body::{Body, BodyError, BodySender, bearer_token_matches, json_response};
 pub use controller::{
     AppModels, AppState, Application, ControlAnswer, Controller, DeploymentModels, Health,
-    LoadedModel, MetricsReport, ModelsReport, NodeHandle, ReplicaMetrics, ReplicaModels,
+    LoadedModel, MetricsReport, ModelsReport, NodeHandle, QueueReport, ReplicaMetrics,
+    ReplicaModels,
 };
 pub use custom_metrics::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};
 pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};

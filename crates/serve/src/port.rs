@@ -4,6 +4,9 @@
 //! a deployment through [`Dispatch`], never through the router's type, so none of them depends
 //! on how routing is done (and the router depends on none of them).
 //!
+//! Also what a dispatch leaves on its response for the front's access line ([`ServedModel`],
+//! kept only while [`access_log_on`]).
+//!
 //! This module must stay at the bottom of the serve layer: it names requests, responses,
 //! errors and the router's view of held models, and nothing that sends or runs requests.
 

@@ -1,9 +1,9 @@
 //! Replicas on other nodes of a cluster, as this node routes to them.
 //!
 //! The cluster layer (etcd, in `modelmux-cluster`) tells the server what the other nodes'
-//! replicas hold ([`Server::set_remote_replicas`](crate::Server::set_remote_replicas)) and
+//! replicas hold ([`NodeHandle::set_remote_replicas`](crate::NodeHandle::set_remote_replicas)) and
 //! how to reach them (a [`Forwarder`]); it reads this node's own state with
-//! [`Server::local_state`](crate::Server::local_state). The router sees a remote replica
+//! [`NodeHandle::local_state`](crate::NodeHandle::local_state). The router sees a remote replica
 //! through the same [`ReplicaView`](crate::ReplicaView) as a local one: a [`ReplicaLedger`] fed
 //! from published reports instead of cache events, with this node's own pending placements
 //! and requests in flight to it.

@@ -356,7 +356,7 @@ impl Engine {
         config.validate()?;
         if config.max_model_len > model.max_positions() {
             return Err(LlmError::InvalidRequest(format!(
-                "max_model_len must be between 1 and the model's {} positions, got {}",
+                "max_model_len must be at most the model's {} positions, got {}",
                 model.max_positions(),
                 config.max_model_len
             )));
@@ -364,7 +364,7 @@ impl Engine {
         config.check_fits(model.config())?;
         let budget = KvBudget::new(config.kv_cache_bytes);
         let stats = Arc::new(EngineStats::default());
-        let (commands, receiver) = std::sync::mpsc::sync_channel(config.max_waiting.max(1));
+        let (commands, receiver) = std::sync::mpsc::sync_channel(config.max_waiting);
         let model_config = model.config().clone();
         let can_reload = reload.is_some();
         let state = run::EngineLoop::new(

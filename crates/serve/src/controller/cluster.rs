@@ -15,7 +15,7 @@ impl Controller {
     /// Each application's ingress deployment and the state of its replicas on this node now.
     /// While the server drains, every replica is reported unavailable: other nodes stop
     /// sending it requests.
-    pub fn local_state(&self) -> Vec<DeploymentState> {
+    pub(crate) fn local_state(&self) -> Vec<DeploymentState> {
         let draining = self.is_draining();
         self.apps
             .iter()
@@ -44,14 +44,14 @@ impl Controller {
     }
 
     /// Notified whenever a local replica's models (or the replica set) change.
-    pub fn changes(&self) -> Arc<Notify> {
+    pub(crate) fn changes(&self) -> Arc<Notify> {
         self.changes.clone()
     }
 
     /// Replaces what this node knows of `app`'s ingress replicas on other nodes: `(node,
     /// state)` pairs, reached through `forwarder`. A replica already known keeps this node's
     /// requests in flight to it and its pending placements; one no longer listed is dropped.
-    pub fn set_remote_replicas(
+    pub(crate) fn set_remote_replicas(
         &self,
         app: &str,
         replicas: &[(Arc<str>, ReplicaState)],

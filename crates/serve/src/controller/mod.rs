@@ -1,7 +1,7 @@
 //! The controller: the applications of one process and their deployments' replicas. It starts
 //! them, checks their health and replaces those that fail, and drains and stops them in order.
-//! It knows nothing of HTTP: the front (`server.rs`, `front/`, `ingress.rs`, `admin.rs`) reads
-//! it and sends requests to its deployments through the [`Dispatch`](crate::Dispatch) port.
+//! It knows nothing of HTTP: the front (the `modelmux-front` crate) reads it and sends requests
+//! to its deployments through the [`Dispatch`](crate::Dispatch) port.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,8 +26,8 @@ mod report;
 pub use node::NodeHandle;
 pub use operate::ControlAnswer;
 pub use report::{
-    AppModels, DeploymentModels, Health, LoadedModel, MetricsReport, ModelsReport, ReplicaMetrics,
-    ReplicaModels,
+    AppModels, DeploymentModels, Health, LoadedModel, MetricsReport, ModelsReport, QueueReport,
+    ReplicaMetrics, ReplicaModels,
 };
 
 /// A set of deployments served under one route prefix; requests under the prefix go to its
@@ -231,15 +231,24 @@ impl Controller {
             .max_by_key(|a| a.route_prefix.len())
     }
 
-    /// Every deployment router, with its application.
+    /// Every deployment's router, of every application.
     pub(crate) fn routers(&self) -> impl Iterator<Item = &Arc<DeploymentRouter>> {
         self.apps
             .iter()
             .flat_map(|a| a.deployments.iter().map(|(r, _)| r))
     }
 
+    /// Checks that `apps` can run together (names, route prefixes, deployments), as
+    /// [`start`](Self::start) does first; a server checks this before its own settings.
+    pub fn validate(apps: &[Application]) -> Result<(), StartError> {
+        validate(apps)
+    }
+
     /// Adds a condition to readiness (the cluster layer's: etcd answered lately).
-    pub fn set_readiness(&self, check: impl Fn() -> Result<(), String> + Send + Sync + 'static) {
+    pub(crate) fn set_readiness(
+        &self,
+        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
+    ) {
         *self.readiness.write() = Some(Arc::new(check));
     }
 
@@ -297,7 +306,7 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
         || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
 }
 
-pub(crate) fn validate(apps: &[Application]) -> Result<(), StartError> {
+fn validate(apps: &[Application]) -> Result<(), StartError> {
     let invalid = |app: &Application, message: String| StartError::InvalidApplication {
         app: app.name.clone(),
         message,

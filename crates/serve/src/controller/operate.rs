@@ -12,7 +12,6 @@ use tokio::time::Instant;
 use super::Controller;
 use crate::ServeError;
 use crate::dispatch::DeploymentRouter;
-use crate::model_cache::ModelCache;
 
 /// One replica's answer to a deployment control.
 pub type ControlAnswer = (String, Result<serde_json::Value, ServeError>);
@@ -48,7 +47,9 @@ impl Controller {
     /// Evicts model `id` from every replica of `deployment` (each copy is unloaded when its
     /// last request is done); returns the replicas that held it, and is an error when none did.
     pub fn evict_model(&self, deployment: &str, id: &ModelId) -> Result<Vec<String>, ServeError> {
-        let evicted = on_every_cache(self.deployment(deployment)?, |c| c.evict(id.as_str()));
+        let evicted = self
+            .deployment(deployment)?
+            .on_every_cache(|c| c.evict(id.as_str()));
         if evicted.is_empty() {
             return Err(ServeError::NotFound {
                 what: format!("model '{id}' is not loaded by any replica of '{deployment}'"),
@@ -59,9 +60,9 @@ impl Controller {
 
     /// Unpins model `id` on every replica of `deployment`; returns those where it was pinned.
     pub fn unpin_model(&self, deployment: &str, id: &ModelId) -> Result<Vec<String>, ServeError> {
-        Ok(on_every_cache(self.deployment(deployment)?, |c| {
-            c.unpin(id.as_str())
-        }))
+        Ok(self
+            .deployment(deployment)?
+            .on_every_cache(|c| c.unpin(id.as_str())))
     }
 
     /// Runs `deployment`'s control `name` (an LLM's `pause`, say) with `body` on every replica
@@ -81,6 +82,12 @@ impl Controller {
             .map(|r| r.id.to_string())
             .zip(results)
             .collect())
+    }
+
+    /// Whether a deployment named `name` can be managed here (see
+    /// [`load_model`](Self::load_model)): an error says why not.
+    pub fn check_deployment(&self, name: &str) -> Result<(), ServeError> {
+        self.deployment(name).map(drop)
     }
 
     /// The deployment named `name`, in whichever application has it.
@@ -103,15 +110,4 @@ impl Controller {
             }),
         }
     }
-}
-
-/// Runs `f` on every cache of every replica; returns the replicas where it returned true.
-fn on_every_cache(router: &DeploymentRouter, f: impl Fn(&dyn ModelCache) -> bool) -> Vec<String> {
-    router
-        .replicas()
-        .iter()
-        // Every cache is visited (no short-circuit): a model may be in more than one.
-        .filter(|r| r.caches.iter().fold(false, |any, c| f(&**c) | any))
-        .map(|r| r.id.to_string())
-        .collect()
 }

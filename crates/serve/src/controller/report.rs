@@ -1,7 +1,8 @@
 //! What the running applications report of themselves, as plain data: their routes, whether
 //! they can take requests, the models each replica holds, and every counter `/metrics` shows.
 //! The HTTP front renders these (JSON, Prometheus text); the dashboard and `modelmux status`
-//! read the same through the admin API. Reading them takes no lock a request takes.
+//! read the same through the admin API. Reading them takes each cache's state lock briefly
+//! (as a load or an eviction does), never a router's.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -106,8 +107,19 @@ pub struct LoadedModel {
 pub struct MetricsReport {
     /// This node's replicas.
     pub replicas: Vec<ReplicaMetrics>,
-    /// Each deployment's queue: `(app, deployment, requests waiting)`.
-    pub queues: Vec<(Arc<str>, String, usize)>,
+    /// Each deployment's queue.
+    pub queues: Vec<QueueReport>,
+}
+
+/// One deployment's queue.
+#[derive(Debug, Clone)]
+pub struct QueueReport {
+    /// Its application.
+    pub app: Arc<str>,
+    /// The deployment.
+    pub deployment: String,
+    /// Requests waiting for a replica.
+    pub queued: usize,
 }
 
 /// One replica's counters.
@@ -207,7 +219,11 @@ impl Controller {
             .collect();
         let queues = self
             .routers()
-            .map(|r| (r.app.clone(), r.name().to_string(), r.queued()))
+            .map(|r| QueueReport {
+                app: r.app.clone(),
+                deployment: r.name().to_string(),
+                queued: r.queued(),
+            })
             .collect();
         MetricsReport { replicas, queues }
     }
@@ -312,4 +328,65 @@ fn cache_metrics(replica: &Replica) -> Option<MetricsSnapshot> {
         a.gauges.used_bytes += b.gauges.used_bytes;
         a
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The JSON of `/-/models` that `modelmux status` and the dashboard read: a local replica
+    /// has every field (`node` and an unknown size are null), a remote one says `remote` and
+    /// has no per-model details and no `waiting_for_load`.
+    #[test]
+    fn local_and_remote_replicas_keep_their_json_shapes() {
+        let local = ReplicaModels {
+            id: "d#a".into(),
+            node: None,
+            remote: false,
+            available: true,
+            ongoing_requests: 1,
+            waiting_for_load: Some(0),
+            max_ongoing_requests: 5,
+            loaded: vec![LoadedModel {
+                id: "m".into(),
+                size_bytes: Some(None),
+                in_use: Some(1),
+                pinned: Some(false),
+                idle_seconds: Some(0.5),
+            }],
+            loading: vec!["n".into()],
+        };
+        assert_eq!(
+            serde_json::to_value(&local).unwrap(),
+            serde_json::json!({
+                "id": "d#a", "node": null, "available": true, "ongoing_requests": 1,
+                "waiting_for_load": 0, "max_ongoing_requests": 5,
+                "loaded": [{"id": "m", "size_bytes": null, "in_use": 1, "pinned": false,
+                            "idle_seconds": 0.5}],
+                "loading": ["n"],
+            })
+        );
+        let remote = ReplicaModels {
+            id: "d#b@n2".into(),
+            node: Some("n2".into()),
+            remote: true,
+            waiting_for_load: None,
+            loaded: vec![LoadedModel {
+                id: "m".into(),
+                size_bytes: None,
+                in_use: None,
+                pinned: None,
+                idle_seconds: None,
+            }],
+            ..local
+        };
+        assert_eq!(
+            serde_json::to_value(&remote).unwrap(),
+            serde_json::json!({
+                "id": "d#b@n2", "node": "n2", "remote": true, "available": true,
+                "ongoing_requests": 1, "max_ongoing_requests": 5,
+                "loaded": [{"id": "m"}], "loading": ["n"],
+            })
+        );
+    }
 }

@@ -18,20 +18,20 @@ use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
 use bytes::Bytes;
-use futures_util::future::BoxFuture;
 use http_body::{Frame, SizeHint};
 use modelmux_cache::{BoxError, ModelId};
 use modelmux_context::{Hold, RequestContext};
 use tokio::time::Instant;
 
 use crate::deployment::DeploymentConfig;
-use crate::placement::{Holding, ReplicaView};
+use crate::placement::ReplicaView;
 use crate::port::{Dispatch, Dispatched, Route, Waker};
 use crate::remote::{ForwardError, RemoteReplica};
 use crate::replica::Replica;
 use crate::router::{Choice, Reason, Rng, choose_with};
 use crate::{Body, Request, Response, ServeError};
 
+mod as_port;
 mod load_wait;
 mod target;
 
@@ -519,45 +519,6 @@ impl Drop for LeaveQueue<'_> {
                 .queued
                 .store(waiting.entries.len(), Ordering::SeqCst);
         }
-    }
-}
-
-impl Dispatch for DeploymentRouter {
-    fn deployment(&self) -> &str {
-        self.name()
-    }
-
-    fn dispatch(
-        self: Arc<Self>,
-        request: Request,
-        context: RequestContext,
-        route: Route,
-    ) -> BoxFuture<'static, Dispatched> {
-        Box::pin(async move { self.run(request, context, route).await })
-    }
-
-    fn held_models(&self) -> Vec<(String, Vec<(ModelId, Holding)>)> {
-        self.replicas()
-            .iter()
-            .map(|r| {
-                let mut held: Vec<_> = r.slot.holdings().into_iter().collect();
-                held.sort_by(|a, b| a.0.cmp(&b.0));
-                (r.id.to_string(), held)
-            })
-            .collect()
-    }
-
-    fn evict_model(&self, id: &str) -> Vec<String> {
-        self.replicas()
-            .iter()
-            .filter(|r| r.caches.iter().fold(false, |any, c| c.evict(id) | any))
-            .map(|r| r.id.to_string())
-            .collect()
-    }
-
-    fn capacity_changed(self: Arc<Self>) {
-        self.grant();
-        self.changes.notify_one();
     }
 }
 
