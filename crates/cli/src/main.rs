@@ -202,7 +202,10 @@ async fn serve(
         log_level.as_deref().or(config.logging.level.as_deref()),
         config.logging.max_buffered_lines,
     );
-    builder = builder.metrics_source(log.metrics());
+    let (format, access) = log.access_sink();
+    builder = builder
+        .metrics_source(log.metrics())
+        .access_log(format, access);
     // Listen for signals before announcing readiness: a SIGTERM sent right after the "serving"
     // line must stop the server gracefully, not kill it.
     let stop = shutdown_signal();

@@ -13,6 +13,7 @@
 //! It knows nothing of routing, replicas or models beyond what the controller reports: the
 //! serve layer never imports from here.
 
+mod access_log;
 mod admin;
 mod connection;
 mod ingress;
@@ -21,6 +22,7 @@ mod options;
 mod server;
 mod state;
 
+pub use access_log::{AccessFormat, AccessSink};
 pub use ingress::{MODEL_ID_HEADER, MODEL_ID_HEADER_DASHED, REPLICA_HEADER, REQUEST_ID_HEADER};
 pub use options::{HttpOptions, MAX_BUF_BYTES, ServerConfig};
 pub use server::{Server, ServerBuilder};

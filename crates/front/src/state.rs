@@ -10,6 +10,8 @@ use tokio::sync::Notify;
 use crate::options::ServerConfig;
 use modelmux_serve::Controller;
 
+use crate::access_log::AccessLog;
+
 /// The front's state, shared by every connection.
 pub(crate) struct FrontState {
     pub(crate) config: ServerConfig,
@@ -22,6 +24,8 @@ pub(crate) struct FrontState {
     connection_closed: Notify,
     /// The process's own metrics (not a replica's).
     pub(crate) metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
+    /// Where access lines go when not through `tracing`.
+    pub(crate) access_log: Option<AccessLog>,
 }
 
 /// Counts a connection as open for as long as it lives.
@@ -39,6 +43,7 @@ impl FrontState {
         config: ServerConfig,
         controller: Arc<Controller>,
         metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
+        access_log: Option<AccessLog>,
     ) -> Self {
         let body_kib = config.http.max_inflight_body_bytes.div_ceil(1024);
         Self {
@@ -50,6 +55,7 @@ impl FrontState {
             connections: AtomicUsize::new(0),
             connection_closed: Notify::new(),
             metric_sources,
+            access_log,
         }
     }
 

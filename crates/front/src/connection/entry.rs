@@ -14,6 +14,7 @@ use tower::ServiceExt;
 
 use super::stack::Apps;
 use crate::Response;
+use crate::access_log::AccessEntry;
 use crate::ingress::{REPLICA_HEADER, REQUEST_ID_HEADER, Served};
 use crate::state::FrontState;
 use modelmux_serve::ServeError;
@@ -43,7 +44,7 @@ pub(crate) async fn handle(
             Ok(response) => response,
             Err(e) => front_error(e, &state).into_response(Some(request_id.as_str())),
         };
-        access_line(&method, &uri, &request_id, &response, started);
+        access_line(&state, &method, &uri, &request_id, &response, started);
         response
     };
     if let Ok(v) = HeaderValue::from_str(request_id.as_str()) {
@@ -73,9 +74,10 @@ fn front_error(error: BoxError, state: &FrontState) -> ServeError {
     }
 }
 
-/// One line per application request (target `modelmux::access`, INFO): formatted here, on the
-/// request's task, and written by the log's writer off it.
+/// One line per application request (see `access_log.rs`): formatted here, on the request's
+/// task, and written by the log's writer off it.
 fn access_line(
+    state: &FrontState,
     method: &http::Method,
     uri: &http::Uri,
     request_id: &RequestId,
@@ -86,27 +88,25 @@ fn access_line(
         return;
     }
     let served = response.extensions().get::<Served>();
-    let model = served
-        .and_then(|s| s.model.as_ref())
-        .or_else(|| response.extensions().get::<ServedModel>().map(|m| &m.0));
-    let replica = response
-        .headers()
-        .get(&REPLICA_HEADER)
-        .and_then(|v| v.to_str().ok());
-    let status = response.status();
-    tracing::info!(
-        target: "modelmux::access",
-        request_id = request_id.as_str(),
-        method = method.as_str(),
-        path = uri.path(),
-        app = served.map_or("-", |s| &*s.app),
-        replica = replica.unwrap_or("-"),
-        model_id = model.map_or("-", |m| m.as_str()),
-        status = status.as_u16(),
-        ms = format_args!("{:.2}", started.elapsed().as_secs_f64() * 1e3),
-        error = response
+    let entry = AccessEntry {
+        request_id,
+        method: method.as_str(),
+        path: uri.path(),
+        app: served.map_or("-", |s| &*s.app),
+        replica: response
+            .headers()
+            .get(&REPLICA_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-"),
+        model: served
+            .and_then(|s| s.model.as_ref())
+            .or_else(|| response.extensions().get::<ServedModel>().map(|m| &m.0)),
+        status: response.status().as_u16(),
+        ms: started.elapsed().as_secs_f64() * 1e3,
+        error: response
             .extensions()
             .get::<modelmux_serve::ErrorType>()
             .map(|e| e.0),
-    );
+    };
+    entry.write(state.access_log.as_ref());
 }

@@ -1,0 +1,223 @@
+//! The access line: one per application request, formatted on the request's task.
+//!
+//! By default it is a `tracing` event (target `modelmux::access`, INFO), formatted by whatever
+//! subscriber the process installed. A server given an [`AccessSink`] formats the line itself
+//! instead, in the same shape as `tracing`'s text or JSON lines, and hands the bytes to the
+//! sink: a general-purpose event formatter costs a few microseconds a line (field visitors,
+//! escaping through `Debug`, many small writes), which at tens of thousands of requests a
+//! second is a large share of a request. Either way the line is written only while
+//! `modelmux::access` is enabled at INFO, so `logging.level: info,modelmux::access=warn`
+//! turns it off.
+
+use std::io::Write as _;
+use std::sync::Arc;
+
+use modelmux_cache::ModelId;
+use modelmux_context::RequestId;
+
+/// Where formatted access lines go (a writer thread behind a bounded queue, say). Must not
+/// block: it is called on the request's task.
+pub trait AccessSink: Send + Sync + 'static {
+    /// Takes one whole line, newline included.
+    fn write_line(&self, line: &[u8]);
+}
+
+/// How a sink's lines are shaped, as the process's other log lines are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AccessFormat {
+    /// `tracing`'s default text line.
+    Text,
+    /// `tracing`'s JSON line: `{"timestamp", "level", "fields": {...}, "target"}`.
+    Json,
+}
+
+/// A configured sink and its format.
+#[derive(Clone)]
+pub(crate) struct AccessLog {
+    pub(crate) sink: Arc<dyn AccessSink>,
+    pub(crate) format: AccessFormat,
+}
+
+/// What one access line says.
+pub(crate) struct AccessEntry<'a> {
+    pub(crate) request_id: &'a RequestId,
+    pub(crate) method: &'a str,
+    pub(crate) path: &'a str,
+    pub(crate) app: &'a str,
+    pub(crate) replica: &'a str,
+    pub(crate) model: Option<&'a ModelId>,
+    pub(crate) status: u16,
+    pub(crate) ms: f64,
+    pub(crate) error: Option<&'static str>,
+}
+
+impl AccessEntry<'_> {
+    /// Writes the line: through `log`'s sink when there is one, else as a `tracing` event.
+    pub(crate) fn write(&self, log: Option<&AccessLog>) {
+        let Some(log) = log else {
+            tracing::info!(
+                target: "modelmux::access",
+                request_id = self.request_id.as_str(),
+                method = self.method,
+                path = self.path,
+                app = self.app,
+                replica = self.replica,
+                model_id = self.model.map_or("-", |m| m.as_str()),
+                status = self.status,
+                ms = format_args!("{:.2}", self.ms),
+                error = self.error,
+            );
+            return;
+        };
+        thread_local! {
+            static LINE: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        LINE.with_borrow_mut(|line| {
+            line.clear();
+            match log.format {
+                AccessFormat::Text => self.text(line),
+                AccessFormat::Json => self.json(line),
+            }
+            log.sink.write_line(line);
+        });
+    }
+
+    fn text(&self, out: &mut Vec<u8>) {
+        let _ = write!(
+            out,
+            "{}  INFO modelmux::access: request_id=",
+            humantime::format_rfc3339_micros(std::time::SystemTime::now())
+        );
+        quoted(out, self.request_id.as_str());
+        for (key, value) in [
+            (" method=", self.method),
+            (" path=", self.path),
+            (" app=", self.app),
+            (" replica=", self.replica),
+            (" model_id=", self.model.map_or("-", |m| m.as_str())),
+        ] {
+            out.extend_from_slice(key.as_bytes());
+            quoted(out, value);
+        }
+        let _ = write!(out, " status={} ms={:.2}", self.status, self.ms);
+        if let Some(error) = self.error {
+            out.extend_from_slice(b" error=");
+            quoted(out, error);
+        }
+        out.push(b'\n');
+    }
+
+    fn json(&self, out: &mut Vec<u8>) {
+        let _ = write!(
+            out,
+            "{{\"timestamp\":\"{}\",\"level\":\"INFO\",\"fields\":{{\"request_id\":",
+            humantime::format_rfc3339_micros(std::time::SystemTime::now())
+        );
+        let _ = serde_json::to_writer(&mut *out, self.request_id.as_str());
+        for (key, value) in [
+            (",\"method\":", self.method),
+            (",\"path\":", self.path),
+            (",\"app\":", self.app),
+            (",\"replica\":", self.replica),
+            (",\"model_id\":", self.model.map_or("-", |m| m.as_str())),
+        ] {
+            out.extend_from_slice(key.as_bytes());
+            let _ = serde_json::to_writer(&mut *out, value);
+        }
+        let _ = write!(out, ",\"status\":{},\"ms\":{:.2}", self.status, self.ms);
+        if let Some(error) = self.error {
+            out.extend_from_slice(b",\"error\":");
+            let _ = serde_json::to_writer(&mut *out, error);
+        }
+        out.extend_from_slice(b"},\"target\":\"modelmux::access\"}\n");
+    }
+}
+
+/// `value` in double quotes as `tracing`'s text lines show a string (its `Debug` form).
+fn quoted(out: &mut Vec<u8>, value: &str) {
+    let plain = value
+        .bytes()
+        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f);
+    if plain {
+        out.push(b'"');
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = write!(out, "{value:?}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Lines(parking_lot::Mutex<Vec<String>>);
+
+    impl AccessSink for Lines {
+        fn write_line(&self, line: &[u8]) {
+            self.0
+                .lock()
+                .push(String::from_utf8(line.to_vec()).unwrap());
+        }
+    }
+
+    fn entry<'a>(id: &'a RequestId, model: &'a ModelId) -> AccessEntry<'a> {
+        AccessEntry {
+            request_id: id,
+            method: "POST",
+            path: "/v1/chat \"x\"",
+            app: "llm",
+            replica: "LLM#1",
+            model: Some(model),
+            status: 404,
+            ms: 1.234_5,
+            error: Some("not_found"),
+        }
+    }
+
+    #[test]
+    fn text_lines_read_as_tracing_writes_them() {
+        let sink = Arc::new(Lines(parking_lot::Mutex::default()));
+        let log = AccessLog {
+            sink: sink.clone(),
+            format: AccessFormat::Text,
+        };
+        let (id, model) = (
+            RequestId::new("r1").unwrap(),
+            ModelId::new("pirate").unwrap(),
+        );
+        entry(&id, &model).write(Some(&log));
+        let line = sink.0.lock()[0].clone();
+        let (time, rest) = line.split_once("  ").unwrap();
+        assert!(humantime::parse_rfc3339(time).is_ok(), "{time}");
+        assert_eq!(
+            rest,
+            "INFO modelmux::access: request_id=\"r1\" method=\"POST\" path=\"/v1/chat \\\"x\\\"\" \
+             app=\"llm\" replica=\"LLM#1\" model_id=\"pirate\" status=404 ms=1.23 \
+             error=\"not_found\"\n"
+        );
+    }
+
+    #[test]
+    fn json_lines_have_tracings_shape() {
+        let sink = Arc::new(Lines(parking_lot::Mutex::default()));
+        let log = AccessLog {
+            sink: sink.clone(),
+            format: AccessFormat::Json,
+        };
+        let (id, model) = (
+            RequestId::new("r1").unwrap(),
+            ModelId::new("pirate").unwrap(),
+        );
+        entry(&id, &model).write(Some(&log));
+        let line: serde_json::Value = serde_json::from_str(&sink.0.lock()[0]).unwrap();
+        assert_eq!(line["target"], "modelmux::access");
+        assert_eq!(line["level"], "INFO");
+        assert_eq!(line["fields"]["path"], "/v1/chat \"x\"");
+        assert_eq!(line["fields"]["model_id"], "pirate");
+        assert_eq!(line["fields"]["status"], 404);
+        assert_eq!(line["fields"]["ms"], 1.23);
+        assert_eq!(line["fields"]["error"], "not_found");
+        assert!(humantime::parse_rfc3339(line["timestamp"].as_str().unwrap()).is_ok());
+    }
+}
