@@ -36,15 +36,22 @@ pub(crate) async fn handle(
     let mut response = if modelmux_serve::is_admin_path(path) {
         crate::admin::handle(&state, request, &request_id).await
     } else {
-        let started = Instant::now();
-        // Cheap to keep: the method is inline and the URI shares its bytes.
-        let (method, uri) = (request.method().clone(), request.uri().clone());
+        // What the access line needs of the request, kept only while it is written.
+        let asked = access_log_on().then(|| {
+            (
+                request.method().clone(),
+                request.uri().clone(),
+                Instant::now(),
+            )
+        });
         request.extensions_mut().insert(request_id.clone());
         let response = match apps.oneshot(request).await {
             Ok(response) => response,
             Err(e) => front_error(e, &state).into_response(Some(request_id.as_str())),
         };
-        access_line(&state, &method, &uri, &request_id, &response, started);
+        if let Some((method, uri, started)) = asked {
+            access_line(&state, &method, &uri, &request_id, &response, started);
+        }
         response
     };
     if let Ok(v) = HeaderValue::from_str(request_id.as_str()) {
@@ -84,9 +91,6 @@ fn access_line(
     response: &Response,
     started: Instant,
 ) {
-    if !access_log_on() {
-        return;
-    }
     let served = response.extensions().get::<Served>();
     let entry = AccessEntry {
         request_id,
