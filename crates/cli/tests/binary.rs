@@ -39,8 +39,10 @@ fn serve_answer_report_benchmark_and_stop_on_sigterm() {
     assert_eq!(status, 500);
     assert!(body.contains("configured to fail"), "{body}");
 
+    // The server's URL from the environment, as a shell session would set it once.
     let status = Command::new(BIN)
-        .args(["status", "--url", &server.url])
+        .arg("status")
+        .env("MODELMUX_URL", &server.url)
         .output()
         .unwrap();
     assert!(status.status.success());
@@ -460,4 +462,21 @@ fn a_log_nobody_reads_drops_lines_instead_of_stopping_requests() {
         .parse()
         .unwrap();
     assert!(dropped > 0.0, "{metrics}");
+}
+
+/// `serve --help` says where the server listens by default; the benchmark helper is not among
+/// the commands a newcomer reads.
+#[test]
+fn help_shows_the_default_address_and_only_the_users_commands() {
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(help.contains("http://127.0.0.1:8000"), "{help}");
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("serve") && help.contains("status") && help.contains("bench"));
+    assert!(!help.contains("hello-server"), "{help}");
 }
