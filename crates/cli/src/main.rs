@@ -200,8 +200,9 @@ async fn serve(
     let log = logging::init(
         log_format.unwrap_or(config.logging.format),
         log_level.as_deref().or(config.logging.level.as_deref()),
-        config.logging.max_buffered_lines,
-    );
+        config.logging.max_buffered_bytes,
+    )
+    .map_err(|e| format!("cannot start the log writer: {e}"))?;
     let (format, access) = log.access_sink();
     builder = builder
         .metrics_source(log.metrics())

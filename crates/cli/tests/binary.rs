@@ -416,7 +416,7 @@ fn a_log_nobody_reads_drops_lines_instead_of_stopping_requests() {
     use std::io::{BufRead, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
-    let config = format!("logging: {{max_buffered_lines: 16}}\n{CONFIG}");
+    let config = format!("logging: {{max_buffered_bytes: 4096}}\n{CONFIG}");
     std::fs::write(&path, config).unwrap();
     let mut child = Command::new(BIN)
         .args(["serve", path.to_str().unwrap(), "--log-level", "info"])

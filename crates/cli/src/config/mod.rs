@@ -197,10 +197,11 @@ pub struct Logging {
     /// A `tracing` filter, such as `info` or `info,modelmux::access=warn` (default `info`).
     #[serde(default)]
     pub level: Option<String>,
-    /// Lines that may wait for the log's writer; past them, lines are dropped and counted
-    /// (`modelmux_log_lines_dropped_total`) rather than making requests wait for stderr.
-    #[serde(default = "default_buffered_lines")]
-    pub max_buffered_lines: usize,
+    /// Bytes of log lines that may wait for the log's writer (default 8 MiB); past them, lines
+    /// are dropped and counted (`modelmux_log_lines_dropped_total`) rather than making
+    /// requests wait for stderr.
+    #[serde(default = "default_buffered_bytes")]
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for Logging {
@@ -208,13 +209,13 @@ impl Default for Logging {
         Self {
             format: LogFormat::default(),
             level: None,
-            max_buffered_lines: default_buffered_lines(),
+            max_buffered_bytes: default_buffered_bytes(),
         }
     }
 }
 
-fn default_buffered_lines() -> usize {
-    crate::logging::DEFAULT_BUFFERED_LINES
+fn default_buffered_bytes() -> usize {
+    crate::logging::DEFAULT_BUFFERED_BYTES
 }
 
 /// Log line format.
@@ -395,9 +396,9 @@ impl Config {
                 "disk_cache.max_bytes: must be at least 1".into(),
             ));
         }
-        if config.logging.max_buffered_lines == 0 {
+        if config.logging.max_buffered_bytes == 0 {
             return Err(ConfigError::Invalid(
-                "logging.max_buffered_lines: must be at least 1".into(),
+                "logging.max_buffered_bytes: must be at least 1".into(),
             ));
         }
         if let Some(level) = &config.logging.level {
