@@ -85,7 +85,6 @@ pub(crate) async fn route(state: &FrontState, mut request: http::Request<Incomin
         context = context.with_multiplexed_model_id(model.clone());
     }
     let (result, replica) = app
-        .ingress()
         .dispatch(http::Request::from_parts(parts, body), context, route)
         .await;
     let mut response = result.unwrap_or_else(fail);

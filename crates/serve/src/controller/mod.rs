@@ -112,6 +112,18 @@ impl AppState {
     pub fn ingress(&self) -> Arc<dyn crate::Dispatch> {
         self.ingress.clone()
     }
+
+    /// Sends `request` to its ingress deployment: what [`Dispatch::dispatch`](crate::Dispatch)
+    /// on [`ingress`](Self::ingress) does, without boxing the call's future or cloning the
+    /// port (the HTTP front's path, once per request).
+    pub async fn dispatch(
+        &self,
+        request: crate::Request,
+        context: modelmux_context::RequestContext,
+        route: crate::Route,
+    ) -> crate::Dispatched {
+        self.ingress.run(request, context, route).await
+    }
 }
 
 impl Controller {

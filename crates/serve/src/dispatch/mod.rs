@@ -158,7 +158,7 @@ impl DeploymentRouter {
     /// Routes `request` to a replica and runs it there (or forwards it to the node that
     /// has it). Returns the response (or the error) and the replica that served it, if one was
     /// reached.
-    async fn run(
+    pub(crate) async fn run(
         self: &Arc<Self>,
         request: Request,
         context: RequestContext,
