@@ -277,7 +277,7 @@ mod tests {
                     stop_token_ids: vec![100],
                     ..SamplingParams::default()
                 },
-                "stop token",
+                "stop_token_ids",
             ),
         ] {
             let e = p.validate(v).unwrap_err().to_string();
