@@ -81,15 +81,6 @@ impl HandleOptions {
 }
 
 impl DeploymentHandle {
-    /// A handle on any deployment reached through the port (a router of this server, or
-    /// another implementation of [`Dispatch`]), calling it with no model id.
-    pub fn new(deployment: Arc<dyn Dispatch>) -> Self {
-        Self {
-            deployment,
-            model_id: None,
-        }
-    }
-
     /// The deployment this handle calls.
     pub fn deployment(&self) -> &str {
         self.deployment.deployment()

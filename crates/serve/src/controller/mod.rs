@@ -108,13 +108,8 @@ impl AppState {
         &self.name
     }
 
-    /// The deployment its HTTP requests go to.
-    pub fn ingress(&self) -> Arc<dyn crate::Dispatch> {
-        self.ingress.clone()
-    }
-
     /// Sends `request` to its ingress deployment: what [`Dispatch::dispatch`](crate::Dispatch)
-    /// on [`ingress`](Self::ingress) does, without boxing the call's future or cloning the
+    /// on that deployment does, without boxing the call's future or cloning the
     /// port (the HTTP front's path, once per request).
     pub async fn dispatch(
         &self,
