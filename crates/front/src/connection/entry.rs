@@ -34,7 +34,9 @@ pub(crate) async fn handle(
         .unwrap_or_else(RequestId::generate);
     let path = request.uri().path();
     let mut response = if modelmux_serve::is_admin_path(path) {
-        crate::admin::handle(&state, request, &request_id).await
+        // Boxed: the admin API's future is large and rare, and an application request's
+        // future would otherwise carry (and copy) its size.
+        Box::pin(crate::admin::handle(&state, request, &request_id)).await
     } else {
         // What the access line needs of the request, kept only while it is written.
         let asked = access_log_on().then(|| {

@@ -111,13 +111,13 @@ impl AppState {
     /// Sends `request` to its ingress deployment: what [`Dispatch::dispatch`](crate::Dispatch)
     /// on that deployment does, without boxing the call's future or cloning the
     /// port (the HTTP front's path, once per request).
-    pub async fn dispatch(
+    pub fn dispatch(
         &self,
         request: crate::Request,
         context: modelmux_context::RequestContext,
         route: crate::Route,
-    ) -> crate::Dispatched {
-        self.ingress.run(request, context, route).await
+    ) -> impl Future<Output = crate::Dispatched> + Send + '_ {
+        self.ingress.run(request, context, route)
     }
 }
 

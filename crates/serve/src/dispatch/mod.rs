@@ -189,36 +189,13 @@ impl DeploymentRouter {
                         .await;
                 }
                 Target::Remote(remote) => {
-                    // A request that may have to go elsewhere keeps a copy (its body is in
-                    // memory: the ingress read it whole).
-                    let spare = (attempt < MAX_ATTEMPTS)
-                        .then(|| copy_request(&this))
-                        .flatten();
-                    let began = Instant::now();
-                    let id: Arc<str> = remote.slot.id().into();
-                    match remote.forward(this).await {
-                        Ok(response) => {
-                            if timed && response.status().is_success() {
-                                remote.slot.observe_service(began.elapsed());
-                            }
-                            let hold = Hold::new(guard);
-                            break (Ok(hold_until_sent(response, hold)), Some(id));
-                        }
-                        Err(e) => {
-                            remote.set_unreachable();
-                            let retry = match e {
-                                ForwardError::NotSent { .. } | ForwardError::NotHere { .. } => true,
-                                ForwardError::Failed { .. } => self.config.idempotent,
-                            };
-                            tracing::warn!(replica = %id, attempt, retry, error = %e, "forwarding failed");
-                            match spare {
-                                Some(spare) if retry => {
-                                    drop(guard);
-                                    request = Some(spare);
-                                    attempt += 1;
-                                }
-                                _ => break (Err(e.into()), Some(id)),
-                            }
+                    // Kept out of line (and off this future's size, which every local request
+                    // pays for in copies): only cluster mode forwards.
+                    match Box::pin(self.forward(&remote, guard, this, attempt, timed)).await {
+                        Forwarded::Done(done) => break done,
+                        Forwarded::Retry(spare) => {
+                            request = Some(spare);
+                            attempt += 1;
                         }
                     }
                 }
@@ -253,6 +230,46 @@ impl DeploymentRouter {
             error = result.as_ref().err().map(|e| e.error_type()),
         );
         (result, replica)
+    }
+
+    /// Forwards the request to a replica on another node, holding `guard`'s slot; says whether
+    /// to try elsewhere (with a copy of the request) when the node could not take it.
+    async fn forward(
+        &self,
+        remote: &Arc<RemoteReplica>,
+        guard: Ongoing,
+        request: Request,
+        attempt: usize,
+        timed: bool,
+    ) -> Forwarded {
+        // A request that may have to go elsewhere keeps a copy (its body is in memory: the
+        // ingress read it whole).
+        let spare = (attempt < MAX_ATTEMPTS)
+            .then(|| copy_request(&request))
+            .flatten();
+        let began = Instant::now();
+        let id: Arc<str> = remote.slot.id().into();
+        match remote.forward(request).await {
+            Ok(response) => {
+                if timed && response.status().is_success() {
+                    remote.slot.observe_service(began.elapsed());
+                }
+                let hold = Hold::new(guard);
+                Forwarded::Done((Ok(hold_until_sent(response, hold)), Some(id)))
+            }
+            Err(e) => {
+                remote.set_unreachable();
+                let retry = match e {
+                    ForwardError::NotSent { .. } | ForwardError::NotHere { .. } => true,
+                    ForwardError::Failed { .. } => self.config.idempotent,
+                };
+                tracing::warn!(replica = %id, attempt, retry, error = %e, "forwarding failed");
+                match spare {
+                    Some(spare) if retry => Forwarded::Retry(spare),
+                    _ => Forwarded::Done((Err(e.into()), Some(id))),
+                }
+            }
+        }
     }
 
     /// Runs the request on a replica of this node, holding `guard`'s slot.
@@ -551,6 +568,13 @@ fn copy_request(request: &Request) -> Option<Request> {
     *copy.version_mut() = request.version();
     *copy.headers_mut() = request.headers().clone();
     Some(copy)
+}
+
+/// How forwarding to another node ended.
+enum Forwarded {
+    Done(Dispatched),
+    /// Not served there, and safe to send elsewhere: the copy to send.
+    Retry(Request),
 }
 
 /// The response, holding the replica slot until its last chunk is sent when it streams.
