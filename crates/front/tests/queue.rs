@@ -14,41 +14,61 @@ use modelmux_cache::Multiplexer;
 use modelmux_front::Server;
 use modelmux_serve::{Body, BoxError, Deployment, DeploymentSpec, Request, Response};
 
-/// Records the order requests start in (by their `x-seq` header) and the most in progress at
-/// once; each takes `delay`.
+/// How many requests one replica (or all of them) runs at once, and the most it ever ran,
+/// counted by the deployment itself: the server's own counters are what is being tested.
+#[derive(Default)]
+struct Concurrency {
+    running: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl Concurrency {
+    fn enter(self: &Arc<Self>) -> Running {
+        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(now, Ordering::SeqCst);
+        Running(self.clone())
+    }
+}
+
+/// Counted down on drop, so also when the request is cancelled (its client hung up).
+struct Running(Arc<Concurrency>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Records the order requests start in (by their `x-seq` header) and how many run at once,
+/// per replica and in all; each takes `delay`, or `x-delay-ms`.
 struct Recorder {
     delay: Duration,
     order: Arc<parking_lot::Mutex<Vec<u32>>>,
-    running: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
+    all: Arc<Concurrency>,
+    replica: Arc<Concurrency>,
 }
 
 impl Deployment for Recorder {
     async fn call(&self, request: Request) -> Result<Response, BoxError> {
-        let now = self.running.fetch_add(1, Ordering::SeqCst) + 1;
-        self.peak.fetch_max(now, Ordering::SeqCst);
-        // Counted down even when the request is cancelled (its client hung up).
-        let _running = Running(self.running.clone());
+        let _all = self.all.enter();
+        let _replica = self.replica.enter();
         if let Some(seq) = request.headers().get("x-seq") {
             self.order.lock().push(seq.to_str()?.parse()?);
         }
-        tokio::time::sleep(self.delay).await;
+        let delay = match request.headers().get("x-delay-ms") {
+            Some(ms) => Duration::from_millis(ms.to_str()?.parse()?),
+            None => self.delay,
+        };
+        tokio::time::sleep(delay).await;
         Ok(Response::new(Body::from("ok")))
-    }
-}
-
-struct Running(Arc<AtomicUsize>);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 struct Recorded {
     order: Arc<parking_lot::Mutex<Vec<u32>>>,
-    running: Arc<AtomicUsize>,
-    peak: Arc<AtomicUsize>,
+    all: Arc<Concurrency>,
+    /// One per replica started.
+    replicas: Arc<parking_lot::Mutex<Vec<Arc<Concurrency>>>>,
 }
 
 async fn start(
@@ -59,22 +79,24 @@ async fn start(
 ) -> (Server, Recorded) {
     let recorded = Recorded {
         order: Arc::default(),
-        running: Arc::default(),
-        peak: Arc::default(),
+        all: Arc::default(),
+        replicas: Arc::default(),
     };
-    let (order, running, peak) = (
+    let (order, all, each) = (
         recorded.order.clone(),
-        recorded.running.clone(),
-        recorded.peak.clone(),
+        recorded.all.clone(),
+        recorded.replicas.clone(),
     );
     let spec = DeploymentSpec::new("Recorder", move |_ctx| {
-        let (order, running, peak) = (order.clone(), running.clone(), peak.clone());
+        let (order, all) = (order.clone(), all.clone());
+        let replica = Arc::new(Concurrency::default());
+        each.lock().push(replica.clone());
         async move {
             Ok(Recorder {
                 delay,
                 order,
-                running,
-                peak,
+                all,
+                replica,
             })
         }
     })
@@ -84,6 +106,15 @@ async fn start(
     .queue_timeout(queue_timeout);
     let server = common::serve(spec).await;
     (server, recorded)
+}
+
+/// Polls `check` every 10 ms until it holds; panics with `what` after 10 s.
+async fn eventually(what: &str, check: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !check() {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -145,13 +176,26 @@ async fn a_stampede_with_clients_leaving_keeps_every_slot_and_never_exceeds_capa
         c.await.unwrap();
     }
     assert!(served.load(Ordering::SeqCst) > 100);
-    assert!(
-        recorded.peak.load(Ordering::SeqCst) <= 6,
-        "{} requests ran at once on 6 slots",
-        recorded.peak.load(Ordering::SeqCst)
-    );
-    // Nothing leaked: all six slots serve six slow requests at once, and nothing stays queued.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Never more than a replica's slots on any replica, as the replicas themselves count.
+    let replicas = recorded.replicas.lock().clone();
+    assert_eq!(replicas.len(), 2);
+    for (i, replica) in replicas.iter().enumerate() {
+        let peak = replica.peak.load(Ordering::SeqCst);
+        assert!(peak <= 3, "replica {i} ran {peak} requests at once on 3 slots");
+    }
+    // Nothing leaked: six slow requests all run at once (a slot lost on either replica would
+    // leave one of them queued), and the server's own view agrees once they are done.
+    assert_eq!(recorded.all.running.load(Ordering::SeqCst), 0);
+    let slow: Vec<_> = (0..6)
+        .map(|_| tokio::spawn(async move { get(addr, "/", &[("x-delay-ms", "1500")]).await }))
+        .collect();
+    eventually("six slow requests did not all run at once: a slot leaked", || {
+        recorded.all.running.load(Ordering::SeqCst) == 6
+    })
+    .await;
+    for s in slow {
+        assert_eq!(s.await.unwrap().status, StatusCode::OK);
+    }
     let models = get(addr, "/-/models", &[]).await.json();
     let deployment = &models["applications"][0]["deployments"][0];
     assert_eq!(deployment["queued_requests"], 0, "{models}");
@@ -201,9 +245,11 @@ async fn cold_requests_whose_clients_hung_up_cause_no_loads() {
     // A new model right after is not stuck behind them, and the warm ones stayed.
     let started = tokio::time::Instant::now();
     assert_eq!(get_model(addr, "fresh").await.status, StatusCode::OK);
+    // Behind the 60 abandoned loads it would wait for them (30 loads of 300 ms per replica):
+    // 3 s is 10x its own load.
     assert!(
-        started.elapsed() < Duration::from_millis(1000),
-        "{:?}",
+        started.elapsed() < Duration::from_secs(3),
+        "a new model waited behind abandoned loads: {:?}",
         started.elapsed()
     );
     let before = counters.loads.load(Ordering::SeqCst);
@@ -278,43 +324,65 @@ async fn blocking_work_holds_its_slot_until_it_ends_though_its_client_left() {
     server.shutdown().await;
 }
 
+/// Serves any model after loading it; the load of `cold` waits until the test opens `gate`.
+struct Gated {
+    models: Multiplexer<Nothing>,
+}
+
+impl Deployment for Gated {
+    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
+        let id = modelmux_context::multiplexed_model_id().ok_or("no model named")?;
+        let _model = modelmux_serve::waiting_for_load(self.models.get(id.as_str())).await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(Response::new(Body::from("ok")))
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_waiting_for_a_load_does_not_keep_loaded_models_waiting() {
-    // One replica, one slot; loads take 400 ms, requests 20 ms.
-    let counters = Arc::new(Counters::default());
-    let spec = counted(
-        "Model",
-        counters.clone(),
-        Multiplexer::builder().max_models(4),
-        Duration::from_millis(400),
-        Duration::from_millis(20),
-    )
+    // One replica, one slot; the cold model's load lasts until the test ends it, so the warm
+    // requests can only be served beside it if the waiting request gave its slot back.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let g = gate.clone();
+    let spec = DeploymentSpec::new("Gated", move |ctx| {
+        let gate = g.clone();
+        async move {
+            let models = ctx.multiplexer(Multiplexer::builder().max_models(4), move |id: modelmux_cache::ModelId| {
+                let gate = gate.clone();
+                async move {
+                    if id.as_str() == "cold" {
+                        let _open = gate.acquire().await?;
+                    }
+                    Ok::<_, BoxError>(Nothing)
+                }
+            });
+            Ok(Gated { models })
+        }
+    })
     .max_ongoing_requests(1)
     .max_queued_requests(100);
     let server = common::serve(spec).await;
     let addr = server.local_addr();
     assert_eq!(get_model(addr, "warm").await.status, StatusCode::OK);
     let cold = tokio::spawn(async move { get_model(addr, "cold").await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let models = get(addr, "/-/models", &[]).await.json();
-    let replica = &models["applications"][0]["deployments"][0]["replicas"][0];
-    assert_eq!(replica["ongoing_requests"], 0, "{models}");
-    assert_eq!(replica["waiting_for_load"], 1, "{models}");
+    let waiting = || async move {
+        let models = get(addr, "/-/models", &[]).await.json();
+        models["applications"][0]["deployments"][0]["replicas"][0].clone()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while waiting().await["waiting_for_load"] != 1 {
+        assert!(tokio::time::Instant::now() < deadline, "the cold request never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(waiting().await["ongoing_requests"], 0);
     // The warm model is served while the cold one loads, one request at a time.
-    let started = tokio::time::Instant::now();
     for _ in 0..5 {
         assert_eq!(get_model(addr, "warm").await.status, StatusCode::OK);
     }
-    assert!(
-        started.elapsed() < Duration::from_millis(300),
-        "warm requests waited for the cold load: {:?}",
-        started.elapsed()
-    );
-    assert!(!cold.is_finished(), "the cold load takes 400 ms");
+    assert!(!cold.is_finished(), "the cold load is still held at the gate");
+    gate.add_permits(1);
     assert_eq!(cold.await.unwrap().status, StatusCode::OK);
-    let models = get(addr, "/-/models", &[]).await.json();
-    let replica = &models["applications"][0]["deployments"][0]["replicas"][0];
-    assert_eq!(replica["waiting_for_load"], 0, "{models}");
+    assert_eq!(waiting().await["waiting_for_load"], 0);
     server.shutdown().await;
 }
 
