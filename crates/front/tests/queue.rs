@@ -181,7 +181,10 @@ async fn a_stampede_with_clients_leaving_keeps_every_slot_and_never_exceeds_capa
     assert_eq!(replicas.len(), 2);
     for (i, replica) in replicas.iter().enumerate() {
         let peak = replica.peak.load(Ordering::SeqCst);
-        assert!(peak <= 3, "replica {i} ran {peak} requests at once on 3 slots");
+        assert!(
+            peak <= 3,
+            "replica {i} ran {peak} requests at once on 3 slots"
+        );
     }
     // Nothing leaked: six slow requests all run at once (a slot lost on either replica would
     // leave one of them queued), and the server's own view agrees once they are done.
@@ -189,9 +192,10 @@ async fn a_stampede_with_clients_leaving_keeps_every_slot_and_never_exceeds_capa
     let slow: Vec<_> = (0..6)
         .map(|_| tokio::spawn(async move { get(addr, "/", &[("x-delay-ms", "1500")]).await }))
         .collect();
-    eventually("six slow requests did not all run at once: a slot leaked", || {
-        recorded.all.running.load(Ordering::SeqCst) == 6
-    })
+    eventually(
+        "six slow requests did not all run at once: a slot leaked",
+        || recorded.all.running.load(Ordering::SeqCst) == 6,
+    )
     .await;
     for s in slow {
         assert_eq!(s.await.unwrap().status, StatusCode::OK);
@@ -347,15 +351,18 @@ async fn a_request_waiting_for_a_load_does_not_keep_loaded_models_waiting() {
     let spec = DeploymentSpec::new("Gated", move |ctx| {
         let gate = g.clone();
         async move {
-            let models = ctx.multiplexer(Multiplexer::builder().max_models(4), move |id: modelmux_cache::ModelId| {
-                let gate = gate.clone();
-                async move {
-                    if id.as_str() == "cold" {
-                        let _open = gate.acquire().await?;
+            let models = ctx.multiplexer(
+                Multiplexer::builder().max_models(4),
+                move |id: modelmux_cache::ModelId| {
+                    let gate = gate.clone();
+                    async move {
+                        if id.as_str() == "cold" {
+                            let _open = gate.acquire().await?;
+                        }
+                        Ok::<_, BoxError>(Nothing)
                     }
-                    Ok::<_, BoxError>(Nothing)
-                }
-            });
+                },
+            );
             Ok(Gated { models })
         }
     })
@@ -371,7 +378,10 @@ async fn a_request_waiting_for_a_load_does_not_keep_loaded_models_waiting() {
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while waiting().await["waiting_for_load"] != 1 {
-        assert!(tokio::time::Instant::now() < deadline, "the cold request never waited");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the cold request never waited"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(waiting().await["ongoing_requests"], 0);
@@ -379,7 +389,10 @@ async fn a_request_waiting_for_a_load_does_not_keep_loaded_models_waiting() {
     for _ in 0..5 {
         assert_eq!(get_model(addr, "warm").await.status, StatusCode::OK);
     }
-    assert!(!cold.is_finished(), "the cold load is still held at the gate");
+    assert!(
+        !cold.is_finished(),
+        "the cold load is still held at the gate"
+    );
     gate.add_permits(1);
     assert_eq!(cold.await.unwrap().status, StatusCode::OK);
     assert_eq!(waiting().await["waiting_for_load"], 0);

@@ -204,8 +204,8 @@ fn a_wrong_weight_fails_the_reference_check() {
         .max_by(|&a, &b| x[a].abs().total_cmp(&x[b].abs()))
         .expect("a weight below its block's largest");
     let block = &row[j / BLOCK * BLOCK..][..BLOCK];
-    let step = half::f16::from_f32(block.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 127.0)
-        .to_f32();
+    let step =
+        half::f16::from_f32(block.iter().fold(0.0f32, |a, v| a.max(v.abs())) / 127.0).to_f32();
     row[j] += step;
     m.set_rows(3, &row);
     let mut changed = vec![0.0; k];
