@@ -148,3 +148,47 @@ fn many_tasks_keep_every_invariant() {
         );
     });
 }
+
+/// Single flight under threads: a barrier-started burst of gets for one id, on four worker
+/// threads, loads it once and hands every caller that one instance, 200 times over (the
+/// behaviour tests check it on one thread, where a burst cannot truly race).
+#[test]
+fn a_burst_of_gets_for_one_id_loads_it_once_on_every_thread() {
+    const ROUNDS: usize = 200;
+    const BURST: usize = 32;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let probe = Probe::new();
+        *probe.default_delay.lock() = Duration::from_micros(500);
+        let mux = Multiplexer::builder()
+            .max_models(ROUNDS)
+            .build(TestLoader(probe.clone()));
+        for round in 0..ROUNDS {
+            let id = format!("burst-{round}");
+            let barrier = Arc::new(tokio::sync::Barrier::new(BURST));
+            let gets: Vec<_> = (0..BURST)
+                .map(|_| {
+                    let (mux, barrier, id) = (mux.clone(), barrier.clone(), id.clone());
+                    tokio::spawn(async move {
+                        barrier.wait().await;
+                        mux.get(&id).await.expect("loads").serial
+                    })
+                })
+                .collect();
+            let mut serials = std::collections::HashSet::new();
+            for g in gets {
+                serials.insert(g.await.unwrap());
+            }
+            assert_eq!(probe.loads_of(&id), 1, "round {round}: loads of {id}");
+            assert_eq!(serials.len(), 1, "round {round}: instances {serials:?}");
+        }
+        let report = mux.shutdown(Duration::from_secs(10)).await;
+        assert!(report.still_draining.is_empty(), "{report:?}");
+        probe.assert_all_unloaded_once();
+        probe.assert_clean();
+    });
+}
