@@ -258,3 +258,30 @@ fn cluster_settings_are_read_and_checked() {
     let err = with("  name: a/b").unwrap_err().to_string();
     assert!(err.contains("name"), "{err}");
 }
+
+#[test]
+fn a_deployment_without_cache_settings_gets_the_documented_defaults() {
+    let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic}\n";
+    let c = Config::parse(yaml).unwrap();
+    let d = &c.applications[0].deployments[0];
+    let cache = cache_settings(d);
+    let got = cache.config();
+    // GDSF, not Ray's LRU; 3 models per replica (Ray's default); loads at once: half the
+    // model slots rounded up, at most 4.
+    assert_eq!(got.eviction, EvictionPolicy::Gdsf);
+    assert_eq!(got.max_models, Some(3));
+    assert_eq!(got.max_concurrent_loads, 2);
+    for (models, loads) in [("1", 1), ("7", 4), ("20", 4), ("-1", 4)] {
+        let yaml = yaml.replace(
+            "        model:",
+            &format!("        max_models_per_replica: {models}\n        model:"),
+        );
+        let c = Config::parse(&yaml).unwrap();
+        let cache = cache_settings(&c.applications[0].deployments[0]);
+        assert_eq!(
+            cache.config().max_concurrent_loads,
+            loads,
+            "{models} models"
+        );
+    }
+}
