@@ -118,7 +118,7 @@ pub struct DeploymentConfig {
 }
 
 impl DeploymentConfig {
-    fn new(name: &str) -> Self {
+    pub(crate) fn new(name: &str) -> Self {
         Self {
             name: name.to_string(),
             num_replicas: 1,

@@ -254,3 +254,78 @@ fn spawn_feed(
         }
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::placement::ReplicaView;
+    use modelmux_cache::{ModelId, Multiplexer};
+
+    struct Nothing;
+
+    impl modelmux_cache::Model for Nothing {}
+
+    #[tokio::test]
+    async fn the_ledger_catches_up_with_its_cache_after_the_feed_lagged() {
+        // Two events of room per subscriber, and 12 loads registered in one poll (each sends
+        // `Loading` at once): the feed lags past ten of them, and only a fresh snapshot tells
+        // it those models are loading (placement must not put them elsewhere meanwhile).
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let g = gate.clone();
+        let mux: Multiplexer<Nothing> = Multiplexer::builder()
+            .max_models(12)
+            .max_concurrent_loads(12)
+            .event_capacity(2)
+            .build(move |_id: ModelId| {
+                let gate = g.clone();
+                async move {
+                    let _open = gate.acquire().await?;
+                    Ok::<_, BoxError>(Nothing)
+                }
+            });
+        let slot = Arc::new(ReplicaLedger::new("r".into(), 100, 1, Some(12)));
+        let router = Arc::new(crate::dispatch::DeploymentRouter::new(
+            "a".into(),
+            crate::deployment::DeploymentConfig::new("d"),
+            Arc::default(),
+        ));
+        let feed = spawn_feed(0, Arc::new(mux.clone()), slot.clone(), router.waker());
+        let ids: Vec<ModelId> = (0..12)
+            .map(|i| ModelId::new(format!("m{i}")).unwrap())
+            .collect();
+        let gets: Vec<_> = ids
+            .iter()
+            .map(|id| {
+                let (mux, id) = (mux.clone(), id.clone());
+                tokio::spawn(async move { mux.get(id.as_str()).await.map(drop) })
+            })
+            .collect();
+        let agree = |when: &str| {
+            let (loading, loaded) = (mux.loading_ids(), mux.loaded_ids());
+            let now = tokio::time::Instant::now();
+            for id in &ids {
+                assert_eq!(
+                    slot.holds(id, now),
+                    loading.contains(id) || loaded.contains(id),
+                    "{when}, {id}: the ledger disagrees with the cache \
+                     (loading {loading:?}, loaded {loaded:?})"
+                );
+            }
+        };
+        // Every get registers its load (all on this thread, before the feed runs again).
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(mux.loading_ids().len(), 12);
+        agree("while loading");
+        gate.add_permits(12);
+        for g in gets {
+            g.await.unwrap().expect("loads");
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        agree("once loaded");
+        feed.abort();
+    }
+}
