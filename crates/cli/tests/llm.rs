@@ -91,8 +91,17 @@ fn the_official_openai_client_works_against_modelmux_serve() {
     .unwrap();
     let mut server = serve(&llm_config(&env("MODELMUX_TEST_ADAPTERS"), ""));
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    // The script runs optimized (PYTHONOPTIMIZE=1), so its checks must be `check(...)` calls,
+    // which always run, never `assert` statements, which -O skips.
+    let source = std::fs::read_to_string(script).unwrap();
+    let bare: Vec<&str> = source
+        .lines()
+        .filter(|l| l.trim_start().starts_with("assert "))
+        .collect();
+    assert!(bare.is_empty(), "use check(...), not assert: {bare:?}");
     let out = std::process::Command::new(&python)
         .args([script, &server.url, expected.path().to_str().unwrap()])
+        .env("PYTHONOPTIMIZE", "1")
         .output()
         .unwrap();
     let (_, logs) = server.terminate();

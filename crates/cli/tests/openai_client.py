@@ -2,7 +2,9 @@
 
 Run by crates/cli/tests/llm.rs: python openai_client.py <base_url> <expected.json>, where
 expected.json holds the engine's own greedy answers ({"question", "base", "pirate", "max_tokens"}).
-Any failed check raises, and the process exits non-zero.
+Any failed check raises, and the process exits non-zero. The checks are `check(...)` calls, not
+`assert` statements, so they run under `python -O` (PYTHONOPTIMIZE) too; the Rust test runs this
+script with PYTHONOPTIMIZE=1 and refuses a bare `assert` in it.
 """
 
 import json
@@ -18,6 +20,12 @@ client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=
 messages = [{"role": "user", "content": question}]
 
 
+def check(condition, *context):
+    """Raises AssertionError with `context` unless `condition` (never skipped, unlike assert)."""
+    if not condition:
+        raise AssertionError(*context) if context else AssertionError("check failed")
+
+
 def chat(model, **kw):
     return client.chat.completions.create(
         model=model, messages=messages, max_tokens=n, temperature=0, **kw
@@ -26,13 +34,13 @@ def chat(model, **kw):
 
 # Chat, base model and adapter: the engine's own answers.
 base = chat("smollm2")
-assert base.choices[0].message.content == expected["base"], (base, expected)
-assert base.choices[0].finish_reason in ("stop", "length")
-assert base.usage.completion_tokens > 0 and base.usage.prompt_tokens > 0
-assert base.id.startswith("chatcmpl-")
+check(base.choices[0].message.content == expected["base"], (base, expected))
+check(base.choices[0].finish_reason in ("stop", "length"))
+check(base.usage.completion_tokens > 0 and base.usage.prompt_tokens > 0)
+check(base.id.startswith("chatcmpl-"))
 pirate = chat("smollm2:pirate")
-assert pirate.choices[0].message.content == expected["pirate"], (pirate, expected)
-assert expected["pirate"] != expected["base"]
+check(pirate.choices[0].message.content == expected["pirate"], (pirate, expected))
+check(expected["pirate"] != expected["base"])
 
 # Streaming: the chunks add up to the whole answer; usage at the end when asked.
 stream = chat(
@@ -46,9 +54,9 @@ for chunk in stream:
         text += choice.delta.content or ""
         if choice.finish_reason:
             reasons.append(choice.finish_reason)
-assert text == expected["pirate"], (text, expected)
-assert reasons == [pirate.choices[0].finish_reason], reasons
-assert usage is not None and usage.completion_tokens == pirate.usage.completion_tokens
+check(text == expected["pirate"], (text, expected))
+check(reasons == [pirate.choices[0].finish_reason], reasons)
+check(usage is not None and usage.completion_tokens == pirate.usage.completion_tokens)
 
 # Completions with the chat's prompt as token ids.
 request = urllib.request.Request(
@@ -60,29 +68,29 @@ tokens = json.load(urllib.request.urlopen(request))["tokens"]
 completion = client.completions.create(
     model="smollm2", prompt=tokens, max_tokens=n, temperature=0
 )
-assert completion.choices[0].text == expected["base"], completion
+check(completion.choices[0].text == expected["base"], completion)
 
 # The models: the base and every adapter of the repository, each with its parent.
 models = {m.id: m for m in client.models.list()}
-assert "smollm2" in models, models
+check("smollm2" in models, models)
 for adapter in ("pirate", "tutor", "poet", "chef"):
     card = models["smollm2:" + adapter]
-    assert card.model_extra.get("parent") == "smollm2", card
+    check(card.model_extra.get("parent") == "smollm2", card)
 
 # Embeddings (the client asks for base64 and decodes it): unit vectors, one per input.
 emb = client.embeddings.create(model="smollm2:pirate", input=["hello", "goodbye"])
-assert [d.index for d in emb.data] == [0, 1], emb
+check([d.index for d in emb.data] == [0, 1], emb)
 for d in emb.data:
-    assert len(d.embedding) == 576
-    assert abs(sum(v * v for v in d.embedding) - 1.0) < 1e-3
-assert emb.usage.prompt_tokens > 0
+    check(len(d.embedding) == 576)
+    check(abs(sum(v * v for v in d.embedding) - 1.0) < 1e-3)
+check(emb.usage.prompt_tokens > 0)
 
 # An unknown adapter is NotFoundError, naming the adapter.
 try:
     chat("smollm2:nobody")
     raise AssertionError("an unknown adapter was answered")
 except openai.NotFoundError as e:
-    assert "nobody" in str(e), e
+    check("nobody" in str(e), e)
 
 # Bad parameters are BadRequestError.
 bad = [
@@ -99,7 +107,7 @@ for kw in bad:
         client.chat.completions.create(**args)
         raise AssertionError(f"accepted {list(kw)}")
     except openai.BadRequestError as e:
-        assert e.status_code == 400
-        assert e.body and e.body.get("message"), e.body
+        check(e.status_code == 400)
+        check(e.body and e.body.get("message"), e.body)
 
 print("openai client: all checks passed")

@@ -1,6 +1,7 @@
 //! The engine's mechanics on a tiny random-weight llama (`common::tiny`): it generates and
 //! its adapter applies; cancellation frees the sequence, its KV memory and its adapter; a full
-//! queue refuses at once; bad requests are typed errors. A step takes microseconds.
+//! queue refuses at once; bad requests are typed errors; a panic in a step fails that step's
+//! sequences and nothing else. A step takes microseconds.
 
 mod common;
 
@@ -169,5 +170,50 @@ async fn a_full_queue_refuses_at_once() {
     for s in accepted {
         s.collect().await.unwrap();
     }
+    settled(&engine).await;
+}
+
+/// A panic inside a step (injected in the forward pass, as a bug there would) fails the
+/// sequences of that step with an internal error naming the panic; a sequence still waiting
+/// for a slot is not in the step and is served afterwards, the engine keeps running, a later
+/// request gets exactly the tokens an engine that never failed gives, and no KV memory is left
+/// behind. The engine is paused while the scene is set, so which sequences are in the failing
+/// step does not depend on timing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panic_in_a_step_fails_only_its_sequences() {
+    let config = EngineConfig {
+        max_num_seqs: 2,
+        max_batch_tokens: 64,
+        ..EngineConfig::default()
+    };
+    let clean = engine(config.clone())
+        .submit(request(&CHAT, greedy(8)))
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    let engine = engine(config);
+    engine.pause();
+    // Two sequences fill both slots, so both are in the next step; a third waits for a slot.
+    let in_step: Vec<_> = (0..2)
+        .map(|_| engine.submit(request(&CHAT, greedy(8))).unwrap())
+        .collect();
+    let waiting = engine.submit(request(&CHAT, greedy(8))).unwrap();
+    engine.inject_step_panic();
+    engine.resume();
+    for stream in in_step {
+        let err = stream.collect().await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Internal, "{err}");
+        assert!(err.to_string().contains("injected fault"), "{err}");
+    }
+    assert_eq!(waiting.collect().await.unwrap().tokens, clean.tokens);
+    assert!(engine.is_running(), "the engine survives the panic");
+    let later = engine
+        .submit(request(&CHAT, greedy(8)))
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(later.tokens, clean.tokens);
     settled(&engine).await;
 }

@@ -1,6 +1,7 @@
 //! The OpenAI-compatible API over SmolLM2 and its test adapters, in process: answers equal
 //! the engine's own, streaming equals the whole answer, errors have OpenAI's shape and the
-//! right status, adapters are routed to the replicas holding them.
+//! right status, adapters are routed to the replicas holding them. (Streaming's timing and
+//! errors, and the engine controls, are in `streaming.rs`.)
 
 mod common;
 
@@ -424,110 +425,6 @@ async fn adapters_are_loaded_and_unloaded_with_vllms_controls_behind_the_admin_t
     )
     .await;
     assert_eq!(again.status, 404);
-    server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn generation_pauses_and_resumes_through_the_admin_api() {
-    let server = serve(&config(json!({})), 2).await;
-    let addr = server.local_addr();
-    let control = |name: &'static str| async move {
-        send(
-            addr,
-            "POST",
-            &format!("/-/deployments/llm/controls/{name}"),
-            &[],
-            Vec::new(),
-        )
-        .await
-    };
-    let paused = control("pause").await;
-    assert_eq!(
-        paused.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&paused.body)
-    );
-    let replicas = paused.json()["replicas"].as_object().unwrap().clone();
-    assert_eq!(replicas.len(), 2);
-    assert!(
-        replicas.values().all(|r| r["paused"] == true),
-        "{replicas:?}"
-    );
-    let request = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat("smollm2", "Hi", 4, false),
-        )
-        .await
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    assert!(!request.is_finished(), "answered while paused");
-    let health = control("health").await.json();
-    let waiting: u64 = health["replicas"]
-        .as_object()
-        .unwrap()
-        .values()
-        .map(|r| {
-            r["sequences_waiting"].as_u64().unwrap() + r["sequences_running"].as_u64().unwrap()
-        })
-        .sum();
-    assert_eq!(waiting, 1, "{health}");
-    assert_eq!(control("resume").await.status, 200);
-    let answer = request.await.unwrap();
-    assert_eq!(answer.status, 200);
-
-    // Asleep, the weights are gone and requests wait; awake, they are answered the same.
-    let asleep = control("sleep").await;
-    assert_eq!(
-        asleep.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&asleep.body)
-    );
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-    loop {
-        let health = control("health").await.json();
-        let replicas = health["replicas"].as_object().unwrap();
-        if replicas.values().all(|r| r["asleep"] == true) {
-            break;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{health}");
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    let request = tokio::spawn(async move {
-        post(
-            addr,
-            "/v1/chat/completions",
-            chat("smollm2", "Hi", 4, false),
-        )
-        .await
-    });
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert!(!request.is_finished(), "answered while asleep");
-    let awake = control("wakeup").await;
-    assert_eq!(
-        awake.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&awake.body)
-    );
-    assert!(
-        awake.json()["replicas"]
-            .as_object()
-            .unwrap()
-            .values()
-            .all(|r| r["asleep"] == false)
-    );
-    let again = request.await.unwrap();
-    assert_eq!(again.status, 200);
-    assert_eq!(
-        again.json()["choices"],
-        answer.json()["choices"],
-        "same weights, same answer"
-    );
-    assert_eq!(control("reset_prefix_cache").await.status, 404);
     server.shutdown().await;
 }
 

@@ -270,6 +270,8 @@ pub(crate) struct EngineStats {
     asleep: std::sync::atomic::AtomicBool,
     /// Why the last wake-up failed, if it did.
     wake_error: parking_lot::Mutex<Option<String>>,
+    /// Fault injection for tests: the next step panics (see [`Engine::inject_step_panic`]).
+    inject_panic: std::sync::atomic::AtomicBool,
 }
 
 /// Marks the engine stopped when dropped: held by the engine thread for its whole life.
@@ -555,6 +557,13 @@ impl Engine {
         answer
             .await
             .map_err(|_| LlmError::EngineStopped("the engine dropped the request".into()))?
+    }
+
+    /// Fault injection for tests: the next step panics inside the forward pass, as a bug in
+    /// the model code would, so a test can check that it fails that step's sequences only.
+    #[doc(hidden)]
+    pub fn inject_step_panic(&self) {
+        self.inner.stats.inject_panic.store(true, Ordering::SeqCst);
     }
 
     /// Live figures.

@@ -363,6 +363,9 @@ impl EngineLoop {
             let model = self.model.as_ref().ok_or_else(|| {
                 LlmError::Internal("a step ran while the weights were released".into())
             })?;
+            if self.stats.inject_panic.swap(false, Ordering::SeqCst) {
+                panic!("injected fault: a panic in the step's forward pass");
+            }
             model.forward(&mut segments)?
         };
         self.stats
