@@ -20,6 +20,8 @@ pub(crate) struct Answer {
     pub(crate) endpoint: Endpoint,
     /// `chatcmpl-<request id>` or `cmpl-<request id>`.
     pub(crate) id: String,
+    /// The request id, for an error event after the stream began.
+    request_id: String,
     /// `model` as the client wrote it.
     pub(crate) model: String,
     pub(crate) created: u64,
@@ -40,6 +42,7 @@ impl Answer {
         Self {
             endpoint,
             id: format!("{prefix}-{request_id}"),
+            request_id: request_id.to_string(),
             model,
             created: unix_now(),
             include_usage,
@@ -219,6 +222,10 @@ async fn feed(
     interval: Duration,
 ) -> Result<(), modelmux_serve::BoxError> {
     let mut first = true;
+    // Whether any text went out yet: the first goes at once, however it was split into tokens
+    // (a first token that decodes to no text, half a character say, does not make the next
+    // text wait for the interval).
+    let mut text_sent = false;
     let mut pending = String::new();
     // When the text gathered so far must go out; none while nothing waits.
     let mut deadline: Option<Instant> = None;
@@ -243,18 +250,18 @@ async fn feed(
         };
         match next {
             Some(GenerationEvent::Token { text, .. }) => {
-                let first_token = timing.first.is_none();
                 timing.token();
                 pending.push_str(&text);
                 if pending.is_empty() {
                     continue;
                 }
                 // The first text goes out at once (time to first token is not coalesced).
-                if first_token || interval.is_zero() {
+                if !text_sent || interval.is_zero() {
                     tx.send(event(&answer.chunk(Some(&pending), first, None)))
                         .await?;
                     pending.clear();
                     first = false;
+                    text_sent = true;
                 } else if deadline.is_none() {
                     deadline = Some(Instant::now() + interval);
                 }
@@ -280,13 +287,13 @@ async fn feed(
                 return Ok(());
             }
             Some(GenerationEvent::Error(e)) => {
-                return fail(tx, &serve_error(&e)).await;
+                return fail(tx, answer, &serve_error(&e)).await;
             }
             None => {
                 let e = serve_error(&modelmux_llm::LlmError::EngineStopped(
                     "the engine ended the sequence without finishing it".into(),
                 ));
-                return fail(tx, &e).await;
+                return fail(tx, answer, &e).await;
             }
         }
     }
@@ -296,9 +303,10 @@ async fn feed(
 /// then the end.
 async fn fail(
     tx: &BodySender,
+    answer: &Answer,
     e: &modelmux_serve::ServeError,
 ) -> Result<(), modelmux_serve::BoxError> {
-    tx.send(event(&e.body(None))).await?;
+    tx.send(event(&e.body(Some(&answer.request_id)))).await?;
     tx.send("data: [DONE]\n\n").await?;
     Err(e.to_string().into())
 }

@@ -185,6 +185,13 @@ async fn an_error_after_the_first_streamed_byte_is_one_error_event_then_done() {
     assert_eq!(rest.len(), 2, "one error event, then [DONE]: {rest:?}");
     let error: Value = serde_json::from_str(&rest[0]).unwrap();
     assert_eq!(error["error"]["code"], 503, "{error}");
+    // It names the request, as the chunks' ids do (`chatcmpl-<request id>`).
+    let chunk_id = first["id"].as_str().unwrap();
+    assert_eq!(
+        error["error"]["request_id"].as_str(),
+        chunk_id.strip_prefix("chatcmpl-"),
+        "{error}"
+    );
     assert!(
         error["error"]["message"]
             .as_str()
