@@ -107,7 +107,7 @@ impl EngineLoop {
                 Err(panic) => Some(modelmux_cache::panic_message(&*panic)),
             };
             if let Some(message) = failure {
-                tracing::error!(%message, "engine step failed; failing its sequences");
+                tracing::error!(%message, "engine step failed; failing the running sequences");
                 for s in self.running.drain(..) {
                     s.fail(LlmError::Internal(message.clone()));
                 }
