@@ -3,8 +3,10 @@
 //!
 //! A peer whose connection failed (refused, reset, a ping unanswered) is *down*: requests for
 //! it fail at once as not sent, so the router places them elsewhere, and a background probe
-//! reconnects with backoff. Only a probe's successful handshake brings the peer back, so a
-//! killed or partitioned node is never retried with live requests.
+//! reconnects with backoff. Only a probe the peer answered (its liveness endpoint, over a new
+//! connection) brings the peer back, so a killed, hung or partitioned node is never retried
+//! with live requests: an HTTP/2 handshake alone proves nothing (the client's handshake does
+//! not wait for the server, and a stopped process's kernel still accepts connections).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,6 +59,9 @@ struct Peer {
     down: AtomicBool,
     /// A probe is running.
     probing: AtomicBool,
+    /// When each of its probes began (the tests' view of the backoff).
+    #[cfg(test)]
+    probed_at: parking_lot::Mutex<Vec<tokio::time::Instant>>,
 }
 
 impl Default for H2Forwarder {
@@ -117,6 +122,8 @@ impl H2Forwarder {
                     sender: Mutex::new(None),
                     down: AtomicBool::new(false),
                     probing: AtomicBool::new(false),
+                    #[cfg(test)]
+                    probed_at: parking_lot::Mutex::default(),
                 })
             })
             .clone();
@@ -201,6 +208,27 @@ impl Peer {
         Ok(s)
     }
 
+    /// [`connect`](Self::connect), then a `GET /-/healthz` on the new connection that the peer
+    /// must answer (with any status) within the connect timeout.
+    async fn connect_answered(self: &Arc<Self>) -> Result<http2::SendRequest<Body>, String> {
+        let mut s = self.connect().await?;
+        let authority = &self.authority;
+        let uri = http::Uri::builder()
+            .scheme(Scheme::HTTP)
+            .authority(authority.clone())
+            .path_and_query("/-/healthz")
+            .build()
+            .map_err(|e| e.to_string())?;
+        let request = http::Request::get(uri)
+            .body(Body::empty())
+            .map_err(|e| e.to_string())?;
+        tokio::time::timeout(CONNECT_TIMEOUT, s.send_request(request))
+            .await
+            .map_err(|_| format!("{authority} did not answer within {CONNECT_TIMEOUT:?}"))?
+            .map_err(|e| format!("{authority} did not answer: {e}"))?;
+        Ok(s)
+    }
+
     /// Marks the peer down and starts its probe, unless one runs.
     fn set_down(self: &Arc<Self>, reason: &str) {
         if !self.down.swap(true, Ordering::SeqCst) {
@@ -219,15 +247,23 @@ async fn probe(peer: Weak<Peer>) {
     loop {
         tokio::time::sleep(wait).await;
         let Some(peer) = peer.upgrade() else { return };
-        if let Ok(s) = peer.connect().await {
+        #[cfg(test)]
+        peer.probed_at.lock().push(tokio::time::Instant::now());
+        if let Ok(s) = peer.connect_answered().await {
             *peer.sender.lock().await = Some(s);
             peer.probing.store(false, Ordering::SeqCst);
             peer.down.store(false, Ordering::SeqCst);
             tracing::info!(peer = %peer.node, "peer reachable again");
             return;
         }
-        wait = (wait * 2).min(PROBE_BACKOFF.1);
+        wait = next_probe_wait(wait);
     }
+}
+
+/// The wait before the next probe when one after `wait` failed: twice as long, up to the
+/// longest.
+fn next_probe_wait(wait: Duration) -> Duration {
+    (wait * 2).min(PROBE_BACKOFF.1)
 }
 
 impl Forwarder for H2Forwarder {
@@ -303,4 +339,198 @@ fn prepare(request: Request, authority: &Authority, replica: &str) -> Result<Req
             .map_err(|_| format!("replica id {replica:?}"))?,
     );
     Ok(Request::from_parts(parts, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+
+    use tokio::net::TcpListener;
+    use tokio::task::JoinHandle;
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// A loopback port where nothing listens (yet): connections to it are refused.
+    async fn closed_port() -> SocketAddr {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        listener.local_addr().unwrap()
+    }
+
+    /// A peer's server on `address`: records each connection it accepts (the client's
+    /// address), and answers 200 to every request over HTTP/2.
+    struct Server {
+        accepted: Arc<parking_lot::Mutex<Vec<SocketAddr>>>,
+        task: JoinHandle<()>,
+    }
+
+    impl Server {
+        async fn start(address: SocketAddr) -> Self {
+            let listener = TcpListener::bind(address).await.unwrap();
+            let accepted: Arc<parking_lot::Mutex<Vec<_>>> = Arc::default();
+            let log = accepted.clone();
+            let task = tokio::spawn(async move {
+                while let Ok((stream, client)) = listener.accept().await {
+                    log.lock().push(client);
+                    let service = hyper::service::service_fn(|_| async {
+                        Ok::<_, std::convert::Infallible>(Response::new(Body::from("ok")))
+                    });
+                    tokio::spawn(
+                        hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                            .serve_connection(TokioIo::new(stream), service),
+                    );
+                }
+            });
+            Self { accepted, task }
+        }
+
+        fn accepted(&self) -> Vec<SocketAddr> {
+            self.accepted.lock().clone()
+        }
+    }
+
+    impl Drop for Server {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    /// Waits (at most 20 s) until `done`.
+    async fn until(what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !done() {
+            assert!(Instant::now() < deadline, "not within 20 s: {what}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    fn forwarder_to(address: SocketAddr) -> H2Forwarder {
+        let forwarder = H2Forwarder::new();
+        forwarder.set_peers([("p".to_owned(), format!("http://{address}"))]);
+        forwarder
+    }
+
+    async fn forward(forwarder: &H2Forwarder) -> Result<Response, ForwardError> {
+        forwarder
+            .forward("p", "Model#1@p", Request::new(Body::from("x")))
+            .await
+    }
+
+    #[test]
+    fn probes_wait_100_ms_doubling_up_to_1_s() {
+        let mut wait = PROBE_BACKOFF.0;
+        let mut waits = Vec::new();
+        for _ in 0..7 {
+            waits.push(wait.as_millis());
+            wait = next_probe_wait(wait);
+        }
+        assert_eq!(waits, [100, 200, 400, 800, 1000, 1000, 1000]);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_is_down_gets_no_request_until_a_probe_reaches_it() {
+        let address = closed_port().await;
+        let forwarder = forwarder_to(address);
+        // As if its probe were running already: none is started, so every connection made
+        // below comes from a request (or from the probe started at the end).
+        let peer = forwarder.peer("p").unwrap();
+        peer.probing.store(true, Ordering::SeqCst);
+        assert!(forwarder.reachable("p"));
+        // Refused: not sent, and the peer is down.
+        let first = forward(&forwarder).await;
+        assert!(
+            matches!(first, Err(ForwardError::NotSent { .. })),
+            "{first:?}"
+        );
+        assert!(!forwarder.reachable("p"));
+
+        // It would answer now, but requests do not try: they fail at once, unsent.
+        let server = Server::start(address).await;
+        for _ in 0..20 {
+            let next = forward(&forwarder).await;
+            assert!(
+                matches!(next, Err(ForwardError::NotSent { .. })),
+                "{next:?}"
+            );
+        }
+        assert!(!forwarder.reachable("p"));
+        // None of them connected: a connection made after them is the first one accepted.
+        let own = tokio::net::TcpStream::connect(address).await.unwrap();
+        let own = own.local_addr().unwrap();
+        until("our connection accepted", || {
+            server.accepted().contains(&own)
+        })
+        .await;
+        assert_eq!(server.accepted(), [own]);
+
+        // A probe reaches it: up again, and requests go over the probe's connection.
+        tokio::spawn(probe(Arc::downgrade(&peer)));
+        until("the probe brought it back", || forwarder.reachable("p")).await;
+        assert_eq!(server.accepted().len(), 2);
+        let response = forward(&forwarder).await.expect("served");
+        assert_eq!(response.status(), 200);
+        assert_eq!(server.accepted().len(), 2, "no new connection");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_is_down_is_probed_at_growing_intervals() {
+        // Nothing listens there: every connection is refused, every probe fails.
+        let forwarder = forwarder_to(closed_port().await);
+        let start = Instant::now();
+        let first = forward(&forwarder).await;
+        assert!(
+            matches!(first, Err(ForwardError::NotSent { .. })),
+            "{first:?}"
+        );
+        assert!(!forwarder.reachable("p"));
+        let peer = forwarder.peer("p").unwrap();
+        until("six probes", || peer.probed_at.lock().len() >= 6).await;
+        // Each probe waits 100, 200, 400, 800, 1000 ms after the last one failed, and a wait
+        // never ends early: each comes at least that long after the one before (a slow
+        // machine only makes them later). At a fixed 100 ms, they would come every 100 ms.
+        let at: Vec<Duration> = peer.probed_at.lock().iter().map(|t| *t - start).collect();
+        assert!(at[0] >= Duration::from_millis(100), "{at:?}");
+        for (k, wait) in [200, 400, 800, 1000, 1000].into_iter().enumerate() {
+            let gap = at[k + 1] - at[k];
+            assert!(
+                gap >= Duration::from_millis(wait),
+                "probe {} after {gap:?}: {at:?}",
+                k + 1
+            );
+        }
+        assert!(!forwarder.reachable("p"));
+    }
+
+    /// A peer whose kernel still accepts connections but whose process does not answer
+    /// (stopped, hung) stays down: hyper's client handshake and `ready()` return without a
+    /// byte from the peer, so a probe that stopped there brought it back at every probe, 100 ms
+    /// after it went down, and live requests were sent to it again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_accepts_connections_but_never_answers_stays_down() {
+        // Accepts every connection and keeps it open, never reading or writing a byte.
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let silent = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let forwarder = forwarder_to(address);
+        let peer = forwarder.peer("p").unwrap();
+        peer.set_down("the test says so");
+        // Through the first four probes (100 + 200 + 400 + 800 ms apart at the least).
+        let start = Instant::now();
+        while peer.probed_at.lock().len() < 4 {
+            assert!(
+                !forwarder.reachable("p"),
+                "back after {:?} with no answer from it; probes at {:?}",
+                start.elapsed(),
+                peer.probed_at.lock()
+            );
+            assert!(start.elapsed() < Duration::from_secs(20));
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        silent.abort();
+    }
 }

@@ -1,8 +1,9 @@
 //! The registry and the view against a real etcd (Debian's `etcd-server`, started on free
-//! loopback ports by `LocalEtcd`): records appear in a view within milliseconds, go when deleted, go with the
-//! lease when their process stops keeping it, come back on a new lease when etcd lets the old
-//! one expire, and a view follows changes across a compaction. (A watch whose start revision
-//! was compacted away is tested in `view.rs`.)
+//! loopback ports by `LocalEtcd`): records appear in a view, go when deleted, go with the
+//! lease when their process stops keeping it (not before), come back on a new lease when etcd
+//! lets the old one expire, and a view follows changes across a compaction. (A watch whose
+//! start revision was compacted away is tested in `view.rs`.) Waits are bounded generously
+//! ([`WAIT`]); what is asserted is what etcd holds, and the order things happen in.
 
 use std::time::Duration;
 
@@ -16,23 +17,24 @@ async fn etcd() -> (LocalEtcd, Client) {
     (etcd, client)
 }
 
-/// Waits (at most `within`) until the view's records satisfy `ok`; returns how long it took.
-async fn until(
-    view: &mut View,
-    within: Duration,
-    ok: impl Fn(&modelmux_cluster::Records) -> bool,
-) -> Duration {
+/// How long a test waits for what it expects before failing: far longer than any step it
+/// waits for (a watch event: milliseconds; a lease TTL here: 2 s).
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Waits (at most [`WAIT`]) until the view's records satisfy `ok`.
+async fn until(view: &mut View, ok: impl Fn(&modelmux_cluster::Records) -> bool) {
     let start = Instant::now();
     while !ok(&view.records()) {
-        let left = within.saturating_sub(start.elapsed());
-        assert!(
-            !left.is_zero(),
-            "not within {within:?}: {:?}",
-            view.records()
-        );
+        let left = WAIT.saturating_sub(start.elapsed());
+        assert!(!left.is_zero(), "not within {WAIT:?}: {:?}", view.records());
         let _ = tokio::time::timeout(left, view.changed()).await;
     }
-    start.elapsed()
+}
+
+/// Whether etcd holds `key` now, and on which lease.
+async fn lease_of(client: &Client, key: &str) -> Option<i64> {
+    let reply = client.get(key).await.unwrap();
+    reply.kvs.first().map(|kv| kv.lease)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -47,55 +49,62 @@ async fn records_appear_go_and_follow_their_lease() {
         .unwrap();
     a.put("mm/nodes/a", "node a").await.unwrap();
     a.put("mm/models/x/a", "loaded").await.unwrap();
-    let took = until(&mut view, Duration::from_secs(2), |r| r.len() == 2).await;
+    assert_eq!(lease_of(&client, "mm/nodes/a").await, Some(a.lease_id()));
+    until(&mut view, |r| r.len() == 2).await;
     assert_eq!(view.records()["mm/nodes/a"], b"node a");
-    assert!(took < Duration::from_millis(500), "seen after {took:?}");
     a.delete("mm/models/x/a").await.unwrap();
-    until(&mut view, Duration::from_secs(2), |r| {
-        !r.contains_key("mm/models/x/a")
-    })
-    .await;
+    until(&mut view, |r| !r.contains_key("mm/models/x/a")).await;
 
-    // Kept alive past its TTL.
+    // Kept alive past its TTL: still there, on the same lease.
     tokio::time::sleep(ttl * 2).await;
     assert!(
         view.records().contains_key("mm/nodes/a"),
         "the lease was kept alive"
     );
+    assert_eq!(lease_of(&client, "mm/nodes/a").await, Some(a.lease_id()));
 
     // etcd lets the lease go (as after a long partition): the records come back on a new one.
     let old = a.lease_id();
     client.lease_revoke(old).await.unwrap();
-    until(&mut view, Duration::from_secs(5), |r| {
-        r.contains_key("mm/nodes/a") && r.len() == 1
-    })
-    .await;
-    let deadline = Instant::now() + Duration::from_secs(5);
+    assert_eq!(lease_of(&client, "mm/nodes/a").await, None, "went with it");
+    let deadline = Instant::now() + WAIT;
     while a.lease_id() == old {
         assert!(Instant::now() < deadline, "no new lease");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    until(&mut view, Duration::from_secs(5), |r| {
-        r.contains_key("mm/nodes/a")
-    })
-    .await;
+    until(&mut view, |r| r.contains_key("mm/nodes/a") && r.len() == 1).await;
+    assert_eq!(lease_of(&client, "mm/nodes/a").await, Some(a.lease_id()));
 
-    // A process that stops keeping its lease (it died): its records go within the TTL.
+    // A process that stops keeping its lease (it died): its records stay while the lease
+    // lasts, and go with it.
+    let granted = Instant::now();
     let b = Registry::start(client.clone(), RegistryOptions::with_ttl(ttl))
         .await
         .unwrap();
     b.put("mm/nodes/b", "node b").await.unwrap();
-    until(&mut view, Duration::from_secs(2), |r| {
-        r.contains_key("mm/nodes/b")
-    })
-    .await;
+    until(&mut view, |r| r.contains_key("mm/nodes/b")).await;
+    let lease = b.lease_id();
+    assert_eq!(lease_of(&client, "mm/nodes/b").await, Some(lease));
     drop(b);
-    let gone = until(&mut view, ttl * 3, |r| !r.contains_key("mm/nodes/b")).await;
-    assert!(gone <= ttl * 3, "{gone:?}");
+    until(&mut view, |r| !r.contains_key("mm/nodes/b")).await;
+    // Not before the lease could expire: it was granted (or last kept alive) no earlier than
+    // `granted`, with the whole TTL to live. (A lower bound: a slow machine only makes it
+    // later.)
+    let gone = granted.elapsed();
+    assert!(gone >= ttl, "gone {gone:?} after the lease was granted");
+    // It went because the lease expired: etcd no longer knows the lease.
+    let revoked = client.lease_revoke(lease).await;
+    assert!(
+        revoked.as_ref().is_err_and(|e| e.is_lease_not_found()),
+        "{revoked:?}"
+    );
+    // Nothing else went with it.
+    assert!(view.records().contains_key("mm/nodes/a"));
 
-    // A clean stop takes its records at once.
+    // A clean stop takes its records at once: gone from etcd when `close` returns.
     a.close().await.unwrap();
-    until(&mut view, Duration::from_secs(1), |r| r.is_empty()).await;
+    assert_eq!(lease_of(&client, "mm/nodes/a").await, None);
+    until(&mut view, |r| r.is_empty()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -115,7 +124,7 @@ async fn a_view_follows_changes_across_a_compaction_and_matches_a_fresh_read() {
     let revision = last.header.unwrap().revision;
     writer.compact(revision, true).await.unwrap();
     writer.delete("mm/k1").await.unwrap();
-    until(&mut view, Duration::from_secs(5), |r| {
+    until(&mut view, |r| {
         r.len() == 49 && r.get("mm/k0").is_some_and(|v| v == b"changed")
     })
     .await;

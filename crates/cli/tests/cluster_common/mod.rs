@@ -87,6 +87,17 @@ pub mod wire {
             path: &str,
             model: &str,
         ) -> Result<Reply, String> {
+            self.get_with(url, path, model, &[]).await
+        }
+
+        /// A GET with extra `headers`.
+        pub(crate) async fn get_with(
+            &self,
+            url: &str,
+            path: &str,
+            model: &str,
+            headers: &[(&str, &str)],
+        ) -> Result<Reply, String> {
             let addr = url.trim_start_matches("http://").to_string();
             let stream = tokio::net::TcpStream::connect(&addr)
                 .await
@@ -99,6 +110,9 @@ pub mod wire {
             let mut request = hyper::Request::builder().uri(path).header("host", &addr);
             if !model.is_empty() {
                 request = request.header("serve_multiplexed_model_id", model);
+            }
+            for (name, value) in headers {
+                request = request.header(*name, *value);
             }
             let request = request
                 .body(http_body_util::Full::new(bytes::Bytes::new()))
@@ -114,6 +128,7 @@ pub mod wire {
                 .and_then(|v| v.to_str().ok())
                 .unwrap_or_default()
                 .to_string();
+            let headers = response.headers().clone();
             let body = response
                 .into_body()
                 .collect()
@@ -123,6 +138,7 @@ pub mod wire {
             Ok(Reply {
                 status,
                 replica,
+                headers,
                 body: String::from_utf8_lossy(&body).into_owned(),
             })
         }
@@ -130,7 +146,9 @@ pub mod wire {
 
     pub(crate) struct Reply {
         pub(crate) status: u16,
+        /// Its `x-modelmux-replica`: the replica that served it.
         pub(crate) replica: String,
+        pub(crate) headers: http::HeaderMap,
         pub(crate) body: String,
     }
 }
@@ -178,11 +196,22 @@ impl Client {
 
     /// Model loads a node started (its `/metrics`).
     pub async fn loads(&self, url: &str) -> u64 {
+        self.counter(url, "modelmux_model_loads_total").await
+    }
+
+    /// Requests a node's own replicas handled (its `/metrics`).
+    pub async fn requests(&self, url: &str) -> u64 {
+        self.counter(url, "modelmux_requests_total").await
+    }
+
+    /// The sum of a counter's samples in a node's `/metrics`.
+    async fn counter(&self, url: &str, name: &str) -> u64 {
         let reply = self.http.get(url, "/metrics", "").await.unwrap();
+        let prefix = format!("{name}{{");
         reply
             .body
             .lines()
-            .filter(|l| l.starts_with("modelmux_model_loads_total{"))
+            .filter(|l| l.starts_with(&prefix))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum::<f64>() as u64
     }
@@ -218,9 +247,20 @@ pub struct Traffic {
     pub failed: Vec<String>,
     /// Each request's start and how long it took.
     pub timings: Vec<(Instant, Duration)>,
+    /// Each request answered 200: its start and the replica that served it.
+    pub served: Vec<(Instant, String)>,
 }
 
 impl Traffic {
+    /// How many requests started before `before` were served by a replica of `node`.
+    pub fn served_by_before(&self, node: &str, before: Instant) -> usize {
+        let suffix = format!("@{node}");
+        self.served
+            .iter()
+            .filter(|(start, replica)| *start < before && replica.ends_with(&suffix))
+            .count()
+    }
+
     /// The longest a request started after `after` took.
     pub fn slowest_after(&self, after: Instant) -> Duration {
         self.timings
@@ -244,15 +284,17 @@ pub async fn traffic(
     let ok = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let timings = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let served = Arc::new(parking_lot::Mutex::new(Vec::new()));
     let mut loops = Vec::new();
     for c in 0..clients {
-        let (client, url, stop, ok, failed, timings) = (
+        let (client, url, stop, ok, failed, timings, served) = (
             client.clone(),
             url.clone(),
             stop.clone(),
             ok.clone(),
             failed.clone(),
             timings.clone(),
+            served.clone(),
         );
         loops.push(tokio::spawn(async move {
             let mut i = c;
@@ -265,6 +307,7 @@ pub async fn traffic(
                 match reply {
                     Ok(r) if r.status == 200 => {
                         ok.fetch_add(1, Ordering::SeqCst);
+                        served.lock().push((start, r.replica));
                     }
                     Ok(r) => {
                         let kind = serde_json::from_str::<Value>(&r.body)
@@ -283,9 +326,11 @@ pub async fn traffic(
     }
     let failed = failed.lock().clone();
     let timings = timings.lock().clone();
+    let served = served.lock().clone();
     Traffic {
         ok: ok.load(Ordering::SeqCst),
         failed,
         timings,
+        served,
     }
 }
