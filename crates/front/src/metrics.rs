@@ -16,7 +16,7 @@
 //! | `modelmux_models_loaded` | `ray_serve_num_multiplexed_models` |
 //! | `modelmux_model_loaded{model=...}` | `ray_serve_registered_multiplexed_model_id` |
 //! | `modelmux_cache_hits_total` + `modelmux_cache_misses_total` | `ray_serve_multiplexed_get_model_requests_counter_total` |
-//! | `modelmux_model_load_failures_total`, `modelmux_model_unload_failures_total`, `modelmux_model_evictions_total`, `modelmux_models_loading`, `modelmux_model_bytes` | (none) |
+//! | `modelmux_model_load_failures_total`, `modelmux_model_unload_failures_total`, `modelmux_model_evictions_total`, `modelmux_models_loading`, `modelmux_model_bytes`, `modelmux_model_pinned{model=...}`, `modelmux_model_resident_bytes{model=...}` | (none) |
 
 use std::fmt::Write;
 
@@ -245,12 +245,42 @@ pub(crate) fn render(state: &FrontState) -> String {
         "1 for each model loaded on the replica.",
     );
     for r in replicas {
-        for id in &r.loaded_models {
+        for info in &r.loaded_models {
             x.sample(
                 "modelmux_model_loaded",
-                &with(labels(r), "model", id.as_str()),
+                &with(labels(r), "model", info.id.as_str()),
                 1,
             );
+        }
+    }
+    x.family(
+        "modelmux_model_pinned",
+        "gauge",
+        "For each model loaded on the replica: 1 if pinned against eviction, else 0.",
+    );
+    for r in replicas {
+        for info in &r.loaded_models {
+            x.sample(
+                "modelmux_model_pinned",
+                &with(labels(r), "model", info.id.as_str()),
+                u8::from(info.pinned),
+            );
+        }
+    }
+    x.family(
+        "modelmux_model_resident_bytes",
+        "gauge",
+        "Bytes each loaded model holds on the replica, where its size is known.",
+    );
+    for r in replicas {
+        for info in &r.loaded_models {
+            if let Some(bytes) = info.size_bytes {
+                x.sample(
+                    "modelmux_model_resident_bytes",
+                    &with(labels(r), "model", info.id.as_str()),
+                    bytes,
+                );
+            }
         }
     }
     deployment_metrics(&mut x, replicas);

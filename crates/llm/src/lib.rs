@@ -30,8 +30,8 @@ mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{
-    AdapterLease, Engine, EngineConfig, EngineSnapshot, FinishReason, Generation, GenerationEvent,
-    GenerationRequest, GenerationStream, ModelReloader, Usage,
+    AdapterLease, AdaptersInUse, Engine, EngineConfig, EngineSnapshot, FinishReason, Generation,
+    GenerationEvent, GenerationRequest, GenerationStream, ModelReloader, Usage,
 };
 pub use error::{ErrorKind, LlmError, Result};
 pub use gguf::{GgufFile, LlamaConfig};

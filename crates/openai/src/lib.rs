@@ -145,7 +145,7 @@ pub fn llm_deployments(
             if let Some(cache) = runtime.adapters() {
                 ctx.register_multiplexer(cache);
             }
-            let metrics = Arc::new(metrics::LlmMetrics::new(runtime.engine().clone()));
+            let metrics = Arc::new(metrics::LlmMetrics::new(&runtime));
             ctx.register_metrics(metrics.clone());
             let max_prompt_bytes =
                 longest_token(runtime.tokenizer()) * runtime.engine().config().max_model_len;

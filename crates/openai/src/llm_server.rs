@@ -348,7 +348,7 @@ mod tests {
             .await
             .unwrap();
         let server = LlmServer {
-            metrics: Arc::new(LlmMetrics::new(runtime.engine().clone())),
+            metrics: Arc::new(LlmMetrics::new(&runtime)),
             max_prompt_bytes: longest_token(runtime.tokenizer()) * 512,
             runtime: Arc::new(runtime),
             stream_interval: Duration::ZERO,

@@ -145,8 +145,12 @@ impl Timing {
 
     fn finished(&self, reason: FinishReason, usage: Usage) {
         let decoding = self.first.map_or(Duration::ZERO, |f| f.elapsed());
-        self.metrics
-            .finished(reason, usage.completion_tokens, decoding);
+        self.metrics.finished(
+            reason,
+            usage.completion_tokens,
+            decoding,
+            self.started.elapsed(),
+        );
     }
 }
 

@@ -13,10 +13,11 @@
 
 mod run;
 mod sequence;
+mod stats;
 
 use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -27,6 +28,9 @@ use crate::lora::LoraAdapter;
 use crate::model::LlamaModel;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TextTokenizer;
+
+pub use stats::{AdaptersInUse, EngineSnapshot};
+pub(crate) use stats::{EngineStats, StopFlag};
 
 /// Limits of one engine.
 #[derive(Clone, Debug, PartialEq)]
@@ -250,56 +254,6 @@ impl GenerationStream {
             "the engine ended the stream without finishing it".into(),
         )))
     }
-}
-
-/// Live figures of an engine.
-#[derive(Debug, Default)]
-pub(crate) struct EngineStats {
-    running: AtomicUsize,
-    waiting: AtomicUsize,
-    steps: AtomicU64,
-    prompt_tokens: AtomicU64,
-    generated_tokens: AtomicU64,
-    /// Set when the engine thread ends, however it ends (a panic outside a step included).
-    stopped: std::sync::atomic::AtomicBool,
-    /// While set, the engine runs no step and admits nothing (requests still queue).
-    paused: std::sync::atomic::AtomicBool,
-    /// Asked to release the weights (set) or to have them (clear).
-    want_sleep: std::sync::atomic::AtomicBool,
-    /// Whether the weights are released now.
-    asleep: std::sync::atomic::AtomicBool,
-    /// Why the last wake-up failed, if it did.
-    wake_error: parking_lot::Mutex<Option<String>>,
-    /// Fault injection for tests: the next step panics (see [`Engine::inject_step_panic`]).
-    inject_panic: std::sync::atomic::AtomicBool,
-}
-
-/// Marks the engine stopped when dropped: held by the engine thread for its whole life.
-pub(crate) struct StopFlag(pub(crate) Arc<EngineStats>);
-
-impl Drop for StopFlag {
-    fn drop(&mut self) {
-        self.0.stopped.store(true, Ordering::SeqCst);
-    }
-}
-
-/// A snapshot of [`EngineStats`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineSnapshot {
-    /// Sequences admitted and not finished.
-    pub running: usize,
-    /// Requests waiting for admission.
-    pub waiting: usize,
-    /// Steps run.
-    pub steps: u64,
-    /// Prompt tokens prefilled.
-    pub prompt_tokens: u64,
-    /// Tokens generated.
-    pub generated_tokens: u64,
-    /// KV bytes reserved by live sequences.
-    pub kv_reserved_bytes: u64,
-    /// The KV budget.
-    pub kv_capacity_bytes: u64,
 }
 
 /// A request for an embedding, run by the engine thread between two steps.
@@ -564,6 +518,11 @@ impl Engine {
     #[doc(hidden)]
     pub fn inject_step_panic(&self) {
         self.inner.stats.inject_panic.store(true, Ordering::SeqCst);
+    }
+
+    /// The adapters its running and waiting sequences use, as of the last step.
+    pub fn adapters_in_use(&self) -> AdaptersInUse {
+        self.inner.stats.adapters.lock().clone()
     }
 
     /// Live figures.

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::sequence::{Progress, Sequence};
-use super::{Command, EngineConfig, EngineStats};
+use super::{AdaptersInUse, Command, EngineConfig, EngineStats};
 use crate::error::LlmError;
 use crate::kv::{KvBudget, KvCache};
 use crate::model::{LlamaModel, Segment};
@@ -307,6 +307,12 @@ impl EngineLoop {
         self.stats
             .waiting
             .store(self.waiting.len(), Ordering::Relaxed);
+        let running = AdaptersInUse::ids(self.running.iter().map(adapter_id));
+        let waiting = AdaptersInUse::ids(self.waiting.iter().map(adapter_id));
+        let mut adapters = self.stats.adapters.lock();
+        if adapters.running != running || adapters.waiting != waiting {
+            *adapters = AdaptersInUse { running, waiting };
+        }
     }
 
     /// One forward pass over every running sequence, then sampling.
@@ -389,4 +395,9 @@ impl EngineLoop {
         }
         Ok(())
     }
+}
+
+/// The id of the adapter `s` uses, `None` for the base model.
+fn adapter_id(s: &Sequence) -> Option<&str> {
+    s.adapter.as_ref().map(|a| a.id())
 }

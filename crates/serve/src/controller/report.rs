@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use modelmux_cache::{HistogramSnapshot, MetricsSnapshot, ModelId, ModelStatus};
+use modelmux_cache::{HistogramSnapshot, MetricsSnapshot, ModelStatus};
 use serde::Serialize;
 
 use super::Controller;
@@ -141,8 +141,8 @@ pub struct ReplicaMetrics {
     pub ongoing: usize,
     /// Its caches' counters, summed (none: it has no cache).
     pub cache: Option<MetricsSnapshot>,
-    /// The models loaded now.
-    pub loaded_models: Vec<ModelId>,
+    /// The models loaded now (with their pinning and size).
+    pub loaded_models: Vec<modelmux_cache::ModelInfo>,
     /// The families its deployment adds (an LLM engine's token counts, say).
     pub families: Vec<MetricFamily>,
 }
@@ -294,7 +294,6 @@ fn replica_metrics(r: &Replica) -> ReplicaMetrics {
         .iter()
         .flat_map(|c| c.models())
         .filter(|info| info.status == ModelStatus::Loaded)
-        .map(|info| info.id)
         .collect();
     ReplicaMetrics {
         app: r.app.clone(),

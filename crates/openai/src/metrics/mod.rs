@@ -1,7 +1,11 @@
-//! What one LLM replica adds to `/metrics`. Adapter loads, their latency and the adapters held
-//! are the multiplexing metrics the serve layer already exports for the replica's adapter
-//! cache (`modelmux_model_loads_total`, `modelmux_model_load_duration_seconds`,
-//! `modelmux_models_loaded`, `modelmux_model_loaded{model=...}`).
+//! What one LLM replica adds to `/metrics`, under modelmux's names and (`vllm.rs`) under the
+//! names vLLM uses, which LLM gateways and autoscalers read. Adapter loads, their latency and
+//! the adapters held are the multiplexing metrics the serve layer already exports for the
+//! replica's adapter cache (`modelmux_model_loads_total`, `modelmux_model_load_duration_seconds`,
+//! `modelmux_models_loaded`, `modelmux_model_loaded{model=...}`, `modelmux_model_pinned`,
+//! `modelmux_model_resident_bytes`).
+
+mod vllm;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,11 +25,21 @@ static TPOT_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 2.5,
 ];
 
+/// End-to-end request latency: from 50 ms to 5 minutes.
+static E2E_BUCKETS: [f64; 15] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 1.5, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 60.0, 120.0, 300.0,
+];
+
 /// One replica's LLM metrics.
 pub(crate) struct LlmMetrics {
     engine: Engine,
+    /// The base model's id: vLLM's `model_name` label.
+    model_name: String,
+    /// Adapters one replica holds at most: vLLM's `max_lora`.
+    max_adapters: usize,
     ttft: DurationHistogram,
     tpot: DurationHistogram,
+    e2e: DurationHistogram,
     /// Requests that reached the engine, by model (the base model's id or an adapter's, only
     /// ones that exist, so the label set is bounded by the repository).
     requests: Mutex<HashMap<String, u64>>,
@@ -34,11 +48,14 @@ pub(crate) struct LlmMetrics {
 }
 
 impl LlmMetrics {
-    pub(crate) fn new(engine: Engine) -> Self {
+    pub(crate) fn new(runtime: &modelmux_llm::LlmRuntime) -> Self {
         Self {
-            engine,
+            engine: runtime.engine().clone(),
+            model_name: runtime.options().model_id.clone(),
+            max_adapters: runtime.options().max_adapters,
             ttft: DurationHistogram::new(&TTFT_BUCKETS),
             tpot: DurationHistogram::new(&TPOT_BUCKETS),
+            e2e: DurationHistogram::new(&E2E_BUCKETS),
             requests: Mutex::default(),
             finished_stop: AtomicU64::new(0),
             finished_length: AtomicU64::new(0),
@@ -53,13 +70,16 @@ impl LlmMetrics {
         self.ttft.observe(after);
     }
 
-    /// A finished sequence: `decoding` is the time from its first token to its last.
+    /// A finished sequence: `decoding` is the time from its first token to its last, `total`
+    /// from the request reaching the replica to its end.
     pub(crate) fn finished(
         &self,
         reason: modelmux_llm::FinishReason,
         tokens: usize,
         decoding: Duration,
+        total: Duration,
     ) {
+        self.e2e.observe(total);
         if tokens > 1 {
             self.tpot.observe(decoding / (tokens as u32 - 1));
         }
@@ -78,6 +98,7 @@ fn number(name: &'static str, help: &'static str, kind: MetricKind, v: u64) -> M
 impl MetricsSource for LlmMetrics {
     fn collect(&self) -> Vec<MetricFamily> {
         let s = self.engine.snapshot();
+        let mut families = self.vllm(&s);
         let mut requests: Vec<_> = self
             .requests
             .lock()
@@ -85,7 +106,7 @@ impl MetricsSource for LlmMetrics {
             .map(|(m, n)| (m.clone(), *n))
             .collect();
         requests.sort();
-        vec![
+        families.extend([
             MetricFamily::single(
                 "modelmux_llm_time_to_first_token_seconds",
                 "Time from a generation request reaching its replica to its first token.",
@@ -161,6 +182,7 @@ impl MetricsSource for LlmMetrics {
                     })
                     .collect(),
             },
-        ]
+        ]);
+        families
     }
 }
