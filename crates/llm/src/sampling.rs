@@ -28,7 +28,17 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     /// Keep going past the end-of-sequence token.
     pub ignore_eos: bool,
+    /// Added to a token's logit before sampling (OpenAI's `logit_bias`: -100 to 100; -100
+    /// bans the token, 100 all but forces it).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Subtracted from the logit of every token already generated (-2 to 2).
+    pub presence_penalty: f32,
+    /// Subtracted from a token's logit once per time it was generated (-2 to 2).
+    pub frequency_penalty: f32,
 }
+
+/// Most `logit_bias` entries one request may carry.
+pub(crate) const MAX_LOGIT_BIAS: usize = 1024;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -41,6 +51,9 @@ impl Default for SamplingParams {
             stop: Vec::new(),
             stop_token_ids: Vec::new(),
             ignore_eos: false,
+            logit_bias: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 }
@@ -91,6 +104,31 @@ impl SamplingParams {
                 s.len()
             ));
         }
+        for (name, value) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if !(-2.0..=2.0).contains(&value) {
+                return bad(format!("{name} must be between -2 and 2, got {value}"));
+            }
+        }
+        if self.logit_bias.len() > MAX_LOGIT_BIAS {
+            return bad(format!(
+                "logit_bias may bias at most {MAX_LOGIT_BIAS} tokens, got {}",
+                self.logit_bias.len()
+            ));
+        }
+        if let Some((token, bias)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !(-100.0..=100.0).contains(b))
+        {
+            return bad(format!(
+                "logit_bias values must be between -100 and 100, got {bias} for token {token}"
+            ));
+        }
+        let biased: Vec<u32> = self.logit_bias.iter().map(|(t, _)| *t).collect();
+        crate::check_token_ids("logit_bias", &biased, vocab_size)?;
         crate::check_token_ids("stop_token_ids", &self.stop_token_ids, vocab_size)
     }
 }
@@ -102,6 +140,11 @@ pub struct Sampler {
     top_p: f32,
     rng: ChaCha8Rng,
     scratch: Vec<(f32, u32)>,
+    logit_bias: Vec<(u32, f32)>,
+    presence_penalty: f32,
+    frequency_penalty: f32,
+    /// How often each token was generated so far (kept only when a penalty is set).
+    generated: std::collections::HashMap<u32, u32>,
 }
 
 impl Sampler {
@@ -118,11 +161,39 @@ impl Sampler {
             top_p: params.top_p,
             rng: ChaCha8Rng::seed_from_u64(seed),
             scratch: Vec::new(),
+            logit_bias: params.logit_bias.clone(),
+            presence_penalty: params.presence_penalty,
+            frequency_penalty: params.frequency_penalty,
+            generated: std::collections::HashMap::new(),
         }
     }
 
-    /// The next token.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    /// The next token, after the logit bias and the penalties are applied to `logits` (in
+    /// place), as OpenAI defines them: `logit[j] + bias[j] - count[j] * frequency_penalty -
+    /// (count[j] > 0) * presence_penalty`, `count[j]` being how often `j` was generated so far
+    /// in this sequence (the prompt does not count, as in vLLM).
+    pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
+        for &(token, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(token as usize) {
+                *l += bias;
+            }
+        }
+        let penalised = self.presence_penalty != 0.0 || self.frequency_penalty != 0.0;
+        if penalised {
+            for (&token, &count) in &self.generated {
+                if let Some(l) = logits.get_mut(token as usize) {
+                    *l -= count as f32 * self.frequency_penalty + self.presence_penalty;
+                }
+            }
+        }
+        let token = self.pick(logits);
+        if penalised {
+            *self.generated.entry(token).or_default() += 1;
+        }
+        token
+    }
+
+    fn pick(&mut self, logits: &[f32]) -> u32 {
         if self.temperature == 0.0 || self.top_k == 1 {
             return argmax(logits);
         }
@@ -206,7 +277,7 @@ mod tests {
     fn greedy_takes_the_first_maximum() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NAN]), 1);
         let mut s = Sampler::new(&SamplingParams::greedy(1));
-        assert_eq!(s.sample(&[0.0, -1.0, 5.0]), 2);
+        assert_eq!(s.sample(&mut [0.0, -1.0, 5.0]), 2);
     }
 
     #[test]
@@ -214,7 +285,9 @@ mod tests {
         let logits: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
             let mut s = Sampler::new(&params(1.0, 0, 1.0, seed));
-            (0..50).map(|_| s.sample(&logits)).collect::<Vec<_>>()
+            (0..50)
+                .map(|_| s.sample(&mut logits.clone()))
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
@@ -229,15 +302,80 @@ mod tests {
         logits[30] = (0.1f32).ln();
         let mut s = Sampler::new(&params(1.0, 2, 1.0, 1));
         for _ in 0..500 {
-            assert!(matches!(s.sample(&logits), 10 | 20));
+            assert!(matches!(s.sample(&mut logits.clone()), 10 | 20));
         }
         let mut s = Sampler::new(&params(1.0, 0, 0.85, 1));
         let mut seen = [0usize; 50];
         for _ in 0..2000 {
-            seen[s.sample(&logits) as usize] += 1;
+            seen[s.sample(&mut logits.clone()) as usize] += 1;
         }
         assert_eq!(seen[30], 0);
         assert!(seen[10] > seen[20] && seen[20] > 300, "{seen:?}");
+    }
+
+    /// OpenAI's definition, written out on its own: the adjusted logits for a sequence that
+    /// generated `history`.
+    fn openai_adjusted(
+        logits: &[f32],
+        history: &[u32],
+        bias: &[(u32, f32)],
+        presence: f32,
+        frequency: f32,
+    ) -> Vec<f32> {
+        let mut out = logits.to_vec();
+        for (j, l) in out.iter_mut().enumerate() {
+            let count = history.iter().filter(|&&t| t as usize == j).count() as f32;
+            let biased: f32 = bias
+                .iter()
+                .filter(|(t, _)| *t as usize == j)
+                .map(|(_, b)| b)
+                .sum();
+            *l = *l + biased - count * frequency - if count > 0.0 { presence } else { 0.0 };
+        }
+        out
+    }
+
+    #[test]
+    fn penalties_and_bias_follow_openais_definition() {
+        // Greedy over 40 steps of varied logits, each penalty and bias setting: every token is
+        // the argmax of the logits adjusted by the definition above, for the history so far.
+        for (presence, frequency, bias) in [
+            (0.0, 0.7, vec![]),
+            (0.9, 0.0, vec![]),
+            (0.4, 0.3, vec![(3u32, 2.0f32), (7, -100.0)]),
+            (-0.5, -0.2, vec![(1, 0.5)]),
+            (0.0, 0.0, vec![(5, 100.0)]),
+        ] {
+            let params = SamplingParams {
+                presence_penalty: presence,
+                frequency_penalty: frequency,
+                logit_bias: bias.clone(),
+                ..SamplingParams::greedy(40)
+            };
+            let mut s = Sampler::new(&params);
+            let mut history = Vec::new();
+            for step in 0..40 {
+                let logits: Vec<f32> = (0..12)
+                    .map(|i| ((i * 7 + step) as f32 * 0.61).sin() * 2.0)
+                    .collect();
+                let want = argmax(&openai_adjusted(
+                    &logits, &history, &bias, presence, frequency,
+                ));
+                let got = s.sample(&mut logits.clone());
+                assert_eq!(got, want, "step {step}, {presence}/{frequency}/{bias:?}");
+                history.push(got);
+            }
+            if bias.contains(&(7, -100.0)) {
+                assert!(!history.contains(&7), "a -100 bias bans the token");
+            }
+            if bias.contains(&(5, 100.0)) {
+                assert!(history.iter().all(|&t| t == 5), "a 100 bias forces it");
+            }
+            if frequency > 0.5 {
+                let distinct: std::collections::HashSet<_> = history.iter().collect();
+                assert!(distinct.len() > 3, "repetition is penalised: {history:?}");
+            }
+        }
     }
 
     #[test]
@@ -278,6 +416,34 @@ mod tests {
                     ..SamplingParams::default()
                 },
                 "stop_token_ids",
+            ),
+            (
+                SamplingParams {
+                    presence_penalty: 2.5,
+                    ..SamplingParams::default()
+                },
+                "presence_penalty",
+            ),
+            (
+                SamplingParams {
+                    frequency_penalty: -3.0,
+                    ..SamplingParams::default()
+                },
+                "frequency_penalty",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(1, 101.0)],
+                    ..SamplingParams::default()
+                },
+                "logit_bias",
+            ),
+            (
+                SamplingParams {
+                    logit_bias: vec![(100, 1.0)],
+                    ..SamplingParams::default()
+                },
+                "logit_bias",
             ),
         ] {
             let e = p.validate(v).unwrap_err().to_string();

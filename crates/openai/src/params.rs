@@ -89,6 +89,33 @@ fn token_ids(param: &str, ids: &[i64]) -> Result<Vec<u32>, ServeError> {
         .collect()
 }
 
+/// `logit_bias`: token ids (as JSON object keys) to numbers from -100 to 100. The ids are
+/// checked against the vocabulary with the rest of the sampling parameters.
+fn logit_bias(
+    map: serde_json::Map<String, serde_json::Value>,
+) -> Result<Vec<(u32, f32)>, ServeError> {
+    map.into_iter()
+        .map(|(key, value)| {
+            let token = key.parse::<u32>().map_err(|_| {
+                invalid(
+                    "logit_bias",
+                    format!("logit_bias: '{key}' is not a token id"),
+                )
+            })?;
+            let bias = value
+                .as_f64()
+                .filter(|b| (-100.0..=100.0).contains(b))
+                .ok_or_else(|| {
+                    invalid(
+                        "logit_bias",
+                        format!("logit_bias: the bias of token {key} must be a number from -100 to 100, got {value}"),
+                    )
+                })?;
+            Ok((token, bias as f32))
+        })
+        .collect()
+}
+
 fn unsupported(param: &str, what: &str) -> ServeError {
     invalid(
         param,
@@ -210,13 +237,22 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
     if b.suffix.is_some() {
         return Err(unsupported("suffix", "a suffix (fill-in-the-middle)"));
     }
-    for (param, value) in [
-        ("frequency_penalty", b.frequency_penalty),
+    let mut penalties = [0.0f32; 2];
+    for (slot, (param, value)) in penalties.iter_mut().zip([
         ("presence_penalty", b.presence_penalty),
-    ] {
-        if value.is_some_and(|v| v != 0.0) {
-            return Err(unsupported(param, "a penalty other than 0"));
+        ("frequency_penalty", b.frequency_penalty),
+    ]) {
+        let value = value.unwrap_or(0.0);
+        if !(-2.0..=2.0).contains(&value) {
+            return Err(invalid(
+                param,
+                format!("{param} must be between -2 and 2, got {value}"),
+            ));
         }
+        *slot = value as f32;
+    }
+    if b.store == Some(true) {
+        return Err(unsupported("store", "storing completions"));
     }
     let wants_logprobs = |v: &Option<serde_json::Value>| {
         v.as_ref()
@@ -225,9 +261,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
     if wants_logprobs(&b.logprobs) || wants_logprobs(&b.top_logprobs) {
         return Err(unsupported("logprobs", "returning log probabilities"));
     }
-    if b.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
-        return Err(unsupported("logit_bias", "a logit bias"));
-    }
+    let logit_bias = logit_bias(b.logit_bias.unwrap_or_default())?;
     if b.tools.as_ref().is_some_and(|t| !t.is_empty()) || b.tool_choice.is_some() {
         return Err(unsupported("tools", "tool calling"));
     }
@@ -314,6 +348,9 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             stop,
             stop_token_ids: token_ids("stop_token_ids", &b.stop_token_ids.unwrap_or_default())?,
             ignore_eos: b.ignore_eos.unwrap_or(false),
+            logit_bias,
+            presence_penalty: penalties[0],
+            frequency_penalty: penalties[1],
         },
         max_tokens,
         stream,
@@ -429,10 +466,20 @@ mod tests {
             br#"{"model": "m:a", "messages": [{"role": "developer", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "hi "}, {"type": "text", "text": "there"}]}],
                 "max_tokens": 5, "temperature": 0, "stop": "x", "seed": -1, "stream": true,
-                "stream_options": {"include_usage": true}, "user": "u1"}"#,
+                "stream_options": {"include_usage": true}, "user": "u1",
+                "metadata": {"team": "a"}, "service_tier": "auto", "store": false,
+                "presence_penalty": 0.5, "frequency_penalty": -0.25,
+                "logit_bias": {"7": -100, "12": 3.5}}"#,
         )
         .unwrap();
         assert_eq!(job.model, "m:a");
+        assert_eq!(
+            (job.params.presence_penalty, job.params.frequency_penalty),
+            (0.5, -0.25)
+        );
+        let mut bias = job.params.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, [(7, -100.0), (12, 3.5)]);
         let Prompt::Chat(m) = &job.prompt else {
             panic!()
         };
@@ -462,7 +509,11 @@ mod tests {
             (chat(r#", "colour": "red""#), ".", "unknown field `colour`"),
             (chat(r#", "temperature": "hot""#), "temperature", "invalid type"),
             (chat(r#", "logprobs": true"#), "logprobs", "not supported"),
-            (chat(r#", "presence_penalty": 0.5"#), "presence_penalty", "not supported"),
+            (chat(r#", "presence_penalty": 2.5"#), "presence_penalty", "between -2 and 2"),
+            (chat(r#", "frequency_penalty": -3"#), "frequency_penalty", "between -2 and 2"),
+            (chat(r#", "logit_bias": {"x": 1}"#), "logit_bias", "not a token id"),
+            (chat(r#", "logit_bias": {"5": 101}"#), "logit_bias", "from -100 to 100"),
+            (chat(r#", "store": true"#), "store", "not supported"),
             (chat(r#", "stream_options": {"include_usage": true}"#), "stream_options", "stream is true"),
             (r#"{"model": "m", "messages": []}"#.into(), "messages", "at least one"),
             (r#"{"model": "m", "messages": [{"role": "tool", "content": "x"}]}"#.into(), "messages[0].role", "not supported"),

@@ -109,6 +109,15 @@ pub(crate) struct GenerateBody {
     pub(crate) logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
     #[allow(dead_code)] // accepted: an end-user id for the caller's own accounting
     pub(crate) user: Option<String>,
+    /// Advisory in OpenAI's API (tags for stored completions): accepted, not used.
+    #[allow(dead_code)]
+    pub(crate) metadata: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Advisory in OpenAI's API (a processing tier): accepted, not used.
+    #[allow(dead_code)]
+    pub(crate) service_tier: Option<String>,
+    /// Whether OpenAI should keep the completion: `false` is accepted; nothing is kept here,
+    /// so `true` is refused.
+    pub(crate) store: Option<bool>,
 }
 
 /// `POST /v1/embeddings`.

@@ -380,9 +380,9 @@ impl EngineLoop {
 
         let mut finished = Vec::new();
         for ((i, _, _), logits) in inputs.iter().zip(logits) {
-            let Some(logits) = logits else { continue };
+            let Some(mut logits) = logits else { continue };
             let s = &mut self.running[*i];
-            let token = s.sampler.sample(&logits);
+            let token = s.sampler.sample(&mut logits);
             self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
             if let Progress::Finished(reason) = s.push(token, &self.tokenizer, &self.eos) {
                 finished.push((*i, reason));
