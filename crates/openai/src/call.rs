@@ -15,6 +15,7 @@ use crate::params::{
     EmbeddingJob, Endpoint, Job, TokenizeInput, parse_detokenize, parse_embeddings, parse_job,
     parse_tokenize,
 };
+use crate::score::{ScoreJob, parse_rerank, parse_score};
 
 /// What a request asks for, by method and path (the application's route prefix taken off).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,6 +34,10 @@ pub(crate) enum Op {
     Tokenize,
     /// `POST /detokenize`
     Detokenize,
+    /// `POST /v1/score` (also `/score`)
+    Score,
+    /// `POST /v1/rerank` (also `/rerank`)
+    Rerank,
 }
 
 impl Op {
@@ -66,10 +71,18 @@ impl Op {
             "/v1/embeddings" => (Method::POST, Op::Embeddings),
             "/tokenize" => (Method::POST, Op::Tokenize),
             "/detokenize" => (Method::POST, Op::Detokenize),
+            "/v1/score" | "/score" => (Method::POST, Op::Score),
+            "/v1/rerank" | "/rerank" => (Method::POST, Op::Rerank),
+            // In the API this one follows (vLLM's, Ray's LLMServer), not served here.
+            "/v1/audio/transcriptions" | "/v1/audio/translations" => {
+                return Err(ServeError::NotImplemented {
+                    what: format!("{path} (speech to text: the engine serves text models)"),
+                });
+            }
             _ => {
                 return Err(ServeError::NotFound {
                     what: format!(
-                        "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/models, /tokenize, /detokenize)"
+                        "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/score, /v1/rerank, /v1/models, /tokenize, /detokenize)"
                     ),
                 });
             }
@@ -87,6 +100,8 @@ impl Op {
             Op::Embeddings => "/v1/embeddings",
             Op::Tokenize => "/tokenize",
             Op::Detokenize => "/detokenize",
+            Op::Score => "/v1/score",
+            Op::Rerank => "/v1/rerank",
         }
     }
 }
@@ -101,6 +116,8 @@ pub(crate) enum LlmCall {
     Tokenize(TokenizeInput),
     /// The text of token ids.
     Detokenize(Vec<u32>),
+    /// Scores of text pairs (or documents against a query) from their embeddings.
+    Score(ScoreJob),
     /// Load the request's adapter (its multiplexed model id) and keep it cached.
     LoadAdapter,
 }
@@ -127,6 +144,15 @@ impl LlmCall {
             Op::Detokenize => {
                 let (model, ids) = parse_detokenize(body)?;
                 (LlmCall::Detokenize(ids), Some(model))
+            }
+            Op::Score | Op::Rerank => {
+                let job = if op == Op::Score {
+                    parse_score(body)?
+                } else {
+                    parse_rerank(body)?
+                };
+                let model = job.model.clone();
+                (LlmCall::Score(job), Some(model))
             }
             Op::LoadAdapter => (LlmCall::LoadAdapter, None),
             Op::Models | Op::UnloadAdapter => {
@@ -169,6 +195,8 @@ mod tests {
             Op::Embeddings,
             Op::Tokenize,
             Op::Detokenize,
+            Op::Score,
+            Op::Rerank,
         ] {
             let method = if op == Op::Models {
                 Method::GET
@@ -189,6 +217,11 @@ mod tests {
         assert!(matches!(
             Op::of(&Method::POST, "/v2/chat"),
             Err(ServeError::NotFound { .. })
+        ));
+        assert_eq!(Op::of(&Method::POST, "/score").unwrap(), Op::Score);
+        assert!(matches!(
+            Op::of(&Method::POST, "/v1/audio/transcriptions"),
+            Err(ServeError::NotImplemented { .. })
         ));
     }
 

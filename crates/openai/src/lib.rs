@@ -22,6 +22,7 @@ mod metrics;
 mod params;
 mod protocol;
 mod respond;
+mod score;
 
 use std::sync::Arc;
 use std::time::Duration;

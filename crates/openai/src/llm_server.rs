@@ -17,6 +17,7 @@ use crate::errors::serve_error;
 use crate::metrics::LlmMetrics;
 use crate::params::{EmbeddingJob, Endpoint, Job, Prompt, TokenizeInput, invalid};
 use crate::respond::{Answer, Timing, streamed, whole};
+use crate::score::ScoreJob;
 
 /// One replica of the LLM deployment.
 pub(crate) struct LlmServer {
@@ -180,19 +181,11 @@ impl LlmServer {
     /// adapter if it names one.
     async fn embeddings(&self, job: EmbeddingJob) -> Result<Response, ServeError> {
         use base64::Engine as _;
-        let adapter = modelmux_context::multiplexed_model_id();
         let mut data = Vec::with_capacity(job.inputs.len());
         let mut prompt_tokens = 0;
         for (index, input) in job.inputs.into_iter().enumerate() {
-            let tokens = self.tokens(input).await?;
-            prompt_tokens += tokens.len();
-            let lease = self.lease(adapter.as_ref()).await?;
-            let vector = self
-                .runtime
-                .engine()
-                .embed(tokens, lease)
-                .await
-                .map_err(|e| serve_error(&e))?;
+            let (vector, tokens) = self.embed(input).await?;
+            prompt_tokens += tokens;
             let embedding = if job.base64 {
                 let bytes: Vec<u8> = vector.iter().flat_map(|v| v.to_le_bytes()).collect();
                 json!(base64::engine::general_purpose::STANDARD.encode(bytes))
@@ -207,6 +200,40 @@ impl LlmServer {
             "model": job.model,
             "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
         })))
+    }
+
+    /// One input's embedding, with the request's adapter if it names one, and its token count.
+    async fn embed(&self, input: Prompt) -> Result<(Vec<f32>, usize), ServeError> {
+        let adapter = modelmux_context::multiplexed_model_id();
+        let tokens = self.tokens(input).await?;
+        let count = tokens.len();
+        let lease = self.lease(adapter.as_ref()).await?;
+        let vector = self
+            .runtime
+            .engine()
+            .embed(tokens, lease)
+            .await
+            .map_err(|e| serve_error(&e))?;
+        Ok((vector, count))
+    }
+
+    /// `/v1/score` and `/v1/rerank`: each text embedded once, pairs scored by cosine.
+    async fn score(&self, job: ScoreJob) -> Result<Response, ServeError> {
+        let mut embeddings = Vec::with_capacity(job.texts.len());
+        let mut tokens = 0;
+        for text in &job.texts {
+            let (vector, count) = self.embed(Prompt::Text(text.clone())).await?;
+            embeddings.push(vector);
+            tokens += count;
+        }
+        let request_id = modelmux_context::request_id()
+            .map_or_else(|| "-".to_owned(), |r| r.as_str().to_owned());
+        Ok(json_response(&crate::score::answer(
+            &job,
+            &request_id,
+            &embeddings,
+            tokens,
+        )))
     }
 
     /// Loads the request's adapter (placed here by the router) and lets it go: it stays cached.
@@ -251,6 +278,7 @@ impl Deployment for LlmServer {
             LlmCall::Embeddings(job) => self.embeddings(job).await,
             LlmCall::Tokenize(input) => self.tokenize(input).await,
             LlmCall::Detokenize(ids) => self.detokenize(ids),
+            LlmCall::Score(job) => self.score(job).await,
             LlmCall::LoadAdapter => self.load_adapter().await,
         };
         Ok(answer?)
@@ -290,11 +318,44 @@ impl Deployment for LlmServer {
                     .into());
                 }
             }
-            "health" => {}
+            // Ray's LLMServer's state queries: the state is in every control's answer.
+            "health" | "is_paused" | "is_sleeping" => {}
+            "llm_config" => {
+                let o = self.runtime.options();
+                let e = &o.engine;
+                return Ok(json!({
+                    "model_id": o.model_id,
+                    "weight_format": format!("{:?}", o.weight_format),
+                    "max_num_adapters_per_replica": o.max_adapters,
+                    "max_adapter_bytes": o.max_adapter_bytes,
+                    "adapter_load_timeout_s": o.adapter_load_timeout.map(|t| t.as_secs_f64()),
+                    "engine_kwargs": {
+                        "max_num_seqs": e.max_num_seqs,
+                        "max_model_len": e.max_model_len,
+                        "kv_cache_bytes": e.kv_cache_bytes,
+                        "max_num_batched_tokens": e.max_batch_tokens,
+                        "max_waiting": e.max_waiting,
+                        "queue_timeout_s": e.queue_timeout.as_secs_f64(),
+                    },
+                }));
+            }
+            // The rest of Ray's LLMServer methods: known, not served here.
+            "reset_prefix_cache" => {
+                return Err(ServeError::NotImplemented {
+                    what: "reset_prefix_cache (the engine keeps no prefix cache yet)".into(),
+                }
+                .into());
+            }
+            "start_profile" | "stop_profile" | "collective_rpc" => {
+                return Err(ServeError::NotImplemented {
+                    what: format!("{name} (a vLLM engine method; this engine has none)"),
+                }
+                .into());
+            }
             other => {
                 return Err(ServeError::NotFound {
                     what: format!(
-                        "the LLM deployment has no control '{other}' (it has pause, resume, sleep, wakeup, health)"
+                        "the LLM deployment has no control '{other}' (it has pause, resume, sleep, wakeup, health, is_paused, is_sleeping, llm_config)"
                     ),
                 }
                 .into());

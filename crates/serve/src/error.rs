@@ -142,6 +142,13 @@ pub enum ServeError {
         /// The methods the path takes.
         message: String,
     },
+    /// The endpoint (or control) exists in the API this server follows, but this server does
+    /// not implement it: 501, naming it.
+    #[error("{what} is not implemented by this server")]
+    NotImplemented {
+        /// What was asked for.
+        what: String,
+    },
     /// The request's content type is not one this endpoint takes.
     #[error("{message}")]
     UnsupportedMediaType {
@@ -224,6 +231,7 @@ impl ServeError {
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::Forbidden { .. } => StatusCode::FORBIDDEN,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::NotImplemented { .. } => StatusCode::NOT_IMPLEMENTED,
             Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::UnknownDeployment { .. } | Self::Deployment { .. } | Self::Panicked { .. } => {
                 StatusCode::INTERNAL_SERVER_ERROR
@@ -263,6 +271,7 @@ impl ServeError {
             Self::Failed(f) => f.kind().as_str(),
             Self::Forbidden { .. } => "forbidden",
             Self::MethodNotAllowed { .. } => "method_not_allowed",
+            Self::NotImplemented { .. } => "not_implemented",
             Self::UnsupportedMediaType { .. } => "unsupported_media_type",
             Self::Deployment { .. } => "deployment_error",
             Self::Panicked { .. } => "deployment_panicked",
@@ -314,7 +323,7 @@ impl ServeError {
         // The request's own path is echoed as it came; everything else may carry a server's
         // paths or a URL's secrets (from a loader, a store, a runtime).
         let message = match self {
-            Self::NoRoute { .. } => self.to_string(),
+            Self::NoRoute { .. } | Self::NotImplemented { .. } => self.to_string(),
             _ => crate::redact::redact(&self.to_string()),
         };
         serde_json::json!({
