@@ -285,6 +285,6 @@ async fn generation_pauses_and_resumes_through_the_admin_api() {
         answer.json()["choices"],
         "same weights, same answer"
     );
-    assert_eq!(control(addr, "reset_prefix_cache").await.status, 404);
+    assert_eq!(control(addr, "no_such_control").await.status, 404);
     server.shutdown().await;
 }
