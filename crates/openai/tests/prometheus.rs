@@ -70,16 +70,22 @@ impl Prometheus {
         }
     }
 
-    /// Waits (bounded) until it accepts connections; fails if it exits first.
+    /// Waits (bounded) until it answers `/-/ready` (its storage is open: before that, queries
+    /// get 503); fails if it exits first.
     async fn ready(&mut self) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-        while tokio::net::TcpStream::connect(self.addr).await.is_err() {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
             if let Some(status) = self.child.try_wait().unwrap() {
                 panic!("Prometheus exited at start: {status}");
             }
+            if tokio::net::TcpStream::connect(self.addr).await.is_ok()
+                && get(self.addr, "/-/ready").await.status == 200
+            {
+                return;
+            }
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "Prometheus did not listen on {}",
+                "Prometheus was not ready on {} within 60 s",
                 self.addr
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
