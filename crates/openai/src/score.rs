@@ -8,6 +8,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::params::{invalid, parse_body};
+use crate::protocol::OneOrMany;
 use modelmux_serve::ServeError;
 
 /// Most texts one request may score.
@@ -19,8 +20,8 @@ const MAX_TEXTS: usize = 256;
 #[serde(deny_unknown_fields)]
 struct ScoreRequest {
     model: String,
-    text_1: OneOrMany,
-    text_2: OneOrMany,
+    text_1: OneOrMany<String>,
+    text_2: OneOrMany<String>,
     #[allow(dead_code)] // accepted: an end-user id for the caller's own accounting
     user: Option<String>,
 }
@@ -38,19 +39,11 @@ struct RerankRequest {
     user: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum OneOrMany {
-    One(String),
-    Many(Vec<String>),
-}
-
-impl OneOrMany {
-    fn into_vec(self) -> Vec<String> {
-        match self {
-            OneOrMany::One(s) => vec![s],
-            OneOrMany::Many(v) => v,
-        }
+/// One text or many.
+fn texts(input: OneOrMany<String>) -> Vec<String> {
+    match input {
+        OneOrMany::One(s) => vec![s],
+        OneOrMany::Many(v) => v,
     }
 }
 
@@ -95,7 +88,7 @@ fn check_texts(param: &str, texts: &[String]) -> Result<(), ServeError> {
 /// Parses `/v1/score`.
 pub(crate) fn parse_score(body: &[u8]) -> Result<ScoreJob, ServeError> {
     let r: ScoreRequest = parse_body(body)?;
-    let (first, second) = (r.text_1.into_vec(), r.text_2.into_vec());
+    let (first, second) = (texts(r.text_1), texts(r.text_2));
     check_texts("text_1", &first)?;
     check_texts("text_2", &second)?;
     let pairs: Vec<(usize, usize)> = match (first.len(), second.len()) {
