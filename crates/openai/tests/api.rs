@@ -307,7 +307,7 @@ async fn bad_requests_are_refused_with_openai_errors() {
     .await;
     assert_eq!(clash.status, 400);
     // Nothing leaked: no sequence left running, no KV reserved.
-    let metrics = String::from_utf8(get(addr, "/metrics").await.body.to_vec()).unwrap();
+    let metrics = metrics(addr).await;
     assert!(
         metric(&metrics, "modelmux_llm_sequences_running") == 0.0,
         "{metrics}"

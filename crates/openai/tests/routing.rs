@@ -10,10 +10,6 @@ use common::*;
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 
-async fn metrics(addr: std::net::SocketAddr) -> String {
-    String::from_utf8(get(addr, "/metrics").await.body.to_vec()).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_streams_over_adapters_equal_their_sequential_answers() {
     let models = [

@@ -31,11 +31,6 @@ fn cosine(a: &[f64], b: &[f64]) -> f64 {
     dot / (norm(a) * norm(b))
 }
 
-async fn control(addr: SocketAddr, name: &str) -> Reply {
-    let path = format!("/-/deployments/llm/controls/{name}");
-    send(addr, "POST", &path, &[], Vec::new()).await
-}
-
 /// The one replica's answer to a control.
 fn answer(reply: &Reply) -> Value {
     let body = reply.json();

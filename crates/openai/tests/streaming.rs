@@ -17,18 +17,6 @@ use hyper_util::rt::TokioIo;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
 
-/// POSTs to the admin API's control `name` of the LLM deployment (every replica).
-async fn control(addr: SocketAddr, name: &str) -> Reply {
-    send(
-        addr,
-        "POST",
-        &format!("/-/deployments/llm/controls/{name}"),
-        &[],
-        Vec::new(),
-    )
-    .await
-}
-
 /// Sequences (waiting for admission, running) over every replica.
 async fn sequences(addr: SocketAddr) -> (u64, u64) {
     let health = control(addr, "health").await.json();

@@ -9,15 +9,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::json;
 
-async fn metrics(addr: SocketAddr) -> String {
-    String::from_utf8(get(addr, "/metrics").await.body.to_vec()).unwrap()
-}
-
-async fn control(addr: SocketAddr, name: &str) -> Reply {
-    let path = format!("/-/deployments/llm/controls/{name}");
-    send(addr, "POST", &path, &[], Vec::new()).await
-}
-
 /// The labels of the one `vllm:lora_requests_info` sample, and its value.
 fn lora_info(text: &str) -> (String, f64) {
     let line = text

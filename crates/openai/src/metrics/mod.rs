@@ -62,6 +62,16 @@ impl LlmMetrics {
         }
     }
 
+    /// Sequences finished so far, by OpenAI's `finish_reason`.
+    fn finished_by_reason(&self) -> impl Iterator<Item = (&'static str, f64)> + '_ {
+        [
+            ("stop", &self.finished_stop),
+            ("length", &self.finished_length),
+        ]
+        .into_iter()
+        .map(|(reason, n)| (reason, n.load(Ordering::Relaxed) as f64))
+    }
+
     pub(crate) fn request(&self, model: &str) {
         *self.requests.lock().entry(model.to_owned()).or_default() += 1;
     }
@@ -159,15 +169,12 @@ impl MetricsSource for LlmMetrics {
                 name: "modelmux_llm_requests_finished_total",
                 help: "Sequences finished, by reason (stop or length).",
                 kind: MetricKind::Counter,
-                samples: [
-                    ("stop", &self.finished_stop),
-                    ("length", &self.finished_length),
-                ]
-                .into_iter()
-                .map(|(reason, n)| MetricSample {
-                    labels: vec![("finish_reason", reason.to_owned())],
-                    value: MetricValue::Number(n.load(Ordering::Relaxed) as f64),
-                })
+                samples: self
+                    .finished_by_reason()
+                    .map(|(reason, n)| MetricSample {
+                        labels: vec![("finish_reason", reason.to_owned())],
+                        value: MetricValue::Number(n),
+                    })
                 .collect(),
             },
             MetricFamily {

@@ -12,8 +12,6 @@
 //! and waiting, comma-separated, and `max_lora`, as vLLM sets it. The serve layer adds the
 //! replica's own labels (`app`, `deployment`, `replica`).
 
-use std::sync::atomic::Ordering;
-
 use modelmux_llm::EngineSnapshot;
 use modelmux_serve::{MetricFamily, MetricKind, MetricSample, MetricValue};
 
@@ -100,19 +98,16 @@ impl LlmMetrics {
                 name: "vllm:request_success_total",
                 help: "Requests finished, by finished_reason (vLLM's name).",
                 kind: MetricKind::Counter,
-                samples: [
-                    ("stop", &self.finished_stop),
-                    ("length", &self.finished_length),
-                ]
-                .into_iter()
-                .map(|(reason, n)| MetricSample {
-                    labels: vec![
-                        ("model_name", self.model_name.clone()),
-                        ("finished_reason", reason.to_owned()),
-                    ],
-                    value: MetricValue::Number(n.load(Ordering::Relaxed) as f64),
-                })
-                .collect(),
+                samples: self
+                    .finished_by_reason()
+                    .map(|(reason, n)| MetricSample {
+                        labels: vec![
+                            ("model_name", self.model_name.clone()),
+                            ("finished_reason", reason.to_owned()),
+                        ],
+                        value: MetricValue::Number(n),
+                    })
+                    .collect(),
             },
             MetricFamily {
                 name: "vllm:lora_requests_info",

@@ -206,6 +206,17 @@ pub async fn direct(content: &str, adapter: Option<&str>, max_tokens: usize) -> 
         .text
 }
 
+/// The whole `/metrics` page.
+pub async fn metrics(addr: SocketAddr) -> String {
+    String::from_utf8(get(addr, "/metrics").await.body.to_vec()).unwrap()
+}
+
+/// POSTs to the admin API's control `name` of the LLM deployment (every replica).
+pub async fn control(addr: SocketAddr, name: &str) -> Reply {
+    let path = format!("/-/deployments/llm/controls/{name}");
+    send(addr, "POST", &path, &[], Vec::new()).await
+}
+
 /// The sum of a metric's samples in Prometheus text.
 pub fn metric(text: &str, name: &str) -> f64 {
     text.lines()
