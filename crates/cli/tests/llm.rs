@@ -71,9 +71,40 @@ fn direct(question: &str, adapters: &[Option<&str>], max_tokens: usize) -> Vec<S
     })
 }
 
+/// Runs `script` (a file of this directory) with the test Python against `url`, with `args`;
+/// its checks are `check(...)` calls, which `-O` keeps.
+fn run_client(script: &str, url: &str, args: &[&str]) -> std::process::Output {
+    let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
+    let source = std::fs::read_to_string(&script).unwrap();
+    let bare: Vec<&str> = source
+        .lines()
+        .filter(|l| l.trim_start().starts_with("assert "))
+        .collect();
+    assert!(bare.is_empty(), "use check(...), not assert: {bare:?}");
+    std::process::Command::new(env("MODELMUX_TEST_PYTHON"))
+        .arg(&script)
+        .arg(url)
+        .args(args)
+        .env("PYTHONOPTIMIZE", "1")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn structured_output_and_tool_calls_hold_for_the_official_client() {
+    let mut server = serve(&llm_config(&env("MODELMUX_TEST_ADAPTERS"), ""));
+    let out = run_client("structured_client.py", &server.url, &[]);
+    let (_, logs) = server.terminate();
+    assert!(
+        out.status.success(),
+        "the structured-output checks failed:\n{}\n{}\nserver logs:\n{logs}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn the_official_openai_client_works_against_modelmux_serve() {
-    let python = env("MODELMUX_TEST_PYTHON");
     let question = "What is the capital of France?";
     let max_tokens = 12;
     let answers = direct(question, &[None, Some("pirate")], max_tokens);
@@ -90,20 +121,13 @@ fn the_official_openai_client_works_against_modelmux_serve() {
     )
     .unwrap();
     let mut server = serve(&llm_config(&env("MODELMUX_TEST_ADAPTERS"), ""));
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
     // The script runs optimized (PYTHONOPTIMIZE=1), so its checks must be `check(...)` calls,
     // which always run, never `assert` statements, which -O skips.
-    let source = std::fs::read_to_string(script).unwrap();
-    let bare: Vec<&str> = source
-        .lines()
-        .filter(|l| l.trim_start().starts_with("assert "))
-        .collect();
-    assert!(bare.is_empty(), "use check(...), not assert: {bare:?}");
-    let out = std::process::Command::new(&python)
-        .args([script, &server.url, expected.path().to_str().unwrap()])
-        .env("PYTHONOPTIMIZE", "1")
-        .output()
-        .unwrap();
+    let out = run_client(
+        "openai_client.py",
+        &server.url,
+        &[expected.path().to_str().unwrap()],
+    );
     let (_, logs) = server.terminate();
     assert!(
         out.status.success(),

@@ -7,13 +7,25 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{LlmError, Result};
 
-/// One message of a conversation.
+/// One message of a conversation, with the fields templates that present tools read.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatMessage {
-    /// `system`, `user`, `assistant`, ...
+    /// `system`, `user`, `assistant`, `tool`, ...
     pub role: String,
     /// The message's text.
     pub content: String,
+    /// An assistant's tool calls, as Hugging Face templates expect them:
+    /// `{"type": "function", "function": {"name": ..., "arguments": {...}}, "id": ...}`
+    /// (arguments as an object). Left out of the template's view when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<serde_json::Value>,
+    /// On a `tool` message: the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// On a `tool` message: the function that answered (templates such as Llama 3's and
+    /// Qwen's ignore it; others print it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
@@ -22,6 +34,9 @@ impl ChatMessage {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
         }
     }
 }
@@ -31,6 +46,7 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     bos: String,
     eos: String,
+    presents_tools: bool,
 }
 
 const NAME: &str = "chat";
@@ -56,12 +72,30 @@ impl ChatTemplate {
             env,
             bos: bos.to_owned(),
             eos: eos.to_owned(),
+            presents_tools: source.contains("tools"),
         })
+    }
+
+    /// Whether the template itself presents a `tools` list to the model (Llama 3.1+, Qwen2.5+,
+    /// Mistral's and Hermes' templates do; SmolLM2's and Llama 2's do not).
+    pub fn presents_tools(&self) -> bool {
+        self.presents_tools
     }
 
     /// Renders `messages`; with `add_generation_prompt`, ends with the header of the
     /// assistant's turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        self.render_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// Renders `messages` with `tools` (OpenAI's `tools` list, which Hugging Face templates
+    /// read as is) in the template's `tools` variable; `None` leaves it undefined.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         if messages.is_empty() {
             return Err(LlmError::InvalidRequest(
                 "messages must not be empty".into(),
@@ -74,6 +108,7 @@ impl ChatTemplate {
         template
             .render(minijinja::context! {
                 messages => messages,
+                tools => tools.map_or(Value::UNDEFINED, Value::from_serialize),
                 add_generation_prompt => add_generation_prompt,
                 bos_token => self.bos,
                 eos_token => self.eos,

@@ -37,6 +37,16 @@ pub enum LlmError {
         repository: String,
     },
 
+    /// A request named an adapter by its source (a path or URL) that the configuration does
+    /// not allow (`lora_config.allowed_sources`). Decided before anything is read.
+    #[error("adapter source '{adapter}' is refused by lora_config.allowed_sources: {reason}")]
+    SourceNotAllowed {
+        /// The source, as the request named it.
+        adapter: String,
+        /// Why: the entries it is not below, or what in it is not a plain path.
+        reason: String,
+    },
+
     /// The adapter repository failed (after the store's retries).
     #[error("adapter '{adapter}': {message}")]
     Storage {
@@ -103,6 +113,7 @@ impl LlmError {
                 ErrorKind::UnusableModel
             }
             Self::AdapterNotFound { .. } => ErrorKind::NotFound,
+            Self::SourceNotAllowed { .. } => ErrorKind::Forbidden,
             Self::Storage { .. } => ErrorKind::Upstream,
             Self::ContextOverflow { .. } | Self::InvalidRequest(_) | Self::Text(_) => {
                 ErrorKind::InvalidInput

@@ -8,7 +8,8 @@
 //!
 //! - [`LlamaWeights`] / [`LlamaModel`]: the model and its batched forward pass.
 //! - [`TextTokenizer`] and [`ChatTemplate`]: text in and out, from the GGUF file itself.
-//! - [`LoraAdapter`]: a PEFT adapter checked against the base model.
+//! - [`LoraAdapter`]: a PEFT adapter checked against the base model; [`AllowedSources`]: the
+//!   rule for adapters a request names by their source (a path or URL).
 //! - [`Engine`]: continuous batching on one thread, a KV byte budget, cancellation.
 //! - [`LlmRuntime`]: all of it from one GGUF file, and adapters from a model repository
 //!   through a [`modelmux_cache::Multiplexer`].
@@ -30,13 +31,17 @@ mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{
-    AdapterLease, AdaptersInUse, Engine, EngineConfig, EngineSnapshot, FinishReason, Generation,
-    GenerationEvent, GenerationRequest, GenerationStream, ModelReloader, Usage,
+    AdapterLease, AdaptersInUse, Constraint, Engine, EngineConfig, EngineSnapshot, FinishReason,
+    Generation, GenerationEvent, GenerationRequest, GenerationStream, ModelReloader,
+    TokenConstraint, Usage,
 };
 pub use error::{ErrorKind, LlmError, Result};
 pub use gguf::{GgufFile, LlamaConfig};
 pub use kv::{KvBudget, KvCache, KvReservation};
-pub use lora::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LoraAdapter};
+pub use lora::{
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterSources, AllowedSources, InvalidSourceEntry,
+    LoraAdapter, SourceMatch,
+};
 pub use model::{LlamaModel, Segment};
 pub use runtime::{AdapterLoader, LlmRuntime, RuntimeOptions};
 pub use sampling::{MAX_STOP_BYTES, MAX_STOP_STRINGS, Sampler, SamplingParams, argmax};

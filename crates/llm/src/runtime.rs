@@ -1,7 +1,9 @@
 //! The LLM runtime of one replica: a base model from a GGUF file, its engine, and its LoRA
 //! adapters held in a [`Multiplexer`] (count and byte caps, single flight, pinned while a
 //! sequence uses them, unloaded exactly once) and loaded from a [`ModelRepository`] as
-//! `<repository>/<adapter_id>/adapter_config.json` + `adapter_model.safetensors`.
+//! `<repository>/<adapter_id>/adapter_config.json` + `adapter_model.safetensors`, or, for an
+//! adapter a request names by its source, from below the allowed source it lies in
+//! ([`AdapterSources`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +16,9 @@ use crate::chat::{ChatMessage, ChatTemplate};
 use crate::engine::{AdapterLease, Engine, EngineConfig, GenerationRequest, GenerationStream};
 use crate::error::{LlmError, Result};
 use crate::gguf::{GgufFile, LlamaConfig};
-use crate::lora::{ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LoraAdapter};
+use crate::lora::{
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterSources, AllowedSources, LoraAdapter,
+};
 use crate::model::LlamaModel;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TextTokenizer;
@@ -26,10 +30,12 @@ impl Model for LoraAdapter {
     }
 }
 
-/// Loads adapters of one base model from a repository.
+/// Loads adapters of one base model from a repository, and those named by source from the
+/// allowed sources.
 #[derive(Clone)]
 pub struct AdapterLoader {
     repository: ModelRepository,
+    sources: AdapterSources,
     base: Arc<LlamaConfig>,
 }
 
@@ -50,9 +56,30 @@ fn store_error(adapter: &ModelId, repository: &ModelRepository, error: StoreErro
 impl AdapterLoader {
     /// Loads adapters for a base model shaped `base` from `repository`.
     pub fn new(repository: ModelRepository, base: LlamaConfig) -> Self {
+        Self::with_sources(repository, AdapterSources::default(), base)
+    }
+
+    /// As [`new`](Self::new), and adapters named by their source (a path or URL) from
+    /// `sources`; any other source is refused before it is read.
+    pub fn with_sources(
+        repository: ModelRepository,
+        sources: AdapterSources,
+        base: LlamaConfig,
+    ) -> Self {
         Self {
             repository,
+            sources,
             base: Arc::new(base),
+        }
+    }
+
+    /// Where adapter `id` is read: the repository, or for a source the repository of the
+    /// allowed entry it lies below, with its id there.
+    fn locate(&self, id: &ModelId) -> Result<(&ModelRepository, ModelId)> {
+        if AllowedSources::is_source(id.as_str()) {
+            self.sources.resolve(id.as_str())
+        } else {
+            Ok((&self.repository, id.clone()))
         }
     }
 
@@ -62,8 +89,9 @@ impl AdapterLoader {
     }
 
     async fn read(&self, id: &ModelId, file: &str) -> Result<bytes::Bytes> {
-        let err = |e| store_error(id, &self.repository, e);
-        let fetched = self.repository.fetch(id, file).await.map_err(err)?;
+        let (repository, key) = self.locate(id)?;
+        let err = |e| store_error(id, repository, e);
+        let fetched = repository.fetch(&key, file).await.map_err(err)?;
         fetched.bytes().await.map_err(err)
     }
 
@@ -81,8 +109,9 @@ impl AdapterLoader {
         if parsed.is_err() {
             // Downloaded fine but unusable: do not keep the copies, so a fixed upload is
             // picked up by the next load.
-            self.repository.discard(id, ADAPTER_CONFIG_FILE);
-            self.repository.discard(id, ADAPTER_WEIGHTS_FILE);
+            let (repository, key) = self.locate(id)?;
+            repository.discard(&key, ADAPTER_CONFIG_FILE);
+            repository.discard(&key, ADAPTER_WEIGHTS_FILE);
         }
         parsed
     }
@@ -94,11 +123,11 @@ impl modelmux_cache::Loader<LoraAdapter> for AdapterLoader {
     }
 
     async fn probe(&self, id: &ModelId) -> Result<Option<u64>, BoxError> {
-        let size = self
-            .repository
-            .size(id, ADAPTER_WEIGHTS_FILE)
+        let (repository, key) = self.locate(id)?;
+        let size = repository
+            .size(&key, ADAPTER_WEIGHTS_FILE)
             .await
-            .map_err(|e| store_error(id, &self.repository, e))?;
+            .map_err(|e| store_error(id, repository, e))?;
         // Weights stored as f16/bf16 take twice their file size in memory: the file size is
         // a lower bound, corrected once the adapter is loaded.
         Ok(Some(size))
@@ -140,6 +169,8 @@ pub struct LlmRuntime {
     engine: Engine,
     chat: Option<ChatTemplate>,
     adapters: Option<Multiplexer<LoraAdapter>>,
+    /// The rule for adapters named by source, checked before the cache is asked.
+    sources: AllowedSources,
     options: RuntimeOptions,
     path: PathBuf,
     weight_bytes: u64,
@@ -150,6 +181,18 @@ impl LlmRuntime {
     pub async fn load(
         path: impl AsRef<Path>,
         adapters: Option<ModelRepository>,
+        options: RuntimeOptions,
+    ) -> Result<Self> {
+        Self::load_with_sources(path, adapters, AdapterSources::default(), options).await
+    }
+
+    /// As [`load`](Self::load), and adapters a request names by their source (a path or URL)
+    /// come from `sources` (with an adapter repository only); any other source is refused
+    /// before anything is read.
+    pub async fn load_with_sources(
+        path: impl AsRef<Path>,
+        adapters: Option<ModelRepository>,
+        sources: AdapterSources,
         options: RuntimeOptions,
     ) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
@@ -201,6 +244,7 @@ impl LlmRuntime {
             Arc::new(tokenizer),
             options.engine.clone(),
         )?;
+        let allowed = sources.allowed().clone();
         let adapters = adapters.map(|repository| {
             let mut builder = Multiplexer::builder()
                 .max_models(options.max_adapters)
@@ -208,7 +252,7 @@ impl LlmRuntime {
             if let Some(bytes) = options.max_adapter_bytes {
                 builder = builder.max_bytes(bytes);
             }
-            builder.build(AdapterLoader::new(repository, base))
+            builder.build(AdapterLoader::with_sources(repository, sources, base))
         });
         tracing::info!(
             model = %options.model_id,
@@ -220,6 +264,7 @@ impl LlmRuntime {
             engine,
             chat,
             adapters,
+            sources: allowed,
             options,
             path,
             weight_bytes,
@@ -256,8 +301,14 @@ impl LlmRuntime {
         self.adapters.as_ref()
     }
 
-    /// Adapter `id`, loading it on a miss; held until the lease is dropped.
+    /// Adapter `id`, loading it on a miss; held until the lease is dropped. An id that is a
+    /// source (a path or URL) outside the allowed sources is [`LlmError::SourceNotAllowed`].
     pub async fn adapter(&self, id: &str) -> Result<AdapterLease> {
+        if AllowedSources::is_source(id) {
+            // Refused here, not by the loader: nothing is asked of the cache (no load, no
+            // failure remembered) for a source outside the rule.
+            self.sources.check(id)?;
+        }
         let Some(adapters) = &self.adapters else {
             return Err(LlmError::AdapterNotFound {
                 adapter: id.to_owned(),
@@ -273,6 +324,22 @@ impl LlmRuntime {
     /// (`<|im_start|>system`) cannot forge a turn. Only the template's own text is parsed for
     /// special tokens.
     pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        self.chat_prompt_with_tools(messages, None)
+    }
+
+    /// Whether the model's chat template presents a `tools` list itself.
+    pub fn template_presents_tools(&self) -> bool {
+        self.chat.as_ref().is_some_and(|c| c.presents_tools())
+    }
+
+    /// [`chat_prompt`](Self::chat_prompt) with `tools` given to the template. Tool calls and
+    /// arguments in the messages are template text (the template formats them), so only
+    /// message contents are guaranteed to be tokenized as plain text.
+    pub fn chat_prompt_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&[serde_json::Value]>,
+    ) -> Result<Vec<u32>> {
         let chat = self.chat.as_ref().ok_or_else(|| {
             LlmError::InvalidRequest(
                 "the model has no chat template; use a completion prompt".into(),
@@ -285,9 +352,12 @@ impl LlmRuntime {
         let masked: Vec<ChatMessage> = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| ChatMessage::new(m.role.clone(), marker(i)))
+            .map(|(i, m)| ChatMessage {
+                content: marker(i),
+                ..m.clone()
+            })
             .collect();
-        let rendered = chat.render(&masked, true)?;
+        let rendered = chat.render_with_tools(&masked, tools, true)?;
         let mut ids = Vec::new();
         if let Some(bos) = tokenizer.bos().filter(|_| tokenizer.add_bos()) {
             ids.push(bos);
@@ -299,7 +369,7 @@ impl LlmRuntime {
                 // The template transforms contents (rare): render them in and parse the
                 // whole text, as Hugging Face's apply_chat_template does.
                 tracing::debug!("chat template rewrites message contents; tokenizing it whole");
-                let text = chat.render(messages, true)?;
+                let text = chat.render_with_tools(messages, tools, true)?;
                 return tokenizer.encode_prompt(&text, true);
             };
             ids.extend(tokenizer.encode(&rest[..at], true)?);
@@ -308,6 +378,11 @@ impl LlmRuntime {
         }
         ids.extend(tokenizer.encode(rest, true)?);
         Ok(ids)
+    }
+
+    /// Starts generating `request`.
+    pub fn submit(&self, request: GenerationRequest) -> Result<GenerationStream> {
+        self.engine.submit(request)
     }
 
     /// Starts generating from `prompt` with `adapter` (or the base model).
@@ -321,6 +396,7 @@ impl LlmRuntime {
             prompt,
             params,
             adapter,
+            constraint: None,
         })
     }
 }
@@ -356,6 +432,10 @@ fn cache_error(error: modelmux_cache::Error) -> LlmError {
                 message,
             },
             LlmError::InvalidRequest(_) => LlmError::InvalidRequest(message),
+            LlmError::SourceNotAllowed { adapter, reason } => LlmError::SourceNotAllowed {
+                adapter: adapter.clone(),
+                reason: reason.clone(),
+            },
             _ => LlmError::Internal(message),
         };
     }

@@ -24,6 +24,7 @@ fn request(prompt: &[u32], params: SamplingParams, adapter: Option<&str>) -> Gen
         prompt: prompt.to_vec(),
         params,
         adapter: adapter.map(|id| AdapterLease::new(runtime().adapter(id))),
+        constraint: None,
     }
 }
 

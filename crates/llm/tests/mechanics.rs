@@ -45,6 +45,7 @@ fn request(prompt: &[u32], params: SamplingParams) -> GenerationRequest {
         prompt: prompt.to_vec(),
         params,
         adapter: None,
+        constraint: None,
     }
 }
 
@@ -85,6 +86,7 @@ async fn a_dropped_stream_frees_its_sequence_kv_and_adapter() {
             prompt: CHAT.to_vec(),
             params: greedy(400),
             adapter: Some(AdapterLease::new(adapter.clone())),
+            constraint: None,
         })
         .unwrap();
     stream.next().await.unwrap();

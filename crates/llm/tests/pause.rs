@@ -22,6 +22,7 @@ async fn a_paused_engine_generates_nothing_until_resumed() {
             prompt: prompt.clone(),
             params: params.clone(),
             adapter: None,
+            constraint: None,
         })
         .unwrap()
         .collect()
@@ -33,6 +34,7 @@ async fn a_paused_engine_generates_nothing_until_resumed() {
             prompt: prompt.clone(),
             params: params.clone(),
             adapter: None,
+            constraint: None,
         })
         .unwrap();
     let Some(GenerationEvent::Token { .. }) = stream.next().await else {
@@ -70,6 +72,7 @@ async fn a_paused_engine_generates_nothing_until_resumed() {
                 prompt: prompt.clone(),
                 params: params.clone(),
                 adapter: None,
+                constraint: None,
             })
             .unwrap(),
     );
@@ -78,6 +81,7 @@ async fn a_paused_engine_generates_nothing_until_resumed() {
             prompt: prompt.clone(),
             params: params.clone(),
             adapter: None,
+            constraint: None,
         })
         .unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -176,6 +176,7 @@ async fn greedy_continuations_match_the_reference() {
                 prompt: case.prompt_ids.clone(),
                 params,
                 adapter,
+                constraint: None,
             })
             .unwrap()
             .collect()

@@ -109,7 +109,7 @@ impl Op {
 /// A request for the LLM deployment, parsed and checked.
 pub(crate) enum LlmCall {
     /// A chat or text completion.
-    Generate(Endpoint, Job),
+    Generate(Endpoint, Box<Job>),
     /// Embeddings of each input.
     Embeddings(EmbeddingJob),
     /// Tokens of a text or a chat.
@@ -130,7 +130,7 @@ impl LlmCall {
             Op::Generate(endpoint) => {
                 let job = parse_job(endpoint, body)?;
                 let model = job.model.clone();
-                (LlmCall::Generate(endpoint, job), Some(model))
+                (LlmCall::Generate(endpoint, Box::new(job)), Some(model))
             }
             Op::Embeddings => {
                 let job = parse_embeddings(body)?;

@@ -6,8 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use modelmux_llm::{EngineConfig, RuntimeOptions, WeightFormat};
-use modelmux_store::{OptionValue, RetryPolicy};
+use modelmux_llm::{AdapterSources, AllowedSources, EngineConfig, RuntimeOptions, WeightFormat};
+use modelmux_store::{DiskCache, OptionValue, RetryPolicy, StoreError};
 use serde::Deserialize;
 
 /// The whole `kind: llm` model section.
@@ -63,9 +63,19 @@ pub struct LoraConfig {
     pub max_download_tries: u32,
     /// Store options, as `object_store` names them (for S3: `endpoint`, `region`,
     /// `access_key_id`, `secret_access_key`, `allow_http`, ...); unset ones come from the
-    /// `AWS_*` environment variables.
+    /// `AWS_*` environment variables. They apply to every remote location of this section
+    /// (the repository and the remote `allowed_sources`), never to a local one.
     #[serde(default)]
     pub options: BTreeMap<String, OptionValue>,
+    /// Where a request may name an adapter by its source instead of its id
+    /// (`model: "<model_id>:s3://bucket/team-a/pirate"`, LoRAX's per-request adapter source):
+    /// prefixes of directories (absolute paths, `file:///`), buckets (`s3://bucket[/prefix]`)
+    /// or URLs (`https://host/path`). A source must lie below an entry by whole path segments
+    /// (`s3://bucket/team-a` admits `s3://bucket/team-a/x`, not `s3://bucket/team-ab/x`);
+    /// anything else is a 403 naming this rule, before any byte is read. Empty (the default):
+    /// adapters come only by id from `dynamic_lora_loading_path`.
+    #[serde(default)]
+    pub allowed_sources: Vec<String>,
 }
 
 fn default_max_adapters() -> usize {
@@ -211,6 +221,8 @@ impl LlmConfig {
                 return Err("lora_config.max_download_tries: must be at least 1".into());
             }
             seconds("lora_config.download_timeout_s", lora.download_timeout_s)?;
+            AllowedSources::parse(&lora.allowed_sources)
+                .map_err(|e| format!("lora_config.allowed_sources[{}]: {e}", e.index))?;
         }
         if self.experimental_configs.stream_batching_interval_ms > 60_000 {
             return Err("experimental_configs.stream_batching_interval_ms: at most 60000".into());
@@ -257,9 +269,135 @@ impl LlmConfig {
     /// Whether the model or the adapters come from a remote store (and need the disk cache).
     pub fn needs_disk_cache(&self) -> bool {
         modelmux_store::is_remote(&self.model_loading_config.model_source)
-            || self
-                .lora_config
+            || self.lora_config.as_ref().is_some_and(|l| {
+                modelmux_store::is_remote(&l.dynamic_lora_loading_path)
+                    || l.allowed_sources
+                        .iter()
+                        .any(|s| modelmux_store::is_remote(s))
+            })
+    }
+
+    /// The store options of `location`, an adapter location of `lora_config`: its `options`
+    /// for a remote one; none for a local one, unless no location is remote (then the
+    /// repository refuses them, naming the option that does not apply).
+    pub(crate) fn adapter_store_options(&self, location: &str) -> BTreeMap<String, OptionValue> {
+        let Some(lora) = &self.lora_config else {
+            return BTreeMap::new();
+        };
+        let remote = modelmux_store::is_remote;
+        let any_remote = remote(&lora.dynamic_lora_loading_path)
+            || lora.allowed_sources.iter().any(|s| remote(s));
+        if remote(location) || !any_remote {
+            lora.options.clone()
+        } else {
+            BTreeMap::new()
+        }
+    }
+
+    /// `lora_config.allowed_sources`, each entry opened as a repository now (an entry the
+    /// store cannot use, a missing directory, an option that does not apply, is an error
+    /// naming it); none without `lora_config`.
+    pub(crate) fn adapter_sources(
+        &self,
+        disk_cache: Option<&DiskCache>,
+    ) -> Result<AdapterSources, StoreError> {
+        let Some(lora) = &self.lora_config else {
+            return Ok(AdapterSources::default());
+        };
+        let field = |i: usize| format!("lora_config.allowed_sources[{i}]");
+        let allowed = AllowedSources::parse(&lora.allowed_sources)
+            .map_err(|e| StoreError::Config(format!("{}: {e}", field(e.index))))?;
+        AdapterSources::open(allowed, |i, entry| {
+            crate::repository(
+                entry,
+                &self.adapter_store_options(entry),
+                disk_cache,
+                self.adapter_retry(),
+            )
+            .map_err(|e| StoreError::Config(format!("{}: {e}", field(i))))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(lora: serde_json::Value) -> LlmConfig {
+        serde_json::from_value(serde_json::json!({
+            "model_loading_config": {"model_id": "m", "model_source": "/models/m.gguf"},
+            "lora_config": lora,
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn allowed_sources_default_to_none_and_bad_entries_are_named_by_index() {
+        let none = config(serde_json::json!({"dynamic_lora_loading_path": "/srv/a"}));
+        assert!(
+            none.lora_config
                 .as_ref()
-                .is_some_and(|l| modelmux_store::is_remote(&l.dynamic_lora_loading_path))
+                .unwrap()
+                .allowed_sources
+                .is_empty()
+        );
+        none.validate().unwrap();
+        let fine = config(serde_json::json!({
+            "dynamic_lora_loading_path": "/srv/a",
+            "allowed_sources": ["s3://bucket/team-a/", "/srv/adapters", "https://host/m"],
+        }));
+        fine.validate().unwrap();
+        for (bad, why) in [
+            ("ftp://host/x", "not a scheme"),
+            ("relative/dir", "neither an absolute path"),
+            ("s3://bucket/a/../b", "'..'"),
+            ("/", "root"),
+        ] {
+            let e = config(serde_json::json!({
+                "dynamic_lora_loading_path": "/srv/a",
+                "allowed_sources": ["/srv/fine", bad],
+            }))
+            .validate()
+            .unwrap_err();
+            assert!(e.starts_with("lora_config.allowed_sources[1]: "), "{e}");
+            assert!(e.contains(why), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn remote_sources_need_the_disk_cache_and_take_the_options() {
+        let c = config(serde_json::json!({
+            "dynamic_lora_loading_path": "/srv/a",
+            "allowed_sources": ["s3://bucket/team-a", "/srv/b"],
+            "options": {"endpoint": "http://127.0.0.1:9"},
+        }));
+        assert!(c.needs_disk_cache());
+        assert_eq!(c.adapter_store_options("s3://bucket/team-a").len(), 1);
+        // A local location never takes them while another location is remote.
+        assert!(c.adapter_store_options("/srv/a").is_empty());
+        let local = config(serde_json::json!({
+            "dynamic_lora_loading_path": "/srv/a",
+            "allowed_sources": ["/srv/b"],
+            "options": {"endpoint": "http://127.0.0.1:9"},
+        }));
+        assert!(!local.needs_disk_cache());
+        // ... and with none remote, the repository refuses them (naming the option).
+        assert_eq!(local.adapter_store_options("/srv/a").len(), 1);
+    }
+
+    #[test]
+    fn an_entry_the_store_cannot_open_is_named() {
+        let c = config(serde_json::json!({
+            "dynamic_lora_loading_path": "/srv/a",
+            "allowed_sources": ["/nonexistent-modelmux-dir/adapters"],
+        }));
+        let Err(e) = c.adapter_sources(None) else {
+            panic!("a missing directory was accepted");
+        };
+        assert!(
+            e.to_string()
+                .starts_with("lora_config.allowed_sources[0]: "),
+            "{e}"
+        );
     }
 }

@@ -9,7 +9,8 @@ use modelmux_serve::ServeError;
 use crate::params::invalid;
 
 /// `error` as the serve layer answers it: by its kind (a request to change is a 400, an
-/// adapter that does not exist a 404 naming the repository searched, one that cannot be used a
+/// adapter source outside `lora_config.allowed_sources` a 403 naming the rule, an adapter that
+/// does not exist a 404 naming the repository searched, one that cannot be used a
 /// 422, failed adapter storage a 502, an engine without room a 503 with `Retry-After`), with
 /// `max_tokens` named when the prompt and the tokens asked for overflow the context.
 pub(crate) fn serve_error(error: &LlmError) -> ServeError {
@@ -41,6 +42,13 @@ mod tests {
                     repository: "s3://b/p".into(),
                 },
                 404,
+            ),
+            (
+                LlmError::SourceNotAllowed {
+                    adapter: "s3://other/x".into(),
+                    reason: "it is not below any of its entries ['s3://b/team-a']".into(),
+                },
+                403,
             ),
             (
                 LlmError::InvalidAdapter {
@@ -75,6 +83,15 @@ mod tests {
             repository: "s3://b/p".into(),
         });
         assert!(e.to_string().contains("s3://b/p"), "{e}");
+        let e = serve_error(&LlmError::SourceNotAllowed {
+            adapter: "s3://other/x".into(),
+            reason: "the list is empty".into(),
+        });
+        assert_eq!(e.error_type(), "forbidden");
+        let body = e.body(None);
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("lora_config.allowed_sources"), "{body}");
+        assert!(message.contains("s3://other/x"), "{body}");
         let e = serve_error(&LlmError::Overloaded {
             reason: "KV full".into(),
             retry_after: std::time::Duration::from_secs(2),

@@ -1,18 +1,22 @@
 //! The OpenAI ingress: parses and checks each request, turns its `model` into an adapter id,
 //! and calls the LLM deployment through a handle with that id as the multiplexed model id, so
 //! the model-aware router sends it to a replica holding the adapter (or places the adapter).
+//! An adapter named by its source (`<base>:s3://bucket/team-a/pirate`) is checked against
+//! `lora_config.allowed_sources` here, before any replica (or store) sees the request.
 
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use http::{Method, header};
 use modelmux_cache::{BoxError, ModelId};
+use modelmux_llm::AllowedSources;
 use modelmux_serve::{
     Body, Deployment, DeploymentHandle, Holding, Request, Response, ServeError, json_response,
 };
 use modelmux_store::ModelRepository;
 
 use crate::call::{LlmCall, Op, Parsed};
+use crate::errors::serve_error;
 use crate::params::invalid;
 use crate::protocol::ModelCard;
 
@@ -26,6 +30,8 @@ pub(crate) struct OpenAiIngress {
     pub(crate) base: String,
     /// The adapter repository, for listing (the LLM replicas load from their own handle).
     pub(crate) adapters: Option<ModelRepository>,
+    /// Where requests may name adapters by source (`lora_config.allowed_sources`).
+    pub(crate) sources: AllowedSources,
     pub(crate) created: u64,
     /// The application's route prefix, taken off paths (`/` takes nothing).
     pub(crate) prefix: String,
@@ -43,7 +49,8 @@ struct AdapterControl {
 
 impl OpenAiIngress {
     /// The adapter a request's `model` (and the `serve_multiplexed_model_id` header) names:
-    /// `None` for the base model.
+    /// `None` for the base model. An adapter named by its source (a path or URL) outside
+    /// `lora_config.allowed_sources` is refused here (403), whichever of the two named it.
     fn adapter_for(&self, model: &str) -> Result<Option<ModelId>, ServeError> {
         let base = &self.base;
         let named = if model == base {
@@ -70,7 +77,9 @@ impl OpenAiIngress {
                     )
                 };
                 let id = ModelId::new(a).map_err(|e| usable(&e))?;
-                id.as_relative_path().map_err(|e| usable(&e))?;
+                if !AllowedSources::is_source(a) {
+                    id.as_relative_path().map_err(|e| usable(&e))?;
+                }
                 Ok::<_, ServeError>(id)
             })
             .transpose()?;
@@ -88,6 +97,13 @@ impl OpenAiIngress {
                 ));
             }
         };
+        if let Some(a) = &adapter
+            && AllowedSources::is_source(a.as_str())
+        {
+            self.sources
+                .check(a.as_str())
+                .map_err(|e| serve_error(&e))?;
+        }
         if let Some(a) = &adapter
             && self.adapters.is_none()
         {
@@ -129,9 +145,9 @@ impl OpenAiIngress {
         self.admin.authorize(request.headers(), true)
     }
 
-    /// vLLM's adapter controls, with the adapter repository as the only source: a load is
-    /// placed by the router like a first request (so it lands where that adapter's traffic
-    /// will go); an unload evicts it from every replica.
+    /// vLLM's adapter controls, with the adapter repository and the allowed sources as the only
+    /// sources: a load is placed by the router like a first request (so it lands where that
+    /// adapter's traffic will go); an unload evicts it from every replica.
     async fn adapter_control(&self, request: Request, load: bool) -> Result<Response, ServeError> {
         self.authorize(&request)?;
         let body = request
@@ -146,13 +162,19 @@ impl OpenAiIngress {
             .adapter_for(&control.lora_name)?
             .ok_or_else(|| invalid("lora_name", "the base model cannot be loaded or unloaded"))?;
         if let Some(path) = &control.lora_path {
-            let repository = self.adapters.as_ref().map(|r| r.url()).unwrap_or_default();
-            let expected = format!("{repository}/{adapter}");
+            // An adapter named by source is read from that source; one named by id from the
+            // repository.
+            let expected = if AllowedSources::is_source(adapter.as_str()) {
+                adapter.to_string()
+            } else {
+                let repository = self.adapters.as_ref().map(|r| r.url()).unwrap_or_default();
+                format!("{repository}/{adapter}")
+            };
             if path.trim_end_matches('/') != expected {
                 return Err(invalid(
                     "lora_path",
                     format!(
-                        "adapters load from the configured repository only: lora_path must be absent or '{expected}'"
+                        "adapters load from the configured repository or the source lora_name names: lora_path must be absent or '{expected}'"
                     ),
                 ));
             }

@@ -18,11 +18,14 @@ mod config;
 mod errors;
 mod ingress;
 mod llm_server;
+mod messages;
 mod metrics;
 mod params;
 mod protocol;
 mod respond;
 mod score;
+mod structured;
+mod tools;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -127,22 +130,25 @@ pub fn llm_deployments(
         .map(|l| {
             repository(
                 &l.dynamic_lora_loading_path,
-                &l.options,
+                &config.adapter_store_options(&l.dynamic_lora_loading_path),
                 disk_cache,
                 config.adapter_retry(),
             )
         })
         .transpose()?;
+    let sources = config.adapter_sources(disk_cache)?;
+    let allowed = sources.allowed().clone();
     let options = config.runtime_options();
     let interval = Duration::from_millis(config.experimental_configs.stream_batching_interval_ms);
     let server_adapters = adapters.clone();
     let server = DeploymentSpec::new(name, move |ctx| {
         let gguf = gguf.clone();
         let adapters = server_adapters.clone();
+        let sources = sources.clone();
         let options = options.clone();
         async move {
             let (path, _download) = gguf.fetch().await?;
-            let runtime = LlmRuntime::load(&path, adapters, options).await?;
+            let runtime = LlmRuntime::load_with_sources(&path, adapters, sources, options).await?;
             if let Some(cache) = runtime.adapters() {
                 ctx.register_multiplexer(cache);
             }
@@ -168,6 +174,7 @@ pub fn llm_deployments(
         let llm = ctx.handle(&server_name);
         let base = base.clone();
         let adapters = adapters.clone();
+        let sources = allowed.clone();
         let prefix = prefix.clone();
         let admin = admin.clone();
         async move {
@@ -175,6 +182,7 @@ pub fn llm_deployments(
                 llm: llm?,
                 base,
                 adapters,
+                sources,
                 created: protocol::unix_now(),
                 prefix,
                 admin,

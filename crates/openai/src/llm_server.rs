@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use modelmux_cache::{BoxError, Failure};
-use modelmux_llm::{LlmRuntime, TextTokenizer};
+use modelmux_llm::{GenerationRequest, LlmRuntime, TextTokenizer};
 use modelmux_serve::{Deployment, Request, Response, ServeError, json_response};
 use serde_json::json;
 use tokio::time::Instant;
@@ -18,6 +18,7 @@ use crate::metrics::LlmMetrics;
 use crate::params::{EmbeddingJob, Endpoint, Job, Prompt, TokenizeInput, invalid};
 use crate::respond::{Answer, Timing, streamed, whole};
 use crate::score::ScoreJob;
+use crate::tools::Tools;
 
 /// One replica of the LLM deployment.
 pub(crate) struct LlmServer {
@@ -45,8 +46,10 @@ impl LlmServer {
         self.runtime.engine().config().max_model_len
     }
 
-    /// Tokens of a prompt, on the blocking pool (a long prompt takes milliseconds).
-    async fn tokens(&self, prompt: Prompt) -> Result<Vec<u32>, ServeError> {
+    /// Tokens of a prompt, on the blocking pool (a long prompt takes milliseconds), with the
+    /// request's `tools` shown to the model: by the chat template when it presents tools,
+    /// else in a system message (see `tools::Tools::for_plain_template`).
+    async fn tokens(&self, prompt: Prompt, tools: Option<&Tools>) -> Result<Vec<u32>, ServeError> {
         let bytes = match &prompt {
             Prompt::Chat(m) => m.iter().map(|m| m.content.len()).sum(),
             Prompt::Text(t) => t.len(),
@@ -66,8 +69,15 @@ impl LlmServer {
             ));
         }
         let runtime = self.runtime.clone();
+        let tools = tools.cloned();
         let ids = modelmux_context::spawn_blocking(move || match prompt {
-            Prompt::Chat(messages) => runtime.chat_prompt(&messages),
+            Prompt::Chat(messages) => match tools {
+                Some(t) if runtime.template_presents_tools() => {
+                    runtime.chat_prompt_with_tools(&messages, Some(&t.listed))
+                }
+                Some(t) => runtime.chat_prompt(&t.for_plain_template(messages)),
+                None => runtime.chat_prompt(&messages),
+            },
             Prompt::Text(text) => runtime.tokenizer().encode_prompt(&text, true),
             Prompt::Tokens(ids) => {
                 modelmux_llm::check_token_ids("prompt", &ids, runtime.tokenizer().vocab_size())
@@ -112,16 +122,37 @@ impl LlmServer {
             .map(|r| r.as_str().to_owned())
             .unwrap_or_default();
         let adapter = modelmux_context::multiplexed_model_id();
-        let prompt = self.tokens(job.prompt).await?;
+        let prompt = self.tokens(job.prompt, job.tools.as_ref()).await?;
         let mut params = job.params;
         params.max_tokens = job
             .max_tokens
             .unwrap_or_else(|| self.context() - prompt.len());
+        let constraint = match job.constraint {
+            Some((constraint, what)) => {
+                let engine = self.runtime.engine().clone();
+                // Compiling takes about a millisecond (the first one also indexes the
+                // vocabulary): off the request threads.
+                Some(
+                    modelmux_context::spawn_blocking(move || {
+                        engine.compile_constraint(&constraint, what)
+                    })
+                    .await
+                    .map_err(|e| ServeError::Failed(Failure::internal(e.to_string())))?
+                    .map_err(|e| serve_error(&e))?,
+                )
+            }
+            None => None,
+        };
         let lease = self.lease(adapter.as_ref()).await?;
         let prompt_tokens = prompt.len();
         let stream = self
             .runtime
-            .generate(prompt, params, lease)
+            .submit(GenerationRequest {
+                prompt,
+                params,
+                adapter: lease,
+                constraint,
+            })
             .map_err(|e| serve_error(&e))?;
         let model = adapter
             .as_ref()
@@ -135,7 +166,8 @@ impl LlmServer {
             stream = job.stream,
             "generation started"
         );
-        let answer = Answer::new(endpoint, &request_id, job.model, job.include_usage);
+        let mut answer = Answer::new(endpoint, &request_id, job.model, job.include_usage);
+        answer.functions = job.tools.map(|t| t.functions);
         let timing = Timing {
             started,
             first: None,
@@ -205,7 +237,7 @@ impl LlmServer {
     /// One input's embedding, with the request's adapter if it names one, and its token count.
     async fn embed(&self, input: Prompt) -> Result<(Vec<f32>, usize), ServeError> {
         let adapter = modelmux_context::multiplexed_model_id();
-        let tokens = self.tokens(input).await?;
+        let tokens = self.tokens(input, None).await?;
         let count = tokens.len();
         let lease = self.lease(adapter.as_ref()).await?;
         let vector = self
@@ -274,7 +306,7 @@ impl Deployment for LlmServer {
             }
         };
         let answer = match call {
-            LlmCall::Generate(endpoint, job) => self.generate(endpoint, job).await,
+            LlmCall::Generate(endpoint, job) => self.generate(endpoint, *job).await,
             LlmCall::Embeddings(job) => self.embeddings(job).await,
             LlmCall::Tokenize(input) => self.tokenize(input).await,
             LlmCall::Detokenize(ids) => self.detokenize(ids),

@@ -3,14 +3,16 @@
 //! never makes a replica load an adapter; the replica gets the parsed call (`call.rs`) and
 //! parses again only a request that arrives without one.
 
-use modelmux_llm::{ChatMessage, MAX_STOP_BYTES, MAX_STOP_STRINGS, SamplingParams};
+use modelmux_llm::{ChatMessage, Constraint, MAX_STOP_BYTES, MAX_STOP_STRINGS, SamplingParams};
 use modelmux_serve::ServeError;
 use serde::de::DeserializeOwned;
 
+use crate::messages::messages;
 use crate::protocol::{
-    CHAT_ONLY, COMPLETION_ONLY, Content, ContentPart, DetokenizeRequest, EmbeddingRequest,
-    GenerateBody, Message, OneOrMany, PromptInput, TokenizeRequest,
+    CHAT_ONLY, COMPLETION_ONLY, DetokenizeRequest, EmbeddingRequest, GenerateBody, OneOrMany,
+    PromptInput, TokenizeRequest,
 };
+use crate::tools::Tools;
 
 /// Which generation endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,6 +43,10 @@ pub(crate) struct Job {
     pub(crate) max_tokens: Option<usize>,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
+    /// What the output must match, and the request field that asked for it.
+    pub(crate) constraint: Option<(Constraint, &'static str)>,
+    /// The tools offered (chat only).
+    pub(crate) tools: Option<Tools>,
 }
 
 /// A 400 naming `param`.
@@ -49,6 +55,22 @@ pub(crate) fn invalid(param: &str, message: impl Into<String>) -> ServeError {
         param: param.to_owned(),
         message: message.into(),
     }
+}
+
+/// Checks a function or schema name as OpenAI does: 1 to 64 letters, digits, `_` or `-`.
+pub(crate) fn check_name(param: &str, name: &str) -> Result<(), ServeError> {
+    if name.is_empty()
+        || name.len() > 64
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(invalid(
+            param,
+            format!("{param} must be 1 to 64 letters, digits, '_' or '-', got {name:?}"),
+        ));
+    }
+    Ok(())
 }
 
 /// Parses JSON into `T`, naming the path of a bad value.
@@ -121,54 +143,6 @@ fn unsupported(param: &str, what: &str) -> ServeError {
         param,
         format!("{param}: {what} is not supported by this server"),
     )
-}
-
-fn messages(list: Vec<Message>) -> Result<Vec<ChatMessage>, ServeError> {
-    if list.is_empty() {
-        return Err(invalid(
-            "messages",
-            "messages must hold at least one message",
-        ));
-    }
-    list.into_iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let role = match m.role.as_str() {
-                "system" | "user" | "assistant" => m.role,
-                // OpenAI's newer name for system instructions.
-                "developer" => "system".to_owned(),
-                other => {
-                    return Err(invalid(
-                        &format!("messages[{i}].role"),
-                        format!(
-                            "messages[{i}].role: '{other}' is not supported (use system, developer, user or assistant)"
-                        ),
-                    ));
-                }
-            };
-            let content = match m.content {
-                None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => {
-                    let mut text = String::new();
-                    for (j, part) in parts.into_iter().enumerate() {
-                        let param = format!("messages[{i}].content[{j}]");
-                        match serde_json::from_value::<ContentPart>(part) {
-                            Ok(ContentPart::Text { text: t }) => text.push_str(&t),
-                            Err(e) => {
-                                return Err(invalid(
-                                    &param,
-                                    format!("{param}: only text parts are supported: {e}"),
-                                ));
-                            }
-                        }
-                    }
-                    text
-                }
-            };
-            Ok(ChatMessage::new(role, content))
-        })
-        .collect()
 }
 
 /// Parses and checks a chat or completion request.
@@ -262,18 +236,23 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
         return Err(unsupported("logprobs", "returning log probabilities"));
     }
     let logit_bias = logit_bias(b.logit_bias.unwrap_or_default())?;
-    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) || b.tool_choice.is_some() {
-        return Err(unsupported("tools", "tool calling"));
-    }
-    let _ = b.parallel_tool_calls;
-    if let Some(format) = &b.response_format
-        && format.get("type").and_then(|t| t.as_str()) != Some("text")
-    {
-        return Err(unsupported(
-            "response_format",
-            "a response format other than {\"type\": \"text\"}",
-        ));
-    }
+    let tools = crate::tools::parse(b.tools, b.tool_choice, b.parallel_tool_calls)?;
+    let format = crate::structured::response_format(b.response_format)?;
+    let constraint = match (&tools, format) {
+        (Some(t), format) if t.active() && t.choice != crate::tools::ToolChoice::Auto => {
+            if format.is_some() {
+                return Err(invalid(
+                    "response_format",
+                    "response_format cannot apply when tool_choice forces a tool call",
+                ));
+            }
+            t.constraint(None).map(|c| (c, "tools"))
+        }
+        (Some(t), Some(format)) if t.active() => {
+            t.constraint(Some(&format)).map(|c| (c, "response_format"))
+        }
+        (_, format) => format.map(|c| (c, "response_format")),
+    };
     let max_tokens = match (&b.max_completion_tokens, &b.max_tokens) {
         (Some(n), _) => Some(whole("max_completion_tokens", n, 1)?),
         (None, Some(n)) => Some(whole("max_tokens", n, 1)?),
@@ -355,6 +334,8 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
         max_tokens,
         stream,
         include_usage: b.stream_options.is_some_and(|o| o.include_usage),
+        constraint,
+        tools: tools.filter(Tools::active),
     })
 }
 
@@ -516,7 +497,12 @@ mod tests {
             (chat(r#", "store": true"#), "store", "not supported"),
             (chat(r#", "stream_options": {"include_usage": true}"#), "stream_options", "stream is true"),
             (r#"{"model": "m", "messages": []}"#.into(), "messages", "at least one"),
-            (r#"{"model": "m", "messages": [{"role": "tool", "content": "x"}]}"#.into(), "messages[0].role", "not supported"),
+            (r#"{"model": "m", "messages": [{"role": "robot", "content": "x"}]}"#.into(), "messages[0].role", "not supported"),
+            (r#"{"model": "m", "messages": [{"role": "tool", "content": "x"}]}"#.into(), "messages[0].tool_call_id", "required on tool messages"),
+            (r#"{"model": "m", "messages": [{"role": "user", "content": "x", "tool_calls": []}]}"#.into(), "messages[0].tool_calls", "only assistant"),
+            (chat(r#", "response_format": {"type": "yaml"}"#), "response_format", "expected"),
+            (chat(r#", "tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required", "response_format": {"type": "json_object"}"#), "response_format", "forces a tool call"),
+            (chat(r#", "tool_choice": "auto""#), "tool_choice", "non-empty tools"),
             (r#"{"model": "m", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}"#.into(), "messages[0].content[0]", "only text"),
             (r#"{"messages": [{"role": "user", "content": "x"}]}"#.into(), ".", "missing field `model`"),
         ] {

@@ -7,7 +7,6 @@ pub(crate) const CHAT_ONLY: &[&str] = &[
     "messages",
     "max_completion_tokens",
     "top_logprobs",
-    "response_format",
     "tools",
     "tool_choice",
     "parallel_tool_calls",
@@ -54,8 +53,36 @@ pub(crate) enum Content {
 pub(crate) struct Message {
     pub(crate) role: String,
     pub(crate) content: Option<Content>,
-    #[allow(dead_code)] // accepted: a participant's name, which chat templates here ignore
+    /// A participant's name; on a `tool` message, the function's (some templates print it).
     pub(crate) name: Option<String>,
+    /// An assistant's earlier calls.
+    pub(crate) tool_calls: Option<Vec<ToolCallIn>>,
+    /// On a `tool` message: the call it answers.
+    pub(crate) tool_call_id: Option<String>,
+    /// Output-only fields of an answer's message, which clients send back as they got them
+    /// when they replay a conversation: accepted, not used.
+    #[allow(dead_code)]
+    pub(crate) refusal: Option<serde_json::Value>,
+    #[allow(dead_code)]
+    pub(crate) annotations: Option<serde_json::Value>,
+}
+
+/// One of an assistant message's `tool_calls`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ToolCallIn {
+    pub(crate) id: String,
+    #[serde(rename = "type")]
+    pub(crate) kind: String,
+    pub(crate) function: FunctionCallIn,
+}
+
+/// The function of a [`ToolCallIn`]: its name and arguments as JSON text.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FunctionCallIn {
+    pub(crate) name: String,
+    pub(crate) arguments: String,
 }
 
 /// `prompt` of a completion: text, token ids, or a list of either.

@@ -14,6 +14,17 @@ use crate::errors::serve_error;
 use crate::metrics::LlmMetrics;
 use crate::params::Endpoint;
 use crate::protocol::{UsageBody, unix_now};
+use crate::tools::{CallSplitter, Function, ToolCall};
+
+/// OpenAI's finish reason: `tool_calls` when the answer ended after making calls (an answer
+/// cut at `max_tokens` says `length`, with the calls it completed).
+fn finish_reason(reason: FinishReason, calls: &[ToolCall]) -> &'static str {
+    if calls.is_empty() || reason == FinishReason::Length {
+        reason.as_str()
+    } else {
+        "tool_calls"
+    }
+}
 
 /// What every answer of one request repeats.
 pub(crate) struct Answer {
@@ -26,6 +37,8 @@ pub(crate) struct Answer {
     pub(crate) model: String,
     pub(crate) created: u64,
     pub(crate) include_usage: bool,
+    /// The functions the answer may call (chat requests with active tools).
+    pub(crate) functions: Option<Vec<Function>>,
 }
 
 impl Answer {
@@ -46,6 +59,7 @@ impl Answer {
             model,
             created: unix_now(),
             include_usage,
+            functions: None,
         }
     }
 
@@ -57,15 +71,34 @@ impl Answer {
         }
     }
 
-    /// The whole answer.
+    /// The whole answer; a chat answer's calls (if tools are on) read out of `text`.
     pub(crate) fn complete(&self, text: String, reason: FinishReason, usage: Usage) -> Value {
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": reason.as_str(),
-            }),
+            Endpoint::Chat => {
+                let (content, calls) = match &self.functions {
+                    Some(functions) => {
+                        let mut splitter = CallSplitter::new(functions);
+                        let mut content = splitter.push(&text);
+                        let (rest, calls) = splitter.finish();
+                        content.push_str(&rest);
+                        (content, calls)
+                    }
+                    None => (text, Vec::new()),
+                };
+                let mut message = json!({"role": "assistant", "content": content});
+                if !calls.is_empty() {
+                    if content.trim().is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = self.tool_calls(&calls);
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": null,
+                    "finish_reason": finish_reason(reason, &calls),
+                })
+            }
             Endpoint::Completion => json!({
                 "index": 0,
                 "text": text,
@@ -83,10 +116,33 @@ impl Answer {
         })
     }
 
+    fn tool_calls(&self, calls: &[ToolCall]) -> Value {
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| c.to_json(i, &self.request_id))
+            .collect()
+    }
+
+    /// The chunk that streams an answer's calls: each call whole, with its index.
+    fn calls_chunk(&self, calls: &[ToolCall], first: bool) -> Value {
+        let mut chunk = self.chunk(None, first, None);
+        let deltas: Vec<Value> = calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let mut delta = c.to_json(i, &self.request_id);
+                delta["index"] = i.into();
+                delta
+            })
+            .collect();
+        chunk["choices"][0]["delta"]["tool_calls"] = deltas.into();
+        chunk
+    }
+
     /// One streamed chunk: `text` (and the assistant's role on a chat's first chunk), or the
     /// finish reason.
-    fn chunk(&self, text: Option<&str>, first: bool, reason: Option<FinishReason>) -> Value {
-        let reason = reason.map(FinishReason::as_str);
+    fn chunk(&self, text: Option<&str>, first: bool, reason: Option<&str>) -> Value {
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let mut delta = serde_json::Map::new();
@@ -233,6 +289,8 @@ async fn feed(
     let mut pending = String::new();
     // When the text gathered so far must go out; none while nothing waits.
     let mut deadline: Option<Instant> = None;
+    // With tools on, text goes through the splitter, which holds back calls.
+    let mut splitter = answer.functions.as_deref().map(CallSplitter::new);
     if answer.endpoint == Endpoint::Chat {
         tx.send(event(&answer.chunk(Some(""), true, None))).await?;
         first = false;
@@ -255,7 +313,10 @@ async fn feed(
         match next {
             Some(GenerationEvent::Token { text, .. }) => {
                 timing.token();
-                pending.push_str(&text);
+                match &mut splitter {
+                    Some(s) => pending.push_str(&s.push(&text)),
+                    None => pending.push_str(&text),
+                }
                 if pending.is_empty() {
                     continue;
                 }
@@ -275,13 +336,29 @@ async fn feed(
                 rest,
                 usage,
             }) => {
-                pending.push_str(&rest);
+                let calls = match splitter.take() {
+                    Some(mut s) => {
+                        pending.push_str(&s.push(&rest));
+                        let (held, calls) = s.finish();
+                        pending.push_str(&held);
+                        calls
+                    }
+                    None => {
+                        pending.push_str(&rest);
+                        Vec::new()
+                    }
+                };
                 timing.finished(reason, usage);
                 if !pending.is_empty() {
                     tx.send(event(&answer.chunk(Some(&pending), first, None)))
                         .await?;
                     first = false;
                 }
+                if !calls.is_empty() {
+                    tx.send(event(&answer.calls_chunk(&calls, first))).await?;
+                    first = false;
+                }
+                let reason = finish_reason(reason, &calls);
                 tx.send(event(&answer.chunk(None, first, Some(reason))))
                     .await?;
                 if answer.include_usage {

@@ -179,6 +179,7 @@ fn status_of(kind: ErrorKind) -> StatusCode {
     match kind {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+        ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::UnusableModel => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::Overloaded | ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorKind::Upstream => StatusCode::BAD_GATEWAY,

@@ -13,6 +13,9 @@ pub enum ErrorKind {
     /// The request is wrong (a malformed input, a parameter out of range): the client must
     /// change it.
     InvalidInput,
+    /// The request asks for something the server's configuration does not allow it (an
+    /// adapter from a source outside the allowed ones): the client must change it.
+    Forbidden,
     /// The model asked for exists but cannot be served (corrupt, an unsupported format, made
     /// for another base model, larger than the replica may hold).
     UnusableModel,
@@ -34,6 +37,7 @@ impl ErrorKind {
         match self {
             ErrorKind::NotFound => "not_found",
             ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::Forbidden => "forbidden",
             ErrorKind::UnusableModel => "unusable_model",
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::Unavailable => "unavailable",
@@ -47,7 +51,10 @@ impl ErrorKind {
     pub fn is_client_error(self) -> bool {
         matches!(
             self,
-            ErrorKind::NotFound | ErrorKind::InvalidInput | ErrorKind::UnusableModel
+            ErrorKind::NotFound
+                | ErrorKind::InvalidInput
+                | ErrorKind::Forbidden
+                | ErrorKind::UnusableModel
         )
     }
 }

@@ -11,6 +11,7 @@
 //! never runs out of memory. A request that cannot be admitted within `queue_timeout`, or
 //! that finds `max_waiting` requests already queued, gets [`LlmError::Overloaded`].
 
+mod constrain;
 mod run;
 mod sequence;
 mod stats;
@@ -29,6 +30,7 @@ use crate::model::LlamaModel;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TextTokenizer;
 
+pub use modelmux_grammar::{Constraint, TokenConstraint};
 pub use stats::{AdaptersInUse, EngineSnapshot};
 pub(crate) use stats::{EngineStats, StopFlag};
 
@@ -146,6 +148,8 @@ pub struct GenerationRequest {
     pub params: SamplingParams,
     /// The adapter, or `None` for the base model.
     pub adapter: Option<AdapterLease>,
+    /// What the output must match (from [`Engine::compile_constraint`]), or `None`.
+    pub constraint: Option<TokenConstraint>,
 }
 
 /// Why a sequence ended.
@@ -286,6 +290,7 @@ struct Inner {
     tokenizer: Arc<TextTokenizer>,
     model_config: crate::LlamaConfig,
     can_reload: bool,
+    grammars: constrain::Grammars,
 }
 
 /// Builds the model again (from its file) when a sleeping engine wakes up.
@@ -342,6 +347,7 @@ impl Engine {
                 stats,
                 budget,
                 config,
+                grammars: constrain::Grammars::new(tokenizer.clone(), model_config.vocab_size),
                 tokenizer,
                 model_config,
                 can_reload,
@@ -384,12 +390,24 @@ impl Engine {
             request.prompt,
             request.params,
             request.adapter,
+            request.constraint,
             events,
             tokio::time::Instant::now() + inner.config.queue_timeout,
             bytes_per_token,
         );
         self.send(Command::Submit(Box::new(sequence)))?;
         Ok(GenerationStream { events: receiver })
+    }
+
+    /// Compiles `constraint` for this engine's tokenizer (the first call indexes the
+    /// vocabulary). A constraint the grammar library cannot compile is an
+    /// [`LlmError::InvalidRequest`] naming `what`, the request field it came from.
+    pub fn compile_constraint(
+        &self,
+        constraint: &Constraint,
+        what: &str,
+    ) -> Result<TokenConstraint> {
+        self.inner.grammars.compile(constraint, what)
     }
 
     /// Checks a prompt that `more` tokens will follow: not empty, in the vocabulary, within

@@ -46,21 +46,7 @@ impl EngineLoop {
         stats: Arc<EngineStats>,
         commands: Receiver<Command>,
     ) -> Self {
-        let mut eos: Vec<u32> = tokenizer.eos().into_iter().collect();
-        // Chat models end a turn with an end-of-turn token that may differ from EOS.
-        for text in [
-            "<|im_end|>",
-            "<|eot_id|>",
-            "<|end_of_turn|>",
-            "<|endoftext|>",
-        ] {
-            if let Some(id) = tokenizer.token_id(text)
-                && tokenizer.is_control(id)
-                && !eos.contains(&id)
-            {
-                eos.push(id);
-            }
-        }
+        let eos = super::constrain::end_tokens(&tokenizer);
         Self {
             model_config: model.config().clone(),
             model: Some(model),
@@ -352,17 +338,26 @@ impl EngineLoop {
                 (i, tokens, completes)
             })
             .collect();
-        let logits = {
+        let (logits, masks) = {
             let mut by_index: Vec<Option<&mut Sequence>> =
                 self.running.iter_mut().map(Some).collect();
             let mut segments: Vec<Segment<'_>> = Vec::with_capacity(inputs.len());
-            for (i, tokens, completes) in &mut inputs {
+            let mut constrained = Vec::new();
+            for (row, (i, tokens, completes)) in inputs.iter_mut().enumerate() {
                 let s = by_index[*i].take().expect("each sequence once per step");
-                let adapter = s.adapter.as_deref();
+                let Sequence {
+                    cache,
+                    adapter,
+                    constraint,
+                    ..
+                } = s;
+                if *completes && let Some(c) = constraint.as_mut() {
+                    constrained.push((row, c));
+                }
                 segments.push(Segment {
                     tokens,
-                    cache: s.cache.as_mut().expect("admitted sequences have a cache"),
-                    adapter,
+                    cache: cache.as_mut().expect("admitted sequences have a cache"),
+                    adapter: adapter.as_deref(),
                     want_logits: *completes,
                 });
             }
@@ -372,26 +367,49 @@ impl EngineLoop {
             if self.stats.inject_panic.swap(false, Ordering::SeqCst) {
                 panic!("injected fault: a panic in the step's forward pass");
             }
-            model.forward(&mut segments)?
+            let (logits, masks) =
+                super::constrain::forward_with_masks(constrained, || model.forward(&mut segments));
+            (logits?, masks)
         };
         self.stats
             .prompt_tokens
             .fetch_add(prompt_rows as u64, Ordering::Relaxed);
 
-        let mut finished = Vec::new();
-        for ((i, _, _), logits) in inputs.iter().zip(logits) {
+        let mut masks = masks.into_iter().peekable();
+        let mut ended = Vec::new();
+        for (row, ((i, _, _), logits)) in inputs.iter().zip(logits).enumerate() {
+            let mask = masks.next_if(|(r, _)| *r == row).map(|(_, m)| m);
             let Some(mut logits) = logits else { continue };
             let s = &mut self.running[*i];
+            match mask {
+                Some(Ok(mask)) => mask.apply(&mut logits),
+                Some(Err(e)) => {
+                    ended.push((*i, Err(LlmError::Internal(e.to_string()))));
+                    continue;
+                }
+                None => {}
+            }
             let token = s.sampler.sample(&mut logits);
             self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+            if let Some(c) = s.constraint.as_mut()
+                && !self.eos.contains(&token)
+                && let Err(e) = c.consume(token)
+            {
+                ended.push((*i, Err(LlmError::Internal(e.to_string()))));
+                continue;
+            }
             if let Progress::Finished(reason) = s.push(token, &self.tokenizer, &self.eos) {
-                finished.push((*i, reason));
+                ended.push((*i, Ok(reason)));
             }
         }
         // Finished sequences leave now, freeing their KV memory and adapter lease.
-        finished.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
-        for (i, reason) in finished {
-            self.running.remove(i).finish(reason);
+        ended.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, outcome) in ended {
+            let s = self.running.remove(i);
+            match outcome {
+                Ok(reason) => s.finish(reason),
+                Err(e) => s.fail(e),
+            }
         }
         Ok(())
     }

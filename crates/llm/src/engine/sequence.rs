@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use modelmux_grammar::TokenConstraint;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -17,6 +18,8 @@ pub(crate) struct Sequence {
     pub(super) params: SamplingParams,
     pub(super) sampler: Sampler,
     pub(super) adapter: Option<AdapterLease>,
+    /// The grammar the output must match, if any.
+    pub(super) constraint: Option<TokenConstraint>,
     pub(super) events: mpsc::UnboundedSender<GenerationEvent>,
     /// Set once admitted.
     pub(super) cache: Option<KvCache>,
@@ -39,6 +42,7 @@ impl Sequence {
         prompt: Vec<u32>,
         params: SamplingParams,
         adapter: Option<AdapterLease>,
+        constraint: Option<TokenConstraint>,
         events: mpsc::UnboundedSender<GenerationEvent>,
         deadline: Instant,
         kv_bytes_per_token: u64,
@@ -50,6 +54,7 @@ impl Sequence {
             generated: Vec::new(),
             params,
             adapter,
+            constraint,
             events,
             cache: None,
             reservation_bytes,
@@ -134,6 +139,10 @@ impl Sequence {
             .unwrap_or(0);
         self.held = text.split_off(text.len() - hold);
         self.send_token(id, text);
+        // A complete constrained output ends here: the grammar allows nothing but the end.
+        if self.constraint.as_ref().is_some_and(|c| c.is_finished()) {
+            return Progress::Finished(FinishReason::Stop);
+        }
         if self.generated.len() >= self.params.max_tokens {
             return Progress::Finished(FinishReason::Length);
         }

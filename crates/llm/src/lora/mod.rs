@@ -21,8 +21,10 @@ use crate::parallel;
 use crate::weights::Target;
 
 mod config;
+mod source;
 
 use config::parse_config;
+pub use source::{AdapterSources, AllowedSources, InvalidSourceEntry, SourceMatch};
 
 /// The configuration file of an adapter directory.
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
