@@ -273,10 +273,9 @@ impl Tools {
     /// The system text that presents the tools, for templates that do not.
     fn instructions(&self) -> String {
         let signatures: Vec<String> = self
-            .functions
+            .listed
             .iter()
-            .zip(&self.listed)
-            .map(|(_, tool)| tool["function"].to_string())
+            .map(|tool| tool["function"].to_string())
             .collect();
         let how_many = if self.parallel {
             "one or more function calls"
