@@ -2,6 +2,7 @@
 """Independent numpy reference forward pass for a GGUF llama model, with merged PEFT LoRA adapters.
 
     reference.py --gguf BASE.gguf --adapters DIR --out FILE.json [--check]
+    reference.py --gguf MODEL.gguf --prompt-ids 1,2,3 [--llama3 FACTOR,LOW,HIGH,ORIGINAL] --out FILE.json
 
 It is written the way Hugging Face's LlamaForCausalLM computes, not the way llama.cpp does, so
 that it checks an engine rather than sharing its assumptions:
@@ -21,7 +22,11 @@ Writes {"gguf", "cases": [{"name", "adapter", "prompt_ids", "last_logits", "gree
 (mean of the final-normed last hidden states, unit length), 8 greedy tokens and, per greedy step,
 the top-1 minus top-2 logit (how robust that token is), for 3 prompts on the base model and for
 the chat prompt with each test adapter. --check prints, per adapter, base vs adapter greedy tokens.
-Importable: load_model, load_adapter, forward, greedy, run.
+The second form writes {"last_logits"} for one prompt; with --llama3, the rotary frequencies
+are Llama 3's `rope_scaling` (rope_type "llama3": factor, low_freq_factor, high_freq_factor,
+original_max_position_embeddings) computed as Hugging Face's _compute_llama3_parameters
+defines them, from those numbers, never from a rope_freqs tensor in the file.
+Importable: load_model, load_adapter, forward, greedy, run, llama3_inv_freq.
 """
 import argparse
 import json
@@ -147,11 +152,27 @@ def embedding(cfg, w, ids):
     return (m / np.linalg.norm(m)).astype(np.float32)
 
 
+def llama3_inv_freq(base, dim, factor, low_freq_factor, high_freq_factor, original):
+    """Llama 3's scaled rotary frequencies (Hugging Face's rope_type "llama3"): wavelengths
+    shorter than original / high_freq_factor keep their frequency, longer than
+    original / low_freq_factor are divided by factor, and those between are interpolated."""
+    inv_freq = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float64) / dim))
+    low_wavelen, high_wavelen = original / low_freq_factor, original / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+    return np.where(medium, smoothed, scaled).astype(np.float32)
+
+
 def hidden_states(cfg, w, ids, cache=None):
     """The residual stream after the last block ([T, d], float32), before the final norm."""
     T, nh, nkv, hd, eps = len(ids), cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["eps"]
     rd, start = cfg["rope_dim"], (cache[0][0].shape[1] if cache else 0)
-    inv_freq = 1.0 / (cfg["rope_base"] ** (np.arange(0, rd, 2, dtype=np.float32) / rd))
+    inv_freq = cfg.get("inv_freq")
+    if inv_freq is None:
+        inv_freq = 1.0 / (cfg["rope_base"] ** (np.arange(0, rd, 2, dtype=np.float32) / rd))
     freqs = np.outer(np.arange(start, start + T, dtype=np.float32), inv_freq)
     emb = np.concatenate([freqs, freqs], axis=-1)
     cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
@@ -242,10 +263,24 @@ def run(gguf, adapters_dir, log=print):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gguf", required=True)
-    ap.add_argument("--adapters", required=True, help="directory written by make_adapters.py")
+    ap.add_argument("--adapters", help="directory written by make_adapters.py")
     ap.add_argument("--out", help="JSON file to write")
     ap.add_argument("--check", action="store_true", help="print base vs adapter greedy tokens")
+    ap.add_argument("--prompt-ids", help="one prompt's ids, comma-separated: write its last logits")
+    ap.add_argument("--llama3", help="FACTOR,LOW,HIGH,ORIGINAL: Llama 3 rope scaling")
     args = ap.parse_args()
+    if args.prompt_ids:
+        cfg, w = load_model(args.gguf)
+        w.pop("rope_freqs.weight", None)  # the definition below, not the file's factors
+        if args.llama3:
+            factor, low, high, original = (float(x) for x in args.llama3.split(","))
+            cfg["inv_freq"] = llama3_inv_freq(cfg["rope_base"], cfg["rope_dim"], factor, low, high, original)
+        logits = forward(cfg, w, [int(x) for x in args.prompt_ids.split(",")])
+        with open(args.out, "w") as fh:
+            json.dump({"last_logits": [float(f"{v:.7g}") for v in logits.tolist()]}, fh)
+        return
+    if not args.adapters:
+        ap.error("--adapters is required")
     cfg, cases = run(args.gguf, args.adapters)
     if args.out:
         doc = {"gguf": args.gguf, "cases": [

@@ -54,6 +54,8 @@ pub struct GgufFile {
     path: PathBuf,
     reader: BufReader<File>,
     content: Content,
+    /// Tensors read so far: the weights' loader refuses a file with tensors it did not read.
+    read: std::collections::HashSet<String>,
 }
 
 impl GgufFile {
@@ -73,6 +75,7 @@ impl GgufFile {
             path,
             reader,
             content,
+            read: Default::default(),
         })
     }
 
@@ -159,6 +162,7 @@ impl GgufFile {
                 )));
             }
         }
+        self.refuse_unknown_keys("llama", head_dim)?;
         if self.get("llama.rope.scaling.type").is_some() {
             let kind = self.string("llama.rope.scaling.type").unwrap_or("");
             if kind != "none" {
@@ -196,6 +200,56 @@ impl GgufFile {
         })
     }
 
+    /// Refuses `{arch}.*` metadata this engine does not implement: such a key changes the
+    /// computation (soft-capping, sliding windows, a scaled logit, experts...), and running
+    /// the model without it gives wrong answers with no error. Keys that only restate a shape
+    /// must agree with it.
+    fn refuse_unknown_keys(&self, arch: &str, head_dim: usize) -> Result<()> {
+        const KNOWN: &[&str] = &[
+            "block_count",
+            "embedding_length",
+            "attention.head_count",
+            "attention.head_count_kv",
+            "feed_forward_length",
+            "context_length",
+            "rope.freq_base",
+            "rope.dimension_count",
+            "attention.layer_norm_rms_epsilon",
+            "vocab_size",
+            // Checked where they are read: only "none" scaling, no experts.
+            "rope.scaling.type",
+            "expert_count",
+            "expert_used_count",
+        ];
+        let prefix = format!("{arch}.");
+        let mut unknown = Vec::new();
+        for (key, value) in &self.content.metadata {
+            let Some(name) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            match name {
+                "attention.key_length" | "attention.value_length" => {
+                    let n = value.to_u32().map(|v| v as usize).unwrap_or(0);
+                    if n != head_dim {
+                        return Err(self.error(format!(
+                            "{key} is {n}, not the head size {head_dim}: heads of another size are not supported"
+                        )));
+                    }
+                }
+                name if KNOWN.contains(&name) => {}
+                _ => unknown.push(key.as_str()),
+            }
+        }
+        if !unknown.is_empty() {
+            unknown.sort_unstable();
+            return Err(self.error(format!(
+                "metadata this engine does not implement: {} (running the model without it would give wrong answers)",
+                unknown.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
     /// Whether the file has tensor `name`.
     pub fn has_tensor(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
@@ -224,6 +278,20 @@ impl GgufFile {
                 path: self.path.display().to_string(),
                 message: format!("tensor {name}: {e}"),
             })?;
+        self.read.insert(name.to_owned());
         Ok(tensor)
+    }
+
+    /// The file's tensors not read so far, sorted.
+    pub(crate) fn unread_tensors(&self) -> Vec<&str> {
+        let mut unread: Vec<&str> = self
+            .content
+            .tensor_infos
+            .keys()
+            .map(String::as_str)
+            .filter(|name| !self.read.contains(*name))
+            .collect();
+        unread.sort_unstable();
+        unread
     }
 }

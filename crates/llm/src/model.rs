@@ -52,6 +52,7 @@ impl LlamaModel {
         let rope = Rope::new(
             weights.config.head_dim,
             weights.config.rope_base,
+            weights.rope_factors.as_deref(),
             max_positions,
         );
         Self { weights, rope }

@@ -29,8 +29,9 @@ pub(crate) fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]
 }
 
 /// Rotary position embeddings in GGUF's interleaved layout (pairs `(2i, 2i+1)` of each
-/// head rotated by `position * base^(-2i / head_dim)`), applied in place to `rows x
-/// (heads * head_dim)` values, each row at its own position.
+/// head rotated by `position * base^(-2i / head_dim) / factors[i]`, the factors being
+/// `rope_freqs.weight` where the model has one, as llama.cpp applies Llama 3's RoPE scaling),
+/// applied in place to `rows x (heads * head_dim)` values, each row at its own position.
 pub(crate) struct Rope {
     head_dim: usize,
     /// `cos` and `sin` for every position below `max_positions`, `head_dim / 2` each.
@@ -39,12 +40,20 @@ pub(crate) struct Rope {
 }
 
 impl Rope {
-    pub(crate) fn new(head_dim: usize, base: f32, max_positions: usize) -> Self {
+    pub(crate) fn new(
+        head_dim: usize,
+        base: f32,
+        factors: Option<&[f32]>,
+        max_positions: usize,
+    ) -> Self {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
         let inv_freq: Vec<f64> = (0..half)
-            .map(|i| 1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64))
+            .map(|i| {
+                let divisor = factors.map_or(1.0, |f| f64::from(f[i]));
+                1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64) / divisor
+            })
             .collect();
         for p in 0..max_positions {
             for f in &inv_freq {
@@ -272,7 +281,7 @@ mod tests {
 
     #[test]
     fn rope_rotates_pairs_by_position() {
-        let rope = Rope::new(4, 10_000.0, 16);
+        let rope = Rope::new(4, 10_000.0, None, 16);
         let mut x = vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
         rope.apply(&mut x, &[0, 3], 4);
         assert_eq!(&x[..4], &[1.0, 0.0, 1.0, 0.0]);

@@ -141,6 +141,9 @@ pub struct LlamaWeights {
     pub(crate) final_norm: Vec<f32>,
     pub(crate) lm_head: Matrix,
     pub(crate) format: WeightFormat,
+    /// Per-frequency divisors of the rotary angles (`rope_freqs.weight`: Llama 3's
+    /// `rope_scaling`), `head_dim / 2` of them.
+    pub(crate) rope_factors: Option<Vec<f32>>,
     bytes: u64,
 }
 
@@ -270,6 +273,27 @@ impl LlamaWeights {
             Matrix::candle(vec![embedding.clone()])?
         };
         let tied = !file.has_tensor("output.weight");
+        let rope_factors = if file.has_tensor("rope_freqs.weight") {
+            let factors = vector(file, "rope_freqs.weight", config.head_dim / 2)?;
+            if let Some(bad) = factors.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+                return Err(file.error(format!(
+                    "rope_freqs.weight holds {bad}: rotary frequency divisors must be positive"
+                )));
+            }
+            Some(factors)
+        } else {
+            None
+        };
+        let unread = file.unread_tensors();
+        if !unread.is_empty() {
+            let shown: Vec<&str> = unread.iter().take(8).copied().collect();
+            return Err(file.error(format!(
+                "{} tensor(s) this engine does not use: {}{} (running the model without them would give wrong answers)",
+                unread.len(),
+                shown.join(", "),
+                if unread.len() > shown.len() { ", ..." } else { "" }
+            )));
+        }
         let embedding = if tied && lm_head.has_rows() {
             bytes -= embedding.storage_size_in_bytes() as u64;
             None
@@ -283,6 +307,7 @@ impl LlamaWeights {
             final_norm,
             lm_head,
             format,
+            rope_factors,
             bytes,
         })
     }

@@ -33,6 +33,20 @@ fn ones(n: usize) -> QTensor {
 
 /// Writes the tiny model to `path`, with the tokenizer of the GGUF file at `tokenizer_from`.
 fn write(path: &Path, tokenizer_from: &Path) {
+    write_with(path, tokenizer_from, Vec::new(), Vec::new());
+}
+
+/// The number of rotary frequencies of the tiny model (half its head size).
+pub const ROTARY_PAIRS: usize = D / HEADS / 2;
+
+/// Writes the tiny model to `path` with `metadata` and `tensors` added (a tensor or key of the
+/// same name replaced).
+pub fn write_with(
+    path: &Path,
+    tokenizer_from: &Path,
+    extra_metadata: Vec<(String, Value)>,
+    extra_tensors: Vec<(String, QTensor)>,
+) {
     let mut source = std::fs::File::open(tokenizer_from).unwrap();
     let content = Content::read(&mut source).unwrap();
     let mut metadata: Vec<(String, Value)> = content
@@ -82,6 +96,14 @@ fn write(path: &Path, tokenizer_from: &Path) {
         tensors.push((p("ffn_gate.weight"), random(&mut rng, &[FFN, D], 0.2)));
         tensors.push((p("ffn_up.weight"), random(&mut rng, &[FFN, D], 0.2)));
         tensors.push((p("ffn_down.weight"), random(&mut rng, &[D, FFN], 0.2)));
+    }
+    for (k, v) in extra_metadata {
+        metadata.retain(|(key, _)| *key != k);
+        metadata.push((k, v));
+    }
+    for (k, t) in extra_tensors {
+        tensors.retain(|(key, _)| *key != k);
+        tensors.push((k, t));
     }
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
