@@ -2,7 +2,8 @@
 """Independent numpy reference forward pass for a GGUF llama model, with merged PEFT LoRA adapters.
 
     reference.py --gguf BASE.gguf --adapters DIR --out FILE.json [--check]
-    reference.py --gguf MODEL.gguf --prompt-ids 1,2,3 [--llama3 FACTOR,LOW,HIGH,ORIGINAL] --out FILE.json
+    reference.py --gguf MODEL.gguf --prompt-ids 1,2,3 [--llama3 FACTOR,LOW,HIGH,ORIGINAL]
+                 [--adapter DIR] --out FILE.json
 
 It is written the way Hugging Face's LlamaForCausalLM computes, not the way llama.cpp does, so
 that it checks an engine rather than sharing its assumptions:
@@ -16,6 +17,11 @@ that it checks an engine rather than sharing its assumptions:
   the result does not depend on how an engine permutes or applies LoRA at run time.
 * RMSNorm, SiLU-gated MLP, grouped-query causal attention, LM head = output.weight or the tied
   token_embd.weight; greedy decoding with a KV cache (rotated keys, as HF's past_key_values).
+
+Families: llama (q/k rows un-permuted, as above), qwen2 (q/k/v biases added after the projections)
+and qwen3 (RMSNorm over each q and k head, weights attn_q_norm / attn_k_norm, before the rotary),
+both with rows in Hugging Face's order as llama.cpp's converter leaves them; a head size from
+{arch}.attention.key_length.
 
 Writes {"gguf", "cases": [{"name", "adapter", "prompt_ids", "last_logits", "greedy",
 "greedy_margins", "embedding"}]}: the logits at the last prompt position, the prompt's embedding
@@ -86,11 +92,14 @@ def load_model(path):
     cfg["head_dim"] = int(f.get(f"{arch}.attention.key_length", cfg["n_embd"] // cfg["n_head"]))
     cfg["rope_dim"] = int(f.get(f"{arch}.rope.dimension_count", cfg["head_dim"]))
     w = {}
+    # llama.cpp permutes q/k rows only for the families it runs with interleaved rotary pairs;
+    # Qwen's stay in Hugging Face's order (llama.cpp runs them with NeoX rotary).
+    permuted = arch == "llama"
     for t in reader.tensors:
         a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-        if t.name.endswith("attn_q.weight"):
+        if permuted and t.name.endswith("attn_q.weight"):
             a = unpermute(a, cfg["n_head"])
-        elif t.name.endswith("attn_k.weight"):
+        elif permuted and t.name.endswith("attn_k.weight"):
             a = unpermute(a, cfg["n_head_kv"])
         w[t.name] = np.ascontiguousarray(a)
     w.setdefault("output.weight", w["token_embd.weight"])  # tied embeddings
@@ -186,9 +195,15 @@ def hidden_states(cfg, w, ids, cache=None):
     for i in range(cfg["n_layer"]):
         p = f"blk.{i}."
         h = rms_norm(x, w[p + "attn_norm.weight"], eps)
-        q = rope((h @ w[p + "attn_q.weight"].T).reshape(T, nh, hd).transpose(1, 0, 2))
-        k = rope((h @ w[p + "attn_k.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2))
-        v = (h @ w[p + "attn_v.weight"].T).reshape(T, nkv, hd).transpose(1, 0, 2)
+
+        def proj(name, heads):  # Qwen2's biases; Qwen3's RMSNorm of each q and k head
+            y = h @ w[p + name + ".weight"].T + w.get(p + name + ".bias", np.float32(0))
+            y = y.reshape(T, heads, hd)
+            if p + name + "_norm.weight" in w:
+                y = rms_norm(y, w[p + name + "_norm.weight"], eps)
+            return y.transpose(1, 0, 2)
+
+        q, k, v = rope(proj("attn_q", nh)), rope(proj("attn_k", nkv)), proj("attn_v", nkv)
         if cache is not None:
             if i < len(cache):
                 k, v = np.concatenate([cache[i][0], k], axis=1), np.concatenate([cache[i][1], v], axis=1)
@@ -268,6 +283,7 @@ def main():
     ap.add_argument("--check", action="store_true", help="print base vs adapter greedy tokens")
     ap.add_argument("--prompt-ids", help="one prompt's ids, comma-separated: write its last logits")
     ap.add_argument("--llama3", help="FACTOR,LOW,HIGH,ORIGINAL: Llama 3 rope scaling")
+    ap.add_argument("--adapter", help="with --prompt-ids: a PEFT adapter directory to merge")
     args = ap.parse_args()
     if args.prompt_ids:
         cfg, w = load_model(args.gguf)
@@ -275,6 +291,8 @@ def main():
         if args.llama3:
             factor, low, high, original = (float(x) for x in args.llama3.split(","))
             cfg["inv_freq"] = llama3_inv_freq(cfg["rope_base"], cfg["rope_dim"], factor, low, high, original)
+        if args.adapter:
+            w = load_adapter(args.adapter, w)
         logits = forward(cfg, w, [int(x) for x in args.prompt_ids.split(",")])
         with open(args.out, "w") as fh:
             json.dump({"last_logits": [float(f"{v:.7g}") for v in logits.tolist()]}, fh)

@@ -10,6 +10,7 @@ use candle_core::quantized::QTensor;
 use candle_core::quantized::gguf_file::{Content, Value};
 
 use crate::error::{LlmError, Result};
+use crate::family::Family;
 
 /// The shape of a Llama-family model, from its GGUF metadata.
 #[derive(Clone, Debug, PartialEq)]
@@ -35,9 +36,17 @@ pub struct LlamaConfig {
     pub rms_eps: f32,
     /// The context the model was trained for (`llama.context_length`).
     pub context_length: usize,
+    /// The family (`general.architecture`) and what sets it apart.
+    pub family: Family,
 }
 
 impl LlamaConfig {
+    /// Rows of the query projection: `n_head * head_dim` (`d_model` unless the file gives
+    /// another head size, as Qwen3 does).
+    pub fn q_dim(&self) -> usize {
+        self.n_head * self.head_dim
+    }
+
     /// Rows of the key (and value) projection: `n_kv_head * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
@@ -122,39 +131,42 @@ impl GgufFile {
             .map(String::as_str)
     }
 
-    /// The model's shape, checked: a Llama-family architecture with consistent head counts.
+    /// The model's shape, checked: a family this engine runs, with consistent head counts.
     pub fn llama_config(&self) -> Result<LlamaConfig> {
         let arch = self.string("general.architecture").unwrap_or("");
         // Mistral, SmolLM, TinyLlama... are written with architecture "llama".
-        if arch != "llama" {
-            return Err(self.error(format!(
-                "architecture '{arch}' is not supported (this engine runs 'llama' GGUF models)"
-            )));
-        }
-        let n_layer = self.u64("llama.block_count")? as usize;
-        let d_model = self.u64("llama.embedding_length")? as usize;
-        let n_head = self.u64("llama.attention.head_count")? as usize;
-        let n_kv_head = match self.get("llama.attention.head_count_kv") {
-            Some(_) => self.u64("llama.attention.head_count_kv")? as usize,
+        let family = Family::of(arch).ok_or_else(|| {
+            self.error(format!(
+                "architecture '{arch}' is not supported (this engine runs: {})",
+                Family::names()
+            ))
+        })?;
+        let key = |name: &str| format!("{arch}.{name}");
+        let n_layer = self.u64(&key("block_count"))? as usize;
+        let d_model = self.u64(&key("embedding_length"))? as usize;
+        let n_head = self.u64(&key("attention.head_count"))? as usize;
+        let n_kv_head = match self.get(&key("attention.head_count_kv")) {
+            Some(_) => self.u64(&key("attention.head_count_kv"))? as usize,
             None => n_head,
         };
-        let ffn_dim = self.u64("llama.feed_forward_length")? as usize;
-        let context_length = self.u64("llama.context_length")? as usize;
-        let rope_base = self.f32_or("llama.rope.freq_base", 10_000.0)?;
-        let rms_eps = self.f32_or("llama.attention.layer_norm_rms_epsilon", 1e-5)?;
+        let ffn_dim = self.u64(&key("feed_forward_length"))? as usize;
+        let context_length = self.u64(&key("context_length"))? as usize;
+        let rope_base = self.f32_or(&key("rope.freq_base"), 10_000.0)?;
+        let rms_eps = self.f32_or(&key("attention.layer_norm_rms_epsilon"), 1e-5)?;
         if n_layer == 0 || d_model == 0 || n_head == 0 || n_kv_head == 0 || ffn_dim == 0 {
             return Err(self.error("a dimension in the metadata is zero"));
         }
-        if !d_model.is_multiple_of(n_head)
-            || !n_head.is_multiple_of(n_kv_head)
-            || !(d_model / n_head).is_multiple_of(2)
-        {
+        let head_dim = match self.get(&key("attention.key_length")) {
+            Some(_) => self.u64(&key("attention.key_length"))? as usize,
+            None if d_model.is_multiple_of(n_head) => d_model / n_head,
+            None => 0,
+        };
+        if head_dim == 0 || !n_head.is_multiple_of(n_kv_head) || !head_dim.is_multiple_of(2) {
             return Err(self.error(format!(
-                "inconsistent heads: d_model {d_model}, {n_head} heads, {n_kv_head} KV heads"
+                "inconsistent heads: d_model {d_model}, {n_head} heads of {head_dim}, {n_kv_head} KV heads"
             )));
         }
-        let head_dim = d_model / n_head;
-        if let Some(rot) = self.get("llama.rope.dimension_count") {
+        if let Some(rot) = self.get(&key("rope.dimension_count")) {
             let rot = rot.to_u32().unwrap_or(0) as usize;
             if rot != head_dim {
                 return Err(self.error(format!(
@@ -162,14 +174,14 @@ impl GgufFile {
                 )));
             }
         }
-        self.refuse_unknown_keys("llama", head_dim)?;
-        if self.get("llama.rope.scaling.type").is_some() {
-            let kind = self.string("llama.rope.scaling.type").unwrap_or("");
+        self.refuse_unknown_keys(arch, head_dim)?;
+        if self.get(&key("rope.scaling.type")).is_some() {
+            let kind = self.string(&key("rope.scaling.type")).unwrap_or("");
             if kind != "none" {
                 return Err(self.error(format!("rope scaling '{kind}' is not supported yet")));
             }
         }
-        if self.get("llama.expert_count").is_some() {
+        if self.get(&key("expert_count")).is_some() {
             return Err(self.error("mixture-of-experts models are not supported"));
         }
         let info = self
@@ -197,6 +209,7 @@ impl GgufFile {
             rope_base,
             rms_eps,
             context_length,
+            family,
         })
     }
 
@@ -228,11 +241,14 @@ impl GgufFile {
                 continue;
             };
             match name {
-                "attention.key_length" | "attention.value_length" => {
+                // The head size (read with the shape); values of another size than keys are
+                // not supported.
+                "attention.key_length" => {}
+                "attention.value_length" => {
                     let n = value.to_u32().map(|v| v as usize).unwrap_or(0);
                     if n != head_dim {
                         return Err(self.error(format!(
-                            "{key} is {n}, not the head size {head_dim}: heads of another size are not supported"
+                            "{key} is {n}, not the key size {head_dim}: value heads of another size are not supported"
                         )));
                     }
                 }

@@ -17,6 +17,7 @@
 mod chat;
 mod engine;
 mod error;
+mod family;
 mod gguf;
 mod kv;
 mod lora;
@@ -36,6 +37,7 @@ pub use engine::{
     TokenConstraint, Usage,
 };
 pub use error::{ErrorKind, LlmError, Result};
+pub use family::{Family, RopeStyle};
 pub use gguf::{GgufFile, LlamaConfig};
 pub use kv::{KvBudget, KvCache, KvReservation};
 pub use lora::{

@@ -13,8 +13,8 @@ use modelmux_kernels::Int8Rows;
 
 use crate::matmul::{Matrix, ranges};
 use crate::ops::{
-    AttentionShape, AttentionSpan, Rope, add_assign, attention, rms_norm, rms_norm_into,
-    silu_mul_stacked,
+    AttentionShape, AttentionSpan, Rope, add_assign, add_bias, attention, rms_norm,
+    rms_norm_in_place, rms_norm_into, silu_mul_stacked,
 };
 use crate::parallel;
 use crate::weights::{LlamaWeights, Target, WeightFormat};
@@ -51,6 +51,7 @@ impl LlamaModel {
     pub fn new(weights: LlamaWeights, max_positions: usize) -> Self {
         let rope = Rope::new(
             weights.config.head_dim,
+            weights.config.family.rope,
             weights.config.rope_base,
             weights.rope_factors.as_deref(),
             max_positions,
@@ -136,6 +137,7 @@ impl LlamaModel {
     fn step(&self, segments: &mut [Segment<'_>], embed: bool) -> Result<Vec<Option<Vec<f32>>>> {
         let config = &self.weights.config;
         let (d, kv_dim, vocab) = (config.d_model, config.kv_dim(), config.vocab_size);
+        let q_dim = config.q_dim();
         let mut tokens = Vec::new();
         let mut positions = Vec::new();
         let mut runs: Vec<AdapterRun<'_>> = Vec::new();
@@ -177,7 +179,7 @@ impl LlamaModel {
             head_dim: config.head_dim,
         };
         let ffn = config.ffn_dim;
-        let [q_columns, k_columns, v_columns] = ranges([d, kv_dim, kv_dim]);
+        let [q_columns, k_columns, v_columns] = ranges([q_dim, kv_dim, kv_dim]);
         let qkv_targets = [
             (Target::Q, q_columns.clone()),
             (Target::K, k_columns.clone()),
@@ -190,9 +192,9 @@ impl LlamaModel {
         // Buffers for the whole step, reused by every layer.
         let mut scratch = Int8Rows::new();
         let mut h = vec![0.0; rows * d];
-        let mut qkv = vec![0.0; rows * (d + 2 * kv_dim)];
+        let mut qkv = vec![0.0; rows * (q_dim + 2 * kv_dim)];
         let (mut q, mut k, mut v) = (
-            vec![0.0; rows * d],
+            vec![0.0; rows * q_dim],
             vec![0.0; rows * kv_dim],
             vec![0.0; rows * kv_dim],
         );
@@ -211,13 +213,20 @@ impl LlamaModel {
                 &runs,
                 &mut scratch,
             )?;
-            let width = d + 2 * kv_dim;
+            if let Some(bias) = &block.qkv_bias {
+                add_bias(&mut qkv, bias);
+            }
+            let width = q_dim + 2 * kv_dim;
             for (r, row) in qkv.chunks_exact(width).enumerate() {
-                q[r * d..(r + 1) * d].copy_from_slice(&row[q_columns.clone()]);
+                q[r * q_dim..(r + 1) * q_dim].copy_from_slice(&row[q_columns.clone()]);
                 k[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[k_columns.clone()]);
                 v[r * kv_dim..(r + 1) * kv_dim].copy_from_slice(&row[v_columns.clone()]);
             }
-            self.rope.apply(&mut q, &positions, d);
+            if let Some((q_norm, k_norm)) = &block.qk_norm {
+                rms_norm_in_place(&mut q, q_norm, config.rms_eps);
+                rms_norm_in_place(&mut k, k_norm, config.rms_eps);
+            }
+            self.rope.apply(&mut q, &positions, q_dim);
             self.rope.apply(&mut k, &positions, kv_dim);
             let mut row = 0;
             for s in segments.iter_mut() {

@@ -7,6 +7,7 @@
 
 use modelmux_kernels::vector;
 
+use crate::family::RopeStyle;
 use crate::parallel;
 
 /// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
@@ -28,12 +29,33 @@ pub(crate) fn rms_norm_into(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]
     }
 }
 
-/// Rotary position embeddings in GGUF's interleaved layout (pairs `(2i, 2i+1)` of each
-/// head rotated by `position * base^(-2i / head_dim) / factors[i]`, the factors being
-/// `rope_freqs.weight` where the model has one, as llama.cpp applies Llama 3's RoPE scaling),
-/// applied in place to `rows x (heads * head_dim)` values, each row at its own position.
+/// [`rms_norm`] in place, over rows of `weight.len()` values (Qwen3's per-head q/k norm).
+pub(crate) fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    let d = weight.len();
+    for row in x.chunks_exact_mut(d) {
+        let mean_square = row.iter().map(|v| v * v).sum::<f32>() / d as f32;
+        let scale = 1.0 / (mean_square + eps).sqrt();
+        for (v, w) in row.iter_mut().zip(weight) {
+            *v *= scale * w;
+        }
+    }
+}
+
+/// Adds `bias` to each row of `x` (rows of `bias.len()` values).
+pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
+    for row in x.chunks_exact_mut(bias.len()) {
+        add_assign(row, bias);
+    }
+}
+
+/// Rotary position embeddings: pair `i` of each head (dimensions `(2i, 2i+1)` in GGUF's
+/// interleaved layout, `(i, i + head_dim/2)` in NeoX's) rotated by
+/// `position * base^(-2i / head_dim) / factors[i]`, the factors being `rope_freqs.weight`
+/// where the model has one (as llama.cpp applies Llama 3's RoPE scaling), applied in place to
+/// `rows x (heads * head_dim)` values, each row at its own position.
 pub(crate) struct Rope {
     head_dim: usize,
+    style: RopeStyle,
     /// `cos` and `sin` for every position below `max_positions`, `head_dim / 2` each.
     cos: Vec<f32>,
     sin: Vec<f32>,
@@ -42,6 +64,7 @@ pub(crate) struct Rope {
 impl Rope {
     pub(crate) fn new(
         head_dim: usize,
+        style: RopeStyle,
         base: f32,
         factors: Option<&[f32]>,
         max_positions: usize,
@@ -62,7 +85,12 @@ impl Rope {
                 sin.push(angle.sin() as f32);
             }
         }
-        Self { head_dim, cos, sin }
+        Self {
+            head_dim,
+            style,
+            cos,
+            sin,
+        }
     }
 
     pub(crate) fn max_positions(&self) -> usize {
@@ -75,10 +103,22 @@ impl Rope {
             let cos = &self.cos[p * half..(p + 1) * half];
             let sin = &self.sin[p * half..(p + 1) * half];
             for head in row.chunks_exact_mut(self.head_dim) {
-                for ((pair, c), s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
-                    let (a, b) = (pair[0], pair[1]);
-                    pair[0] = a * c - b * s;
-                    pair[1] = a * s + b * c;
+                match self.style {
+                    RopeStyle::Interleaved => {
+                        for ((pair, c), s) in head.chunks_exact_mut(2).zip(cos).zip(sin) {
+                            let (a, b) = (pair[0], pair[1]);
+                            pair[0] = a * c - b * s;
+                            pair[1] = a * s + b * c;
+                        }
+                    }
+                    RopeStyle::NeoX => {
+                        let (first, second) = head.split_at_mut(half);
+                        for (((a, b), c), s) in first.iter_mut().zip(second).zip(cos).zip(sin) {
+                            let (x, y) = (*a, *b);
+                            *a = x * c - y * s;
+                            *b = x * s + y * c;
+                        }
+                    }
                 }
             }
         }
@@ -281,7 +321,7 @@ mod tests {
 
     #[test]
     fn rope_rotates_pairs_by_position() {
-        let rope = Rope::new(4, 10_000.0, None, 16);
+        let rope = Rope::new(4, RopeStyle::Interleaved, 10_000.0, None, 16);
         let mut x = vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
         rope.apply(&mut x, &[0, 3], 4);
         assert_eq!(&x[..4], &[1.0, 0.0, 1.0, 0.0]);

@@ -107,7 +107,8 @@ impl Target {
     pub fn dims(self, config: &LlamaConfig) -> (usize, usize) {
         let d = config.d_model;
         match self {
-            Target::Q | Target::O => (d, d),
+            Target::Q => (config.q_dim(), d),
+            Target::O => (d, config.q_dim()),
             Target::K | Target::V => (config.kv_dim(), d),
             Target::Gate | Target::Up => (config.ffn_dim, d),
             Target::Down => (d, config.ffn_dim),
@@ -123,8 +124,12 @@ impl Target {
 pub(crate) struct Block {
     pub(crate) attn_norm: Vec<f32>,
     pub(crate) ffn_norm: Vec<f32>,
-    /// q, k and v stacked: `d + 2 * kv_dim` outputs.
+    /// q, k and v stacked: `q_dim + 2 * kv_dim` outputs.
     pub(crate) qkv: Matrix,
+    /// Biases of q, k and v, stacked as their outputs (Qwen2).
+    pub(crate) qkv_bias: Option<Vec<f32>>,
+    /// RMSNorm weights of each q head and each k head, `head_dim` each (Qwen3).
+    pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
     pub(crate) o: Matrix,
     /// gate and up stacked: `2 * ffn_dim` outputs.
     pub(crate) gate_up: Matrix,
@@ -230,10 +235,40 @@ impl LlamaWeights {
             let ffn_norm = vector(file, &format!("blk.{layer}.ffn_norm.weight"), d)?;
             bytes += 8 * d as u64;
             let qkv = [Target::Q, Target::K, Target::V].map(|t| part(layer, t));
+            let family = config.family;
+            let qkv_bias = if family.qkv_bias {
+                let mut bias = Vec::with_capacity(config.q_dim() + 2 * config.kv_dim());
+                for (name, (rows, _)) in &qkv {
+                    let name = name.replace(".weight", ".bias");
+                    bias.extend(vector(file, &name, *rows)?);
+                }
+                bytes += 4 * bias.len() as u64;
+                Some(bias)
+            } else {
+                None
+            };
+            let qk_norm = if family.qk_norm {
+                let q = vector(
+                    file,
+                    &format!("blk.{layer}.attn_q_norm.weight"),
+                    config.head_dim,
+                )?;
+                let k = vector(
+                    file,
+                    &format!("blk.{layer}.attn_k_norm.weight"),
+                    config.head_dim,
+                )?;
+                bytes += 8 * config.head_dim as u64;
+                Some((q, k))
+            } else {
+                None
+            };
             let block = Block {
                 attn_norm,
                 ffn_norm,
                 qkv: matrix(file, &qkv, format)?,
+                qkv_bias,
+                qk_norm,
                 o: matrix(file, &[part(layer, Target::O)], format)?,
                 gate_up: matrix(
                     file,

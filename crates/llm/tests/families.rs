@@ -1,7 +1,9 @@
-//! What a GGUF file may ask of the engine: Llama 3's RoPE scaling (`rope_freqs.weight`)
-//! against the numpy reference computing it from the published definition, and what the
-//! engine refuses rather than run wrongly (tensors it would not read, metadata that changes
-//! the computation). On the tiny random-weight llama, with f32 weights.
+//! Each model family the engine runs, on a tiny random-weight GGUF of that family written
+//! here, against the numpy reference (`scripts/llm/reference.py`, written from each family's
+//! published definition), with and without a PEFT adapter; Llama 3's RoPE scaling
+//! (`rope_freqs.weight`) against the reference computing it from Hugging Face's definition;
+//! and what the engine refuses rather than run wrongly (tensors it would not read, metadata
+//! that changes the computation). f32 weights throughout.
 
 mod common;
 
@@ -11,8 +13,9 @@ use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::env_path;
-use common::tiny::{ROTARY_PAIRS, write_with};
-use modelmux_llm::{KvCache, LlamaModel, LlamaWeights, Segment, WeightFormat};
+use common::tiny::{ROTARY_PAIRS, ones, random, write_with};
+use modelmux_llm::{KvCache, LlamaModel, LlamaWeights, LoraAdapter, Segment, WeightFormat};
+use rand::SeedableRng;
 
 /// Llama 3.1's rope_scaling with a short original context, so that the tiny model's eight
 /// frequencies fall in all three bands (kept, interpolated, divided by the factor).
@@ -70,15 +73,29 @@ fn prompt() -> Vec<u32> {
 }
 
 fn engine_logits(path: &Path) -> Vec<f32> {
+    engine_logits_with(path, None)
+}
+
+/// The engine's logits for the prompt, with the PEFT adapter in `adapter` (a directory).
+fn engine_logits_with(path: &Path, adapter: Option<&Path>) -> Vec<f32> {
     let weights = LlamaWeights::load(path, WeightFormat::F32).unwrap();
     let model = LlamaModel::new(weights, 256);
+    let adapter = adapter.map(|dir| {
+        LoraAdapter::from_peft(
+            "family-adapter",
+            &std::fs::read(dir.join("adapter_config.json")).unwrap(),
+            &std::fs::read(dir.join("adapter_model.safetensors")).unwrap(),
+            model.config(),
+        )
+        .unwrap()
+    });
     let tokens = prompt();
     let mut cache = KvCache::new(model.config(), tokens.len(), None);
     let mut logits = model
         .forward(&mut [Segment {
             tokens: &tokens,
             cache: &mut cache,
-            adapter: None,
+            adapter: adapter.as_ref(),
             want_logits: true,
         }])
         .unwrap();
@@ -88,9 +105,14 @@ fn engine_logits(path: &Path) -> Vec<f32> {
 /// The numpy reference's logits for `path` (`scripts/llm/reference.py`), with Llama 3's
 /// scaling computed from its definition when `llama3`.
 fn reference_logits(path: &Path, llama3: bool) -> Vec<f32> {
+    reference_logits_with(path, llama3, None)
+}
+
+fn reference_logits_with(path: &Path, llama3: bool, adapter: Option<&Path>) -> Vec<f32> {
     let out = dir().join(format!(
-        "{}-{llama3}.json",
-        path.file_stem().unwrap().to_string_lossy()
+        "{}-{llama3}-{}.json",
+        path.file_stem().unwrap().to_string_lossy(),
+        adapter.is_some()
     ));
     let ids: Vec<String> = prompt().iter().map(u32::to_string).collect();
     let script = concat!(
@@ -106,6 +128,9 @@ fn reference_logits(path: &Path, llama3: bool) -> Vec<f32> {
         .arg(ids.join(","))
         .arg("--out")
         .arg(&out);
+    if let Some(dir) = adapter {
+        command.arg("--adapter").arg(dir);
+    }
     if llama3 {
         command.arg("--llama3").arg(format!(
             "{FACTOR},{LOW_FREQ_FACTOR},{HIGH_FREQ_FACTOR},{ORIGINAL_CONTEXT}"
@@ -209,7 +234,9 @@ fn metadata_that_changes_the_computation_is_refused_by_name() {
             Value::U32(32),
             "llama.attention.sliding_window",
         ),
-        ("llama.attention.key_length", Value::U32(32), "head size"),
+        // A head size the tensors do not have.
+        ("llama.attention.key_length", Value::U32(32), "head size 32"),
+        ("llama.attention.value_length", Value::U32(8), "value heads"),
         (
             "llama.rope.scaling.type",
             Value::String("yarn".into()),
@@ -231,4 +258,212 @@ fn metadata_that_changes_the_computation_is_refused_by_name() {
         Vec::new(),
     );
     LlamaWeights::load(&agreeing, WeightFormat::F32).unwrap();
+}
+
+/// A tiny model of `arch`: d 64, 4 query heads and 2 KV heads of `head_dim`, 2 layers, with
+/// the family's extra tensors (random q/k/v biases, random-around-1 q/k norms).
+fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool) -> PathBuf {
+    const D: usize = 64;
+    const FFN: usize = 128;
+    const HEADS: usize = 4;
+    const KV_HEADS: usize = 2;
+    let (q_dim, kv_dim) = (HEADS * head_dim, KV_HEADS * head_dim);
+    let u32v = |v: usize| Value::U32(v as u32);
+    let key = |k: &str| format!("{arch}.{k}");
+    let mut metadata = vec![
+        (
+            "general.architecture".to_owned(),
+            Value::String(arch.into()),
+        ),
+        (key("block_count"), u32v(2)),
+        (key("context_length"), u32v(512)),
+        (key("embedding_length"), u32v(D)),
+        (key("feed_forward_length"), u32v(FFN)),
+        (key("attention.head_count"), u32v(HEADS)),
+        (key("attention.head_count_kv"), u32v(KV_HEADS)),
+        (key("rope.freq_base"), Value::F32(10000.0)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+    ];
+    if head_dim != D / HEADS {
+        metadata.push((key("attention.key_length"), u32v(head_dim)));
+        metadata.push((key("attention.value_length"), u32v(head_dim)));
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(arch.len() as u64 * 31 + head_dim as u64);
+    let vocab = 49152;
+    let mut tensors: Vec<(String, QTensor)> = vec![
+        (
+            "token_embd.weight".into(),
+            random(&mut rng, &[vocab, D], 1.0),
+        ),
+        ("output_norm.weight".into(), ones(D)),
+    ];
+    for l in 0..2 {
+        let p = |n: &str| format!("blk.{l}.{n}");
+        tensors.push((p("attn_norm.weight"), ones(D)));
+        tensors.push((p("ffn_norm.weight"), ones(D)));
+        tensors.push((p("attn_q.weight"), random(&mut rng, &[q_dim, D], 0.2)));
+        tensors.push((p("attn_k.weight"), random(&mut rng, &[kv_dim, D], 0.2)));
+        tensors.push((p("attn_v.weight"), random(&mut rng, &[kv_dim, D], 0.2)));
+        tensors.push((p("attn_output.weight"), random(&mut rng, &[D, q_dim], 0.2)));
+        tensors.push((p("ffn_gate.weight"), random(&mut rng, &[FFN, D], 0.2)));
+        tensors.push((p("ffn_up.weight"), random(&mut rng, &[FFN, D], 0.2)));
+        tensors.push((p("ffn_down.weight"), random(&mut rng, &[D, FFN], 0.2)));
+        if bias {
+            tensors.push((p("attn_q.bias"), random(&mut rng, &[q_dim], 0.5)));
+            tensors.push((p("attn_k.bias"), random(&mut rng, &[kv_dim], 0.5)));
+            tensors.push((p("attn_v.bias"), random(&mut rng, &[kv_dim], 0.5)));
+        }
+        if qk_norm {
+            for n in ["attn_q_norm.weight", "attn_k_norm.weight"] {
+                let values: Vec<f32> = (0..head_dim)
+                    .map(|i| 0.5 + (i * 7 % 11) as f32 / 10.0)
+                    .collect();
+                tensors.push((p(n), f32_tensor(values)));
+            }
+        }
+    }
+    let path = dir().join(format!("{arch}-{head_dim}.gguf"));
+    // The tokenizer's metadata from SmolLM2; the model's keys and tensors replace the tiny
+    // llama's (whose `llama.*` keys are dropped for another family).
+    write_family_file(&path, arch, metadata, tensors);
+    path
+}
+
+fn write_family_file(
+    path: &Path,
+    arch: &str,
+    metadata: Vec<(String, Value)>,
+    tensors: Vec<(String, QTensor)>,
+) {
+    use candle_core::quantized::gguf_file::{self, Content};
+    let mut source = std::fs::File::open(env_path("MODELMUX_TEST_GGUF")).unwrap();
+    let content = Content::read(&mut source).unwrap();
+    let mut all: Vec<(String, Value)> = content
+        .metadata
+        .iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    all.extend(metadata);
+    assert!(
+        all.iter()
+            .all(|(k, _)| !k.starts_with("llama.") || arch == "llama")
+    );
+    let metadata: Vec<(&str, &Value)> = all.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    let mut out = std::fs::File::create(path).unwrap();
+    gguf_file::write(&mut out, &metadata, &tensors).unwrap();
+}
+
+/// A random rank-4 PEFT adapter on q, k, v, o and down for a tiny family model, in `dir`.
+fn write_adapter(name: &str, head_dim: usize) -> PathBuf {
+    let (d, ffn, q_dim, kv_dim) = (64, 128, 4 * head_dim, 2 * head_dim);
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99 + head_dim as u64);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for l in 0..2 {
+        for (module, parent, inp, out) in [
+            ("q_proj", "self_attn", d, q_dim),
+            ("k_proj", "self_attn", d, kv_dim),
+            ("v_proj", "self_attn", d, kv_dim),
+            ("o_proj", "self_attn", q_dim, d),
+            ("down_proj", "mlp", ffn, d),
+        ] {
+            for (ab, shape) in [("A", [4, inp]), ("B", [out, 4])] {
+                let data: Vec<u8> = (0..shape[0] * shape[1])
+                    .flat_map(|_| rand::Rng::random_range(&mut rng, -0.3f32..0.3).to_le_bytes())
+                    .collect();
+                let key =
+                    format!("base_model.model.model.layers.{l}.{parent}.{module}.lora_{ab}.weight");
+                tensors.push((key, shape.to_vec(), data));
+            }
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(k, shape, data)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)
+                    .unwrap();
+            (k.clone(), view)
+        })
+        .collect();
+    let out = dir().join(name);
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(
+        out.join("adapter_model.safetensors"),
+        safetensors::serialize(views, None).unwrap(),
+    )
+    .unwrap();
+    let config = serde_json::json!({
+        "peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_rslora": false, "use_dora": false,
+        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"], "bias": "none",
+    });
+    std::fs::write(out.join("adapter_config.json"), config.to_string()).unwrap();
+    out
+}
+
+/// Engine against reference for one family, base and adapted.
+fn check_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool) {
+    const BOUND: f32 = 2e-3;
+    let path = write_family(arch, head_dim, bias, qk_norm);
+    let adapter = write_adapter(&format!("{arch}-{head_dim}-adapter"), head_dim);
+    let base_want = reference_logits(&path, false);
+    let base_got = engine_logits(&path);
+    let adapted_want = reference_logits_with(&path, false, Some(&adapter));
+    let adapted_got = engine_logits_with(&path, Some(&adapter));
+    let (base_error, adapted_error) = (
+        max_difference(&base_got, &base_want),
+        max_difference(&adapted_got, &adapted_want),
+    );
+    let adapter_effect = max_difference(&base_want, &adapted_want);
+    eprintln!(
+        "{arch} (head {head_dim}): base {base_error:.2e}, adapted {adapted_error:.2e}, adapter moves logits by {adapter_effect:.3}"
+    );
+    assert!(
+        base_error < BOUND,
+        "{arch}: base max |engine - reference| = {base_error}"
+    );
+    assert!(
+        adapted_error < BOUND,
+        "{arch}: adapted max |engine - reference| = {adapted_error}"
+    );
+    assert!(
+        adapter_effect > 20.0 * BOUND,
+        "{arch}: the adapter changes too little to tell"
+    );
+}
+
+#[test]
+fn qwen2_with_qkv_biases_matches_the_reference() {
+    check_family("qwen2", 16, true, false);
+}
+
+#[test]
+fn qwen3_with_qk_norms_and_wider_heads_matches_the_reference() {
+    // Heads of 32 with d_model 64 and 4 heads: q has 128 rows, more than d_model (as Qwen3's).
+    check_family("qwen3", 32, false, true);
+}
+
+#[test]
+fn llama_with_an_adapter_on_every_attention_projection_matches_the_reference() {
+    check_family("llama", 16, false, false);
+}
+
+#[test]
+fn a_family_the_engine_does_not_run_is_refused_by_name() {
+    let path = dir().join("gemma9.gguf");
+    write_family_file(
+        &path,
+        "gemma9",
+        vec![(
+            "general.architecture".to_owned(),
+            Value::String("gemma9".into()),
+        )],
+        vec![("token_embd.weight".into(), f32_tensor(vec![0.0; 64]))],
+    );
+    let err = load_error(&path);
+    assert!(
+        err.contains("'gemma9' is not supported") && err.contains("qwen3"),
+        "{err}"
+    );
 }

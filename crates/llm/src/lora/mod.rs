@@ -284,10 +284,13 @@ impl LoraAdapter {
                     bt[r * out_dim + o] = b[o * rank + r] * scale;
                 }
             }
-            match target {
-                Target::Q => permute_rows(&mut bt, rank, base.n_head, out_dim),
-                Target::K => permute_rows(&mut bt, rank, base.n_kv_head, out_dim),
-                _ => {}
+            // Only families whose q/k rows the converter permuted (NeoX ones keep PEFT's order).
+            if base.family.rope == crate::family::RopeStyle::Interleaved {
+                match target {
+                    Target::Q => permute_rows(&mut bt, rank, base.n_head, out_dim),
+                    Target::K => permute_rows(&mut bt, rank, base.n_kv_head, out_dim),
+                    _ => {}
+                }
             }
             bytes += 4 * (a.len() + bt.len()) as u64;
             max_rank = max_rank.max(rank);

@@ -19,14 +19,14 @@ const KV_HEADS: usize = 2;
 const LAYERS: usize = 2;
 const CONTEXT: usize = 512;
 
-fn random(rng: &mut rand_chacha::ChaCha8Rng, shape: &[usize], scale: f32) -> QTensor {
+pub fn random(rng: &mut rand_chacha::ChaCha8Rng, shape: &[usize], scale: f32) -> QTensor {
     let n: usize = shape.iter().product();
     let data: Vec<f32> = (0..n).map(|_| rng.random_range(-scale..scale)).collect();
     let t = Tensor::from_vec(data, shape, &Device::Cpu).unwrap();
     QTensor::quantize(&t, GgmlDType::F32).unwrap()
 }
 
-fn ones(n: usize) -> QTensor {
+pub fn ones(n: usize) -> QTensor {
     let t = Tensor::ones(n, candle_core::DType::F32, &Device::Cpu).unwrap();
     QTensor::quantize(&t, GgmlDType::F32).unwrap()
 }
