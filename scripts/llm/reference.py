@@ -19,8 +19,9 @@ that it checks an engine rather than sharing its assumptions:
   token_embd.weight; greedy decoding with a KV cache (rotated keys, as HF's past_key_values).
 
 Families: llama (q/k rows un-permuted, as above), qwen2 (q/k/v biases added after the projections)
-and qwen3 (RMSNorm over each q and k head, weights attn_q_norm / attn_k_norm, before the rotary),
-both with rows in Hugging Face's order as llama.cpp's converter leaves them; a head size from
+qwen3 (RMSNorm over each q and k head, weights attn_q_norm / attn_k_norm, before the rotary)
+and phi3 (fused attn_qkv and gate/up ffn_up tensors, split as Hugging Face's Phi3 splits them),
+all with rows in Hugging Face's order as llama.cpp's converter leaves them; a head size from
 {arch}.attention.key_length.
 
 Writes {"gguf", "cases": [{"name", "adapter", "prompt_ids", "last_logits", "greedy",
@@ -67,7 +68,9 @@ CASES = [(p, None) for p in PROMPTS] + [("chat", a) for a in ADAPTERS]
 N_GREEDY = 8
 # PEFT module -> llama.cpp tensor name
 GGUF_NAME = {"q_proj": "attn_q", "k_proj": "attn_k", "v_proj": "attn_v", "o_proj": "attn_output",
-             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down"}
+             "gate_proj": "ffn_gate", "up_proj": "ffn_up", "down_proj": "ffn_down",
+             # Phi-3's fused modules, merged into its fused tensors
+             "qkv_proj": "attn_qkv", "gate_up_proj": "ffn_up"}
 
 
 def unpermute(w, n_head):
@@ -196,8 +199,14 @@ def hidden_states(cfg, w, ids, cache=None):
         p = f"blk.{i}."
         h = rms_norm(x, w[p + "attn_norm.weight"], eps)
 
+        if p + "attn_qkv.weight" in w:  # Phi-3's fused projection: q, k and v rows stacked
+            fused = np.split(h @ w[p + "attn_qkv.weight"].T, [nh * hd, (nh + nkv) * hd], axis=-1)
+            linear = dict(zip(("attn_q", "attn_k", "attn_v"), fused))
+        else:
+            linear = {n: h @ w[p + n + ".weight"].T for n in ("attn_q", "attn_k", "attn_v")}
+
         def proj(name, heads):  # Qwen2's biases; Qwen3's RMSNorm of each q and k head
-            y = h @ w[p + name + ".weight"].T + w.get(p + name + ".bias", np.float32(0))
+            y = linear[name] + w.get(p + name + ".bias", np.float32(0))
             y = y.reshape(T, heads, hd)
             if p + name + "_norm.weight" in w:
                 y = rms_norm(y, w[p + name + "_norm.weight"], eps)
@@ -217,8 +226,11 @@ def hidden_states(cfg, w, ids, cache=None):
         o = (s @ v).transpose(1, 0, 2).reshape(T, nh * hd)
         x = x + o @ w[p + "attn_output.weight"].T
         h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
-        g = h @ w[p + "ffn_gate.weight"].T
-        x = x + ((g / (1.0 + np.exp(-g))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+        if p + "ffn_gate.weight" in w:
+            g, u = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
+        else:  # Phi-3's fused gate_up_proj: the gate's rows, then up's (HF's chunk(2))
+            g, u = np.split(h @ w[p + "ffn_up.weight"].T, 2, axis=-1)
+        x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "ffn_down.weight"].T
     return x
 
 

@@ -38,6 +38,14 @@ const FAMILIES: &[Family] = &[
         qkv_bias: true,
         qk_norm: false,
     },
+    // Fused q/k/v (`attn_qkv`) and gate/up (`ffn_up` of twice the width) are read wherever
+    // a file has them; Phi-3's have both.
+    Family {
+        name: "phi3",
+        rope: RopeStyle::NeoX,
+        qkv_bias: false,
+        qk_norm: false,
+    },
     Family {
         name: "qwen3",
         rope: RopeStyle::NeoX,

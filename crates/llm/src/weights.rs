@@ -103,6 +103,23 @@ impl Target {
         Target::ALL.into_iter().find(|t| t.peft_name() == name)
     }
 
+    /// The targets a PEFT module adapts, in the order its output rows stack them: one for
+    /// `q_proj` and the like, several for the fused modules of Phi-3 (`qkv_proj`,
+    /// `gate_up_proj`), whose adapters apply to each part's columns.
+    pub fn from_peft_module(name: &str) -> Option<&'static [Target]> {
+        const FUSED: &[(&str, &[Target])] = &[
+            ("qkv_proj", &[Target::Q, Target::K, Target::V]),
+            ("gate_up_proj", &[Target::Gate, Target::Up]),
+        ];
+        if let Some((_, targets)) = FUSED.iter().find(|(n, _)| *n == name) {
+            return Some(targets);
+        }
+        Target::ALL
+            .iter()
+            .position(|t| t.peft_name() == name)
+            .map(|i| std::slice::from_ref(&Target::ALL[i]))
+    }
+
     /// `(out, in)` of this projection in a model of shape `config`.
     pub fn dims(self, config: &LlamaConfig) -> (usize, usize) {
         let d = config.d_model;
@@ -263,18 +280,33 @@ impl LlamaWeights {
             } else {
                 None
             };
-            let block = Block {
-                attn_norm,
-                ffn_norm,
-                qkv: matrix(file, &qkv, format)?,
-                qkv_bias,
-                qk_norm,
-                o: matrix(file, &[part(layer, Target::O)], format)?,
-                gate_up: matrix(
+            // Fused projections (Phi-3) are already stacked as the engine stacks them:
+            // q, k, v rows, and gate rows then up rows.
+            let fused_qkv = format!("blk.{layer}.attn_qkv.weight");
+            let qkv = if file.has_tensor(&fused_qkv) {
+                let rows = config.q_dim() + 2 * config.kv_dim();
+                matrix(file, &[(fused_qkv, (rows, d))], format)?
+            } else {
+                matrix(file, &qkv, format)?
+            };
+            let gate_up = if file.has_tensor(&Target::Gate.gguf_name(layer)) {
+                matrix(
                     file,
                     &[part(layer, Target::Gate), part(layer, Target::Up)],
                     format,
-                )?,
+                )?
+            } else {
+                let rows = 2 * config.ffn_dim;
+                matrix(file, &[(Target::Up.gguf_name(layer), (rows, d))], format)?
+            };
+            let block = Block {
+                attn_norm,
+                ffn_norm,
+                qkv,
+                qkv_bias,
+                qk_norm,
+                o: matrix(file, &[part(layer, Target::O)], format)?,
+                gate_up,
                 down: matrix(file, &[part(layer, Target::Down)], format)?,
             };
             bytes += [&block.qkv, &block.o, &block.gate_up, &block.down]

@@ -262,7 +262,8 @@ fn metadata_that_changes_the_computation_is_refused_by_name() {
 
 /// A tiny model of `arch`: d 64, 4 query heads and 2 KV heads of `head_dim`, 2 layers, with
 /// the family's extra tensors (random q/k/v biases, random-around-1 q/k norms).
-fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool) -> PathBuf {
+/// With Phi-3's fused `attn_qkv` and gate/up `ffn_up` when `fused`.
+fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool, fused: bool) -> PathBuf {
     const D: usize = 64;
     const FFN: usize = 128;
     const HEADS: usize = 4;
@@ -301,12 +302,21 @@ fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool) -> PathB
         let p = |n: &str| format!("blk.{l}.{n}");
         tensors.push((p("attn_norm.weight"), ones(D)));
         tensors.push((p("ffn_norm.weight"), ones(D)));
-        tensors.push((p("attn_q.weight"), random(&mut rng, &[q_dim, D], 0.2)));
-        tensors.push((p("attn_k.weight"), random(&mut rng, &[kv_dim, D], 0.2)));
-        tensors.push((p("attn_v.weight"), random(&mut rng, &[kv_dim, D], 0.2)));
+        if fused {
+            let rows = q_dim + 2 * kv_dim;
+            tensors.push((p("attn_qkv.weight"), random(&mut rng, &[rows, D], 0.2)));
+        } else {
+            tensors.push((p("attn_q.weight"), random(&mut rng, &[q_dim, D], 0.2)));
+            tensors.push((p("attn_k.weight"), random(&mut rng, &[kv_dim, D], 0.2)));
+            tensors.push((p("attn_v.weight"), random(&mut rng, &[kv_dim, D], 0.2)));
+        }
         tensors.push((p("attn_output.weight"), random(&mut rng, &[D, q_dim], 0.2)));
-        tensors.push((p("ffn_gate.weight"), random(&mut rng, &[FFN, D], 0.2)));
-        tensors.push((p("ffn_up.weight"), random(&mut rng, &[FFN, D], 0.2)));
+        if fused {
+            tensors.push((p("ffn_up.weight"), random(&mut rng, &[2 * FFN, D], 0.2)));
+        } else {
+            tensors.push((p("ffn_gate.weight"), random(&mut rng, &[FFN, D], 0.2)));
+            tensors.push((p("ffn_up.weight"), random(&mut rng, &[FFN, D], 0.2)));
+        }
         tensors.push((p("ffn_down.weight"), random(&mut rng, &[D, FFN], 0.2)));
         if bias {
             tensors.push((p("attn_q.bias"), random(&mut rng, &[q_dim], 0.5)));
@@ -322,7 +332,7 @@ fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool) -> PathB
             }
         }
     }
-    let path = dir().join(format!("{arch}-{head_dim}.gguf"));
+    let path = dir().join(format!("{arch}-{head_dim}-{fused}.gguf"));
     // The tokenizer's metadata from SmolLM2; the model's keys and tensors replace the tiny
     // llama's (whose `llama.*` keys are dropped for another family).
     write_family_file(&path, arch, metadata, tensors);
@@ -356,18 +366,28 @@ fn write_family_file(
 }
 
 /// A random rank-4 PEFT adapter on q, k, v, o and down for a tiny family model, in `dir`.
-fn write_adapter(name: &str, head_dim: usize) -> PathBuf {
+/// With `fused`, on Phi-3's modules instead: qkv_proj, o_proj and gate_up_proj.
+fn write_adapter(name: &str, head_dim: usize, fused: bool) -> PathBuf {
     let (d, ffn, q_dim, kv_dim) = (64, 128, 4 * head_dim, 2 * head_dim);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99 + head_dim as u64);
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for l in 0..2 {
-        for (module, parent, inp, out) in [
+    let modules: &[(&str, &str, usize, usize)] = if fused {
+        &[
+            ("qkv_proj", "self_attn", d, q_dim + 2 * kv_dim),
+            ("o_proj", "self_attn", q_dim, d),
+            ("gate_up_proj", "mlp", d, 2 * ffn),
+        ]
+    } else {
+        &[
             ("q_proj", "self_attn", d, q_dim),
             ("k_proj", "self_attn", d, kv_dim),
             ("v_proj", "self_attn", d, kv_dim),
             ("o_proj", "self_attn", q_dim, d),
             ("down_proj", "mlp", ffn, d),
-        ] {
+        ]
+    };
+    for l in 0..2 {
+        for &(module, parent, inp, out) in modules {
             for (ab, shape) in [("A", [4, inp]), ("B", [out, 4])] {
                 let data: Vec<u8> = (0..shape[0] * shape[1])
                     .flat_map(|_| rand::Rng::random_range(&mut rng, -0.3f32..0.3).to_le_bytes())
@@ -394,9 +414,10 @@ fn write_adapter(name: &str, head_dim: usize) -> PathBuf {
         safetensors::serialize(views, None).unwrap(),
     )
     .unwrap();
+    let targets: Vec<&str> = modules.iter().map(|m| m.0).collect();
     let config = serde_json::json!({
         "peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_rslora": false, "use_dora": false,
-        "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"], "bias": "none",
+        "target_modules": targets, "bias": "none",
     });
     std::fs::write(out.join("adapter_config.json"), config.to_string()).unwrap();
     out
@@ -404,9 +425,13 @@ fn write_adapter(name: &str, head_dim: usize) -> PathBuf {
 
 /// Engine against reference for one family, base and adapted.
 fn check_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool) {
+    check_family_fused(arch, head_dim, bias, qk_norm, false);
+}
+
+fn check_family_fused(arch: &str, head_dim: usize, bias: bool, qk_norm: bool, fused: bool) {
     const BOUND: f32 = 2e-3;
-    let path = write_family(arch, head_dim, bias, qk_norm);
-    let adapter = write_adapter(&format!("{arch}-{head_dim}-adapter"), head_dim);
+    let path = write_family(arch, head_dim, bias, qk_norm, fused);
+    let adapter = write_adapter(&format!("{arch}-{head_dim}-adapter"), head_dim, fused);
     let base_want = reference_logits(&path, false);
     let base_got = engine_logits(&path);
     let adapted_want = reference_logits_with(&path, false, Some(&adapter));
@@ -442,6 +467,11 @@ fn qwen2_with_qkv_biases_matches_the_reference() {
 fn qwen3_with_qk_norms_and_wider_heads_matches_the_reference() {
     // Heads of 32 with d_model 64 and 4 heads: q has 128 rows, more than d_model (as Qwen3's).
     check_family("qwen3", 32, false, true);
+}
+
+#[test]
+fn phi3_with_fused_projections_and_a_fused_adapter_matches_the_reference() {
+    check_family_fused("phi3", 16, false, false, true);
 }
 
 #[test]

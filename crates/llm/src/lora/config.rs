@@ -233,8 +233,8 @@ fn parse_targets(adapter: &str, value: Option<&Value>) -> Result<Vec<Target>> {
     let mut targets = Vec::new();
     for name in names {
         let last = name.rsplit('.').next().unwrap_or(&name);
-        match Target::from_peft_name(last) {
-            Some(t) => targets.push(t),
+        match Target::from_peft_module(last) {
+            Some(parts) => targets.extend_from_slice(parts),
             None if matches!(last, "embed_tokens" | "lm_head" | "wte" | "wpe") => {
                 return Err(err(format!(
                     "target_modules: '{name}' is an embedding target, which is not supported"
@@ -242,7 +242,7 @@ fn parse_targets(adapter: &str, value: Option<&Value>) -> Result<Vec<Target>> {
             }
             None => {
                 return Err(err(format!(
-                    "target_modules: '{name}' is not a projection of a Llama block (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)"
+                    "target_modules: '{name}' is not a projection of a transformer block (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, qkv_proj, gate_up_proj)"
                 )));
             }
         }

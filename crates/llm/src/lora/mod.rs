@@ -106,7 +106,7 @@ static SERIAL: AtomicU64 = AtomicU64::new(1);
 type Tensor = (Vec<usize>, Vec<f32>);
 
 /// `(layer, target, is_b)` of a PEFT tensor name.
-fn parse_tensor_name(adapter: &str, name: &str) -> Result<(usize, Target, bool)> {
+fn parse_tensor_name(adapter: &str, name: &str) -> Result<(usize, &'static [Target], bool)> {
     let err = || {
         LlmError::adapter(
             adapter,
@@ -125,8 +125,8 @@ fn parse_tensor_name(adapter: &str, name: &str) -> Result<(usize, Target, bool)>
         [parent, module, which, "weight"] => (*parent, *module, *which),
         _ => return Err(err()),
     };
-    let target = Target::from_peft_name(module).ok_or_else(err)?;
-    if target.peft_parent() != parent {
+    let targets = Target::from_peft_module(module).ok_or_else(err)?;
+    if targets[0].peft_parent() != parent {
         return Err(err());
     }
     let is_b = match which {
@@ -134,7 +134,7 @@ fn parse_tensor_name(adapter: &str, name: &str) -> Result<(usize, Target, bool)>
         "lora_B" => true,
         _ => return Err(err()),
     };
-    Ok((layer, target, is_b))
+    Ok((layer, targets, is_b))
 }
 
 fn to_f32(
@@ -208,7 +208,7 @@ impl LoraAdapter {
         let mut found: std::collections::BTreeMap<(usize, Target), [Option<Tensor>; 2]> =
             Default::default();
         for (name, view) in tensors.tensors() {
-            let (layer, target, is_b) = parse_tensor_name(id, &name)?;
+            let (layer, targets, is_b) = parse_tensor_name(id, &name)?;
             if layer >= base.n_layer {
                 return Err(LlmError::adapter(
                     id,
@@ -218,7 +218,7 @@ impl LoraAdapter {
                     ),
                 ));
             }
-            if !cfg.targets.contains(&target) {
+            if let Some(target) = targets.iter().find(|t| !cfg.targets.contains(t)) {
                 return Err(LlmError::adapter(
                     id,
                     format!(
@@ -228,8 +228,33 @@ impl LoraAdapter {
                 ));
             }
             let values = to_f32(id, &name, &view)?;
-            found.entry((layer, target)).or_default()[is_b as usize] =
-                Some((view.shape().to_vec(), values));
+            let shape = view.shape().to_vec();
+            if targets.len() == 1 || !is_b {
+                // One target, or the A of a fused module: every part reads the same input.
+                for &target in targets {
+                    found.entry((layer, target)).or_default()[is_b as usize] =
+                        Some((shape.clone(), values.clone()));
+                }
+                continue;
+            }
+            // The B of a fused module: its rows are the parts' rows, stacked.
+            let rank = shape.get(1).copied().unwrap_or(0);
+            let rows: Vec<usize> = targets.iter().map(|t| t.dims(base).0).collect();
+            if shape.len() != 2 || shape[0] != rows.iter().sum::<usize>() {
+                return Err(LlmError::adapter(
+                    id,
+                    format!(
+                        "tensor '{name}' is {shape:?}, but the fused projection has {} rows on this base model: the adapter was made for another base model",
+                        rows.iter().sum::<usize>()
+                    ),
+                ));
+            }
+            let mut offset = 0;
+            for (&target, n) in targets.iter().zip(rows) {
+                let part = values[offset * rank..(offset + n) * rank].to_vec();
+                found.entry((layer, target)).or_default()[1] = Some((vec![n, rank], part));
+                offset += n;
+            }
         }
         if found.is_empty() {
             return Err(LlmError::adapter(
