@@ -122,3 +122,70 @@ async fn a_paused_engine_generates_nothing_until_resumed() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// Ray's `wakeup` with no traffic at all: the engine loads its weights again by itself and says
+/// so within seconds (it once waited for a request to arrive, blocked on its queue), and the
+/// next request is answered without another load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wakeup_with_no_traffic_reloads_at_once_and_only_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let tiny = common::tiny::tiny();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let (path, counter) = (tiny.path.clone(), loads.clone());
+    let reload: modelmux_llm::ModelReloader = Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let weights =
+            modelmux_llm::LlamaWeights::load(&path, modelmux_llm::WeightFormat::default())?;
+        Ok(modelmux_llm::LlamaModel::new(weights, 512))
+    });
+    let engine = modelmux_llm::Engine::start_with_reload(
+        tiny.model.clone(),
+        Some(reload),
+        tiny.tokenizer.clone(),
+        EngineConfig {
+            max_model_len: 512,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let ask = || GenerationRequest {
+        prompt: vec![1, 2, 3, 4],
+        params: SamplingParams::greedy(4),
+        adapter: None,
+        constraint: None,
+    };
+    let before = engine.submit(ask()).unwrap().collect().await.unwrap();
+    for round in 0..2 {
+        engine.sleep().unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !engine.is_asleep() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: never asleep"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // At once in round 0 (the engine has just released its weights), after a quiet while
+        // in round 1 (it waits on its queue, as it does with no traffic).
+        tokio::time::sleep(Duration::from_millis(200 * round as u64)).await;
+        engine.wake_up();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while engine.is_asleep() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: wake_up with no traffic did not load the weights within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), round + 1);
+        let after = engine.submit(ask()).unwrap().collect().await.unwrap();
+        assert_eq!(after.tokens, before.tokens, "same weights, same answer");
+        assert_eq!(
+            loads.load(Ordering::SeqCst),
+            round + 1,
+            "a request loaded again"
+        );
+    }
+}

@@ -276,3 +276,54 @@ async fn generation_pauses_and_resumes_through_the_admin_api() {
     assert_eq!(control(addr, "no_such_control").await.status, 404);
     server.shutdown().await;
 }
+
+/// Ray's `sleep` then `wakeup` through the admin API with no traffic at all, on two replicas,
+/// twice: `wakeup` answers within seconds with every replica awake, and a request is then
+/// answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wakeup_with_no_traffic_answers_within_seconds() {
+    let server = serve(&config(json!({})), 2).await;
+    let addr = server.local_addr();
+    for round in 0..2 {
+        let asleep = control(addr, "sleep").await;
+        assert_eq!(asleep.status, 200, "round {round}");
+        // At once in round 0 (the engine has just released its weights), after a quiet
+        // while in round 1 (it waits on its queue).
+        tokio::time::sleep(std::time::Duration::from_millis(300 * round)).await;
+        let started = tokio::time::Instant::now();
+        let awake =
+            tokio::time::timeout(std::time::Duration::from_secs(10), control(addr, "wakeup"))
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("round {round}: wakeup with no traffic did not answer in 10 s")
+                });
+        assert_eq!(
+            awake.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&awake.body)
+        );
+        assert!(
+            awake.json()["replicas"]
+                .as_object()
+                .unwrap()
+                .values()
+                .all(|r| r["asleep"] == false),
+            "{:?}",
+            awake.json()
+        );
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "{:?}",
+            started.elapsed()
+        );
+        let answer = post(
+            addr,
+            "/v1/chat/completions",
+            chat("smollm2", "Hi", 2, false),
+        )
+        .await;
+        assert_eq!(answer.status, 200);
+    }
+    server.shutdown().await;
+}

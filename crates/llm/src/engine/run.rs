@@ -66,6 +66,10 @@ impl EngineLoop {
     pub(super) fn run(mut self) {
         let _stopped_on_exit = super::StopFlag(self.stats.clone());
         loop {
+            // A sleep or wake-up asked for while this thread waited out a pause (whose wait
+            // took the command that announced it) is acted on before it waits on its queue
+            // again: otherwise an idle engine would sleep on with nothing to wake it.
+            self.sleep_or_wake();
             if !self.intake() {
                 break;
             }
