@@ -110,4 +110,11 @@ for kw in bad:
         check(e.status_code == 400)
         check(e.body and e.body.get("message"), e.body)
 
+# Log probabilities, as the client parses them.
+lp = chat("smollm2:pirate", logprobs=True, top_logprobs=2).choices[0].logprobs
+check(lp is not None and len(lp.content) > 0, lp)
+first = lp.content[0]
+check(first.logprob <= 0 and len(first.top_logprobs) == 2, first)
+check(first.top_logprobs[0].token == first.token, first)
+
 print("openai client: all checks passed")

@@ -20,6 +20,7 @@ mod error;
 mod family;
 mod gguf;
 mod kv;
+mod logprobs;
 mod lora;
 mod matmul;
 mod model;
@@ -40,6 +41,7 @@ pub use error::{ErrorKind, LlmError, Result};
 pub use family::{Family, RopeStyle};
 pub use gguf::{GgufFile, LlamaConfig};
 pub use kv::{KvBudget, KvCache, KvReservation};
+pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, token_logprob};
 pub use lora::{
     ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterSources, AllowedSources, InvalidSourceEntry,
     LoraAdapter, SourceMatch,

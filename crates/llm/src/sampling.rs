@@ -35,6 +35,9 @@ pub struct SamplingParams {
     pub presence_penalty: f32,
     /// Subtracted from a token's logit once per time it was generated (-2 to 2).
     pub frequency_penalty: f32,
+    /// Report each generated token's log probability and this many most likely alternatives
+    /// (at most [`MAX_TOP_LOGPROBS`](crate::MAX_TOP_LOGPROBS)); `None` reports none.
+    pub logprobs: Option<usize>,
 }
 
 /// Most `logit_bias` entries one request may carry.
@@ -54,6 +57,7 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
+            logprobs: None,
         }
     }
 }
@@ -125,6 +129,12 @@ impl SamplingParams {
         {
             return bad(format!(
                 "logit_bias values must be between -100 and 100, got {bias} for token {token}"
+            ));
+        }
+        if let Some(n) = self.logprobs.filter(|&n| n > crate::MAX_TOP_LOGPROBS) {
+            return bad(format!(
+                "top_logprobs must be at most {}, got {n}",
+                crate::MAX_TOP_LOGPROBS
             ));
         }
         let biased: Vec<u32> = self.logit_bias.iter().map(|(t, _)| *t).collect();

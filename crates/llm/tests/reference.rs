@@ -235,3 +235,79 @@ fn embeddings_equal_the_reference() {
     let c = cosine(&embedding(runtime(), a), &b.embedding);
     assert!(c < 0.95, "different prompts, cosine {c}");
 }
+
+/// `logprobs`: the first generated token's log probability and the top 20 are the
+/// log-softmax of the reference's logits at the end of the prompt (computed here in f64 from
+/// them), with f32 weights, for the base model and every adapter: the adapter's delta counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_are_the_log_softmax_of_the_reference_logits() {
+    let reference = Reference::load();
+    let rt = runtime_f32();
+    let engine = rt.engine(modelmux_llm::EngineConfig::default());
+    for case in &reference.cases {
+        let adapter = case
+            .adapter
+            .as_ref()
+            .map(|id| AdapterLease::new(rt.adapter(id)));
+        let mut params = SamplingParams::greedy(1);
+        params.ignore_eos = true;
+        params.logprobs = Some(20);
+        let mut stream = engine
+            .submit(GenerationRequest {
+                prompt: case.prompt_ids.clone(),
+                params,
+                adapter,
+                constraint: None,
+            })
+            .unwrap();
+        let Some(modelmux_llm::GenerationEvent::Token {
+            id,
+            logprob: Some(got),
+            ..
+        }) = stream.next().await
+        else {
+            panic!("{}: no token with logprobs", case.name)
+        };
+        let max = case
+            .last_logits
+            .iter()
+            .fold(f64::NEG_INFINITY, |m, &l| m.max(l as f64));
+        let log_z = max
+            + case
+                .last_logits
+                .iter()
+                .map(|&l| (l as f64 - max).exp())
+                .sum::<f64>()
+                .ln();
+        let want = |t: u32| case.last_logits[t as usize] as f64 - log_z;
+        // The logits agree within 2e-4 (F32_BOUNDS); a log-softmax moves by at most twice that.
+        const BOUND: f64 = 5e-4;
+        assert!(
+            (got.logprob as f64 - want(id)).abs() < BOUND,
+            "{}",
+            case.name
+        );
+        assert_eq!(got.top.len(), 20);
+        let mut order: Vec<u32> = (0..case.last_logits.len() as u32).collect();
+        order.sort_by(|&a, &b| want(b).total_cmp(&want(a)));
+        for (rank, (token, logprob)) in got.top.iter().enumerate() {
+            assert!(
+                (*logprob as f64 - want(*token)).abs() < BOUND,
+                "{}: rank {rank}",
+                case.name
+            );
+            // The same tokens as the reference's top 20, but for near-ties within the bound.
+            assert!(
+                (want(*token) - want(order[rank])).abs() < 2.0 * BOUND,
+                "{}: rank {rank} is {token}, the reference's {}",
+                case.name,
+                order[rank]
+            );
+        }
+        assert_eq!(
+            id, got.top[0].0,
+            "{}: greedy picks the most likely",
+            case.name
+        );
+    }
+}

@@ -18,6 +18,7 @@ mod config;
 mod errors;
 mod ingress;
 mod llm_server;
+mod logprobs;
 mod messages;
 mod metrics;
 mod params;

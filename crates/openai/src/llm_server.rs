@@ -124,6 +124,7 @@ impl LlmServer {
         let adapter = modelmux_context::multiplexed_model_id();
         let prompt = self.tokens(job.prompt, job.tools.as_ref()).await?;
         let mut params = job.params;
+        let logprobs = params.logprobs.is_some();
         params.max_tokens = job
             .max_tokens
             .unwrap_or_else(|| self.context() - prompt.len());
@@ -168,6 +169,9 @@ impl LlmServer {
         );
         let mut answer = Answer::new(endpoint, &request_id, job.model, job.include_usage);
         answer.functions = job.tools.map(|t| t.functions);
+        if logprobs {
+            answer.logprobs = Some(self.runtime.engine().tokenizer().clone());
+        }
         let timing = Timing {
             started,
             first: None,

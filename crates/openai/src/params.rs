@@ -138,6 +138,49 @@ fn logit_bias(
         .collect()
 }
 
+/// How many alternatives to report with each token's log probability, or `None`: chat's
+/// `logprobs: true` with `top_logprobs: 0..=20`, completions' `logprobs: 0..=20`.
+fn logprobs(
+    endpoint: Endpoint,
+    logprobs: Option<serde_json::Value>,
+    top: Option<serde_json::Value>,
+) -> Result<Option<usize>, ServeError> {
+    let max = modelmux_llm::MAX_TOP_LOGPROBS;
+    let count = |param: &str, v: &serde_json::Value| match v.as_u64() {
+        Some(n) if n as usize <= max => Ok(n as usize),
+        _ => Err(invalid(
+            param,
+            format!("{param} must be a whole number from 0 to {max}, got {v}"),
+        )),
+    };
+    match endpoint {
+        Endpoint::Chat => {
+            let on = match &logprobs {
+                None | Some(serde_json::Value::Null) => false,
+                Some(serde_json::Value::Bool(b)) => *b,
+                Some(other) => {
+                    return Err(invalid(
+                        "logprobs",
+                        format!("logprobs must be true or false on chat completions, got {other}"),
+                    ));
+                }
+            };
+            let top = match &top {
+                None | Some(serde_json::Value::Null) => None,
+                Some(v) => Some(count("top_logprobs", v)?),
+            };
+            if top.is_some() && !on {
+                return Err(invalid("top_logprobs", "top_logprobs needs logprobs: true"));
+            }
+            Ok(on.then(|| top.unwrap_or(0)))
+        }
+        Endpoint::Completion => match &logprobs {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => count("logprobs", v).map(Some),
+        },
+    }
+}
+
 fn unsupported(param: &str, what: &str) -> ServeError {
     invalid(
         param,
@@ -228,13 +271,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
     if b.store == Some(true) {
         return Err(unsupported("store", "storing completions"));
     }
-    let wants_logprobs = |v: &Option<serde_json::Value>| {
-        v.as_ref()
-            .is_some_and(|v| !(v.is_null() || v.as_bool() == Some(false) || v.as_i64() == Some(0)))
-    };
-    if wants_logprobs(&b.logprobs) || wants_logprobs(&b.top_logprobs) {
-        return Err(unsupported("logprobs", "returning log probabilities"));
-    }
+    let logprobs = logprobs(endpoint, b.logprobs, b.top_logprobs)?;
     let logit_bias = logit_bias(b.logit_bias.unwrap_or_default())?;
     let tools = crate::tools::parse(b.tools, b.tool_choice, b.parallel_tool_calls)?;
     let format = crate::structured::response_format(b.response_format)?;
@@ -330,6 +367,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             logit_bias,
             presence_penalty: penalties[0],
             frequency_penalty: penalties[1],
+            logprobs,
         },
         max_tokens,
         stream,
@@ -489,7 +527,9 @@ mod tests {
             (chat(r#", "prompt": "x""#), "prompt", "belongs to /v1/completions"),
             (chat(r#", "colour": "red""#), ".", "unknown field `colour`"),
             (chat(r#", "temperature": "hot""#), "temperature", "invalid type"),
-            (chat(r#", "logprobs": true"#), "logprobs", "not supported"),
+            (chat(r#", "logprobs": 3"#), "logprobs", "true or false"),
+            (chat(r#", "logprobs": true, "top_logprobs": 21"#), "top_logprobs", "from 0 to 20"),
+            (chat(r#", "top_logprobs": 2"#), "top_logprobs", "needs logprobs: true"),
             (chat(r#", "presence_penalty": 2.5"#), "presence_penalty", "between -2 and 2"),
             (chat(r#", "frequency_penalty": -3"#), "frequency_penalty", "between -2 and 2"),
             (chat(r#", "logit_bias": {"x": 1}"#), "logit_bias", "not a token id"),

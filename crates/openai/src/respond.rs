@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant;
 
 use crate::errors::serve_error;
+use crate::logprobs::Logprobs;
 use crate::metrics::LlmMetrics;
 use crate::params::Endpoint;
 use crate::protocol::{UsageBody, unix_now};
@@ -39,6 +40,8 @@ pub(crate) struct Answer {
     pub(crate) include_usage: bool,
     /// The functions the answer may call (chat requests with active tools).
     pub(crate) functions: Option<Vec<Function>>,
+    /// The tokenizer, when the request asked for log probabilities.
+    pub(crate) logprobs: Option<Arc<modelmux_llm::TextTokenizer>>,
 }
 
 impl Answer {
@@ -60,6 +63,7 @@ impl Answer {
             created: unix_now(),
             include_usage,
             functions: None,
+            logprobs: None,
         }
     }
 
@@ -72,7 +76,14 @@ impl Answer {
     }
 
     /// The whole answer; a chat answer's calls (if tools are on) read out of `text`.
-    pub(crate) fn complete(&self, text: String, reason: FinishReason, usage: Usage) -> Value {
+    pub(crate) fn complete(
+        &self,
+        text: String,
+        reason: FinishReason,
+        usage: Usage,
+        logprobs: Option<&mut Logprobs>,
+    ) -> Value {
+        let logprobs = logprobs.map_or(Value::Null, |l| l.take(self.endpoint));
         let choice = match self.endpoint {
             Endpoint::Chat => {
                 let (content, calls) = match &self.functions {
@@ -95,14 +106,14 @@ impl Answer {
                 json!({
                     "index": 0,
                     "message": message,
-                    "logprobs": null,
+                    "logprobs": logprobs,
                     "finish_reason": finish_reason(reason, &calls),
                 })
             }
             Endpoint::Completion => json!({
                 "index": 0,
                 "text": text,
-                "logprobs": null,
+                "logprobs": logprobs,
                 "finish_reason": reason.as_str(),
             }),
         };
@@ -217,11 +228,19 @@ pub(crate) async fn whole(
     mut timing: Timing,
 ) -> Result<Response, modelmux_serve::ServeError> {
     let mut text = String::new();
+    let mut logprobs = answer.logprobs.clone().map(Logprobs::new);
     while let Some(event) = stream.next().await {
         match event {
-            GenerationEvent::Token { text: t, .. } => {
+            GenerationEvent::Token {
+                id,
+                text: t,
+                logprob,
+            } => {
                 timing.token();
                 text.push_str(&t);
+                if let (Some(l), Some(lp)) = (&mut logprobs, logprob) {
+                    l.push(id, lp);
+                }
             }
             GenerationEvent::Finished {
                 reason,
@@ -230,9 +249,12 @@ pub(crate) async fn whole(
             } => {
                 text.push_str(&rest);
                 timing.finished(reason, usage);
-                return Ok(modelmux_serve::json_response(
-                    &answer.complete(text, reason, usage),
-                ));
+                return Ok(modelmux_serve::json_response(&answer.complete(
+                    text,
+                    reason,
+                    usage,
+                    logprobs.as_mut(),
+                )));
             }
             GenerationEvent::Error(e) => return Err(serve_error(&e)),
         }
@@ -291,6 +313,7 @@ async fn feed(
     let mut deadline: Option<Instant> = None;
     // With tools on, text goes through the splitter, which holds back calls.
     let mut splitter = answer.functions.as_deref().map(CallSplitter::new);
+    let mut logprobs = answer.logprobs.clone().map(Logprobs::new);
     if answer.endpoint == Endpoint::Chat {
         tx.send(event(&answer.chunk(Some(""), true, None))).await?;
         first = false;
@@ -300,7 +323,7 @@ async fn feed(
             Some(at) => match tokio::time::timeout_at(at, stream.next()).await {
                 Ok(next) => next,
                 Err(_) => {
-                    tx.send(event(&answer.chunk(Some(&pending), first, None)))
+                    tx.send(event(&text_chunk(answer, &pending, first, &mut logprobs)))
                         .await?;
                     pending.clear();
                     first = false;
@@ -311,8 +334,11 @@ async fn feed(
             None => stream.next().await,
         };
         match next {
-            Some(GenerationEvent::Token { text, .. }) => {
+            Some(GenerationEvent::Token { id, text, logprob }) => {
                 timing.token();
+                if let (Some(l), Some(lp)) = (&mut logprobs, logprob) {
+                    l.push(id, lp);
+                }
                 match &mut splitter {
                     Some(s) => pending.push_str(&s.push(&text)),
                     None => pending.push_str(&text),
@@ -322,7 +348,7 @@ async fn feed(
                 }
                 // The first text goes out at once (time to first token is not coalesced).
                 if !text_sent || interval.is_zero() {
-                    tx.send(event(&answer.chunk(Some(&pending), first, None)))
+                    tx.send(event(&text_chunk(answer, &pending, first, &mut logprobs)))
                         .await?;
                     pending.clear();
                     first = false;
@@ -350,7 +376,7 @@ async fn feed(
                 };
                 timing.finished(reason, usage);
                 if !pending.is_empty() {
-                    tx.send(event(&answer.chunk(Some(&pending), first, None)))
+                    tx.send(event(&text_chunk(answer, &pending, first, &mut logprobs)))
                         .await?;
                     first = false;
                 }
@@ -359,8 +385,12 @@ async fn feed(
                     first = false;
                 }
                 let reason = finish_reason(reason, &calls);
-                tx.send(event(&answer.chunk(None, first, Some(reason))))
-                    .await?;
+                let mut last = answer.chunk(None, first, Some(reason));
+                // Tokens whose text was held back to the end (a final stop token, say).
+                if let Some(l) = logprobs.as_mut().filter(|l| !l.is_empty()) {
+                    last["choices"][0]["logprobs"] = l.take(answer.endpoint);
+                }
+                tx.send(event(&last)).await?;
                 if answer.include_usage {
                     tx.send(event(&answer.usage_chunk(usage))).await?;
                 }
@@ -378,6 +408,15 @@ async fn feed(
             }
         }
     }
+}
+
+/// A streamed chunk of `text`, with the log probabilities of the tokens since the last one.
+fn text_chunk(answer: &Answer, text: &str, first: bool, logprobs: &mut Option<Logprobs>) -> Value {
+    let mut chunk = answer.chunk(Some(text), first, None);
+    if let Some(l) = logprobs.as_mut().filter(|l| !l.is_empty()) {
+        chunk["choices"][0]["logprobs"] = l.take(answer.endpoint);
+    }
+    chunk
 }
 
 /// An error after the stream began: one `error` event (the status cannot change any more),

@@ -94,3 +94,95 @@ async fn logit_bias_and_penalties_change_what_is_generated() {
     }
     server.shutdown().await;
 }
+
+/// `logprobs` in both of OpenAI's shapes: one entry per generated token, the chosen (greedy)
+/// token first among its `top_logprobs`, probabilities at most 1, and a streamed answer's
+/// entries equal to the whole answer's; on an adapter too (the values themselves are checked
+/// against the reference's logits in `modelmux-llm`'s reference tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_come_in_chat_and_completion_shapes_streamed_and_not() {
+    let server = serve(&config(json!({})), 1).await;
+    let addr = server.local_addr();
+    for model in ["smollm2", "smollm2:pirate"] {
+        let mut body = chat(model, "Name a colour.", 6, false);
+        body["temperature"] = json!(0);
+        body["logprobs"] = json!(true);
+        body["top_logprobs"] = json!(3);
+        let whole = post(addr, "/v1/chat/completions", body.clone())
+            .await
+            .json();
+        let content = whole["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{whole}"))
+            .clone();
+        assert_eq!(
+            content.len() as u64,
+            whole["usage"]["completion_tokens"].as_u64().unwrap(),
+            "{whole}"
+        );
+        for entry in &content {
+            let top = entry["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3, "{entry}");
+            assert_eq!(
+                top[0]["token"], entry["token"],
+                "greedy takes the most likely"
+            );
+            let lp = entry["logprob"].as_f64().unwrap();
+            assert!(
+                lp <= 0.0 && lp == top[0]["logprob"].as_f64().unwrap(),
+                "{entry}"
+            );
+            assert!(top[1]["logprob"].as_f64().unwrap() <= lp);
+            assert!(!entry["bytes"].as_array().unwrap().is_empty());
+        }
+        body["stream"] = json!(true);
+        let streamed = post(addr, "/v1/chat/completions", body).await;
+        let mut pieces = Vec::new();
+        for event in streamed.events() {
+            if event == "[DONE]" {
+                continue;
+            }
+            let v: serde_json::Value = serde_json::from_str(&event).unwrap();
+            if let Some(c) = v["choices"][0]["logprobs"]["content"].as_array() {
+                pieces.extend(c.iter().cloned());
+            }
+        }
+        assert_eq!(
+            pieces, content,
+            "{model}: streamed entries differ from the whole answer's"
+        );
+    }
+    // Completions: parallel lists, the alternatives as {token: logprob}.
+    let reply = post(
+        addr,
+        "/v1/completions",
+        json!({"model": "smollm2", "prompt": "The sky is", "max_tokens": 5, "temperature": 0,
+               "ignore_eos": true, "logprobs": 2}),
+    )
+    .await
+    .json();
+    let lp = &reply["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 5, "{reply}");
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 5);
+    assert_eq!(lp["text_offset"][0], 0);
+    assert!(lp["top_logprobs"][0].as_object().unwrap().len() <= 2);
+    let text: String = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        text, reply["choices"][0]["text"],
+        "the tokens spell the text"
+    );
+    // Without logprobs there are none.
+    let plain = post(
+        addr,
+        "/v1/chat/completions",
+        chat("smollm2", "Hi", 2, false),
+    )
+    .await;
+    assert!(plain.json()["choices"][0]["logprobs"].is_null());
+    server.shutdown().await;
+}

@@ -190,6 +190,8 @@ pub enum GenerationEvent {
         id: u32,
         /// Text now complete.
         text: String,
+        /// Its log probability and the alternatives', when the request asked for them.
+        logprob: Option<crate::TokenLogprob>,
     },
     /// The end.
     Finished {
@@ -234,7 +236,7 @@ impl GenerationStream {
         let mut text = String::new();
         while let Some(event) = self.next().await {
             match event {
-                GenerationEvent::Token { id, text: t } => {
+                GenerationEvent::Token { id, text: t, .. } => {
                     tokens.push(id);
                     text.push_str(&t);
                 }

@@ -385,6 +385,9 @@ impl EngineLoop {
             let mask = masks.next_if(|(r, _)| *r == row).map(|(_, m)| m);
             let Some(mut logits) = logits else { continue };
             let s = &mut self.running[*i];
+            // Log probabilities come from the model's own logits, before the constraint, the
+            // bias and the penalties change them for sampling.
+            let raw = s.params.logprobs.map(|_| logits.clone());
             match mask {
                 Some(Ok(mask)) => mask.apply(&mut logits),
                 Some(Err(e)) => {
@@ -402,7 +405,10 @@ impl EngineLoop {
                 ended.push((*i, Err(LlmError::Internal(e.to_string()))));
                 continue;
             }
-            if let Progress::Finished(reason) = s.push(token, &self.tokenizer, &self.eos) {
+            let logprob = raw.map(|raw| {
+                crate::token_logprob(&raw, token, s.params.logprobs.unwrap_or_default())
+            });
+            if let Progress::Finished(reason) = s.push(token, logprob, &self.tokenizer, &self.eos) {
                 ended.push((*i, Ok(reason)));
             }
         }

@@ -29,6 +29,8 @@ pub(crate) struct Sequence {
     text: TextStream,
     /// Text not yet sent because it may be the start of a stop string.
     held: String,
+    /// The log probability of the token being pushed, sent with it.
+    logprob: Option<crate::TokenLogprob>,
 }
 
 /// What happened after a sequence took a token.
@@ -61,6 +63,7 @@ impl Sequence {
             deadline,
             text: TextStream::new(),
             held: String::new(),
+            logprob: None,
         }
     }
 
@@ -107,8 +110,15 @@ impl Sequence {
     }
 
     /// Takes token `id` sampled for this sequence and streams what it adds.
-    pub(super) fn push(&mut self, id: u32, tokenizer: &TextTokenizer, eos: &[u32]) -> Progress {
+    pub(super) fn push(
+        &mut self,
+        id: u32,
+        logprob: Option<crate::TokenLogprob>,
+        tokenizer: &TextTokenizer,
+        eos: &[u32],
+    ) -> Progress {
         self.generated.push(id);
+        self.logprob = logprob;
         if self.params.stop_token_ids.contains(&id)
             || (!self.params.ignore_eos && eos.contains(&id))
         {
@@ -149,8 +159,11 @@ impl Sequence {
         Progress::Continue
     }
 
-    fn send_token(&self, id: u32, text: String) {
-        let _ = self.events.send(GenerationEvent::Token { id, text });
+    fn send_token(&mut self, id: u32, text: String) {
+        let logprob = self.logprob.take();
+        let _ = self
+            .events
+            .send(GenerationEvent::Token { id, text, logprob });
     }
 
     /// Sends what is left and the end of the stream.
