@@ -97,7 +97,7 @@ bad = [
     dict(max_tokens=-1),
     dict(temperature=5),
     dict(messages=[]),
-    dict(n=2),
+    dict(n=0),
     dict(messages=[{"role": "user", "content": "x" * (2 << 20)}]),
 ]
 for kw in bad:
@@ -109,6 +109,12 @@ for kw in bad:
     except openai.BadRequestError as e:
         check(e.status_code == 400)
         check(e.body and e.body.get("message"), e.body)
+
+# n > 1: greedy choices equal the single answer, one per index.
+several = chat("smollm2", n=3)
+check([c.index for c in several.choices] == [0, 1, 2], several)
+check(all(c.message.content == expected["base"] for c in several.choices), several)
+check(several.usage.completion_tokens == 3 * base.usage.completion_tokens, several.usage)
 
 # Log probabilities, as the client parses them.
 lp = chat("smollm2:pirate", logprobs=True, top_logprobs=2).choices[0].logprobs

@@ -150,6 +150,9 @@ fn first_line(message: &str) -> String {
 /// One sequence's matcher: ask for the mask, sample under it, then [`consume`] the token.
 ///
 /// [`consume`]: TokenConstraint::consume
+///
+/// Cloning copies the parser's state (the choices of one request start from one state).
+#[derive(Clone)]
 pub struct TokenConstraint {
     matcher: Matcher,
     vocab: usize,

@@ -79,6 +79,16 @@ impl KvReservation {
     pub fn bytes(&self) -> u64 {
         self.bytes
     }
+
+    /// Moves `bytes` of this reservation into a new one (at most what it holds).
+    pub(crate) fn split_off(&mut self, bytes: u64) -> KvReservation {
+        let bytes = bytes.min(self.bytes);
+        self.bytes -= bytes;
+        KvReservation {
+            budget: self.budget.clone(),
+            bytes,
+        }
+    }
 }
 
 impl Drop for KvReservation {
@@ -119,6 +129,30 @@ impl KvCache {
             len: 0,
             max_tokens,
             kv_dim: config.kv_dim(),
+            _reservation: reservation,
+        }
+    }
+
+    /// A copy of this cache's tokens for another sequence (a choice of an `n > 1` request,
+    /// which starts from the prompt computed once), holding `reservation_bytes` moved out of
+    /// this cache's reservation.
+    pub(crate) fn fork(&mut self, reservation_bytes: u64) -> KvCache {
+        let reservation = self
+            ._reservation
+            .as_mut()
+            .map(|r| r.split_off(reservation_bytes));
+        KvCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|l| LayerKv {
+                    keys: l.keys.clone(),
+                    values: l.values.clone(),
+                })
+                .collect(),
+            len: self.len,
+            max_tokens: self.max_tokens,
+            kv_dim: self.kv_dim,
             _reservation: reservation,
         }
     }

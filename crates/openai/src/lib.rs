@@ -25,6 +25,7 @@ mod params;
 mod protocol;
 mod respond;
 mod score;
+mod stream;
 mod structured;
 mod tools;
 

@@ -16,8 +16,9 @@ use crate::call::{LlmCall, Op, Parsed};
 use crate::errors::serve_error;
 use crate::metrics::LlmMetrics;
 use crate::params::{EmbeddingJob, Endpoint, Job, Prompt, TokenizeInput, invalid};
-use crate::respond::{Answer, Timing, streamed, whole};
+use crate::respond::{Answer, Timing, whole};
 use crate::score::ScoreJob;
+use crate::stream::streamed;
 use crate::tools::Tools;
 
 /// One replica of the LLM deployment.
@@ -146,14 +147,18 @@ impl LlmServer {
         };
         let lease = self.lease(adapter.as_ref()).await?;
         let prompt_tokens = prompt.len();
-        let stream = self
+        let streams = self
             .runtime
-            .submit(GenerationRequest {
-                prompt,
-                params,
-                adapter: lease,
-                constraint,
-            })
+            .engine()
+            .submit_choices(
+                GenerationRequest {
+                    prompt,
+                    params,
+                    adapter: lease,
+                    constraint,
+                },
+                job.n,
+            )
             .map_err(|e| serve_error(&e))?;
         let model = adapter
             .as_ref()
@@ -178,9 +183,9 @@ impl LlmServer {
             metrics: self.metrics.clone(),
         };
         if job.stream {
-            Ok(streamed(answer, stream, timing, self.stream_interval))
+            Ok(streamed(answer, streams, timing, self.stream_interval))
         } else {
-            whole(answer, stream, timing).await
+            whole(answer, streams, timing).await
         }
     }
 

@@ -47,6 +47,8 @@ pub(crate) struct Job {
     pub(crate) constraint: Option<(Constraint, &'static str)>,
     /// The tools offered (chat only).
     pub(crate) tools: Option<Tools>,
+    /// Choices to generate (OpenAI's `n`).
+    pub(crate) n: usize,
 }
 
 /// A 400 naming `param`.
@@ -238,11 +240,11 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
     {
         return Err(invalid("prompt", "prompt must hold at least one token"));
     }
-    if let Some(n) = &b.n
-        && whole("n", n, 1)? != 1
-    {
-        return Err(unsupported("n", "more than one choice per request"));
-    }
+    // Checked against the engine's `max_num_seqs` when it is submitted.
+    let n = match &b.n {
+        Some(n) => whole("n", n, 1)?,
+        None => 1,
+    };
     if let Some(n) = &b.best_of
         && whole("best_of", n, 1)? != 1
     {
@@ -374,6 +376,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
         include_usage: b.stream_options.is_some_and(|o| o.include_usage),
         constraint,
         tools: tools.filter(Tools::active),
+        n,
     })
 }
 
@@ -523,7 +526,7 @@ mod tests {
             (chat(r#", "max_tokens": 0"#), "max_tokens", "at least 1"),
             (chat(r#", "temperature": 5"#), "temperature", "between 0 and 2"),
             (chat(r#", "top_p": 0"#), "top_p", "greater than 0"),
-            (chat(r#", "n": 2"#), "n", "not supported"),
+            (chat(r#", "n": 0"#), "n", "at least 1"),
             (chat(r#", "prompt": "x""#), "prompt", "belongs to /v1/completions"),
             (chat(r#", "colour": "red""#), ".", "unknown field `colour`"),
             (chat(r#", "temperature": "hot""#), "temperature", "invalid type"),

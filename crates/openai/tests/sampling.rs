@@ -186,3 +186,76 @@ async fn logprobs_come_in_chat_and_completion_shapes_streamed_and_not() {
     assert!(plain.json()["choices"][0]["logprobs"].is_null());
     server.shutdown().await;
 }
+
+/// `n > 1`: one choice per index, greedy choices equal to each other, a streamed answer's
+/// choices (interleaved chunks, told apart by `index`) equal to the whole answer's, usage
+/// summed over the choices, and more choices than the engine runs at once refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_choices_whole_and_streamed() {
+    let server = serve(&config(json!({})), 1).await;
+    let addr = server.local_addr();
+    let mut body = chat("smollm2:pirate", "Tell me about ships.", 8, false);
+    body["temperature"] = json!(0);
+    body["n"] = json!(3);
+    let whole = post(addr, "/v1/chat/completions", body.clone())
+        .await
+        .json();
+    let choices = whole["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3, "{whole}");
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(
+            c["message"], choices[0]["message"],
+            "greedy choices are equal"
+        );
+    }
+    let single = whole["usage"]["completion_tokens"].as_u64().unwrap();
+    assert_eq!(single % 3, 0, "{whole}");
+
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let streamed = post(addr, "/v1/chat/completions", body).await;
+    let mut texts = vec![String::new(); 3];
+    let mut finished = [0; 3];
+    let mut usage = None;
+    for event in streamed.events() {
+        if event == "[DONE]" {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&event).unwrap();
+        if let Some(u) = v.get("usage").filter(|u| !u.is_null()) {
+            usage = Some(u.clone());
+        }
+        for c in v["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            texts[i].push_str(c["delta"]["content"].as_str().unwrap_or(""));
+            if !c["finish_reason"].is_null() {
+                finished[i] += 1;
+            }
+        }
+    }
+    assert_eq!(finished, [1, 1, 1]);
+    for (i, text) in texts.iter().enumerate() {
+        assert_eq!(
+            text,
+            choices[i]["message"]["content"].as_str().unwrap(),
+            "choice {i}"
+        );
+    }
+    assert_eq!(usage.unwrap()["completion_tokens"], single);
+    assert_eq!(streamed.events().last().unwrap(), "[DONE]");
+
+    let too_many = post(
+        addr,
+        "/v1/completions",
+        json!({"model": "smollm2", "prompt": "x", "max_tokens": 2, "n": 1000}),
+    )
+    .await;
+    assert_eq!(too_many.status, 400);
+    assert!(
+        String::from_utf8_lossy(&too_many.body).contains("max_num_seqs"),
+        "{}",
+        String::from_utf8_lossy(&too_many.body)
+    );
+    server.shutdown().await;
+}

@@ -123,13 +123,15 @@ impl EngineConfig {
 
 /// An adapter held for as long as a sequence uses it: a cache guard (`ModelGuard`) or any
 /// other owner of a [`LoraAdapter`].
-pub struct AdapterLease(Box<dyn Deref<Target = LoraAdapter> + Send + Sync>);
+/// Cloning shares the lease (the choices of an `n > 1` request hold one adapter together).
+#[derive(Clone)]
+pub struct AdapterLease(Arc<dyn Deref<Target = LoraAdapter> + Send + Sync>);
 
 impl AdapterLease {
     /// Leases `adapter` through `owner`, which keeps it alive (and pinned in its cache) until
-    /// the lease is dropped.
+    /// the lease and its clones are dropped.
     pub fn new(owner: impl Deref<Target = LoraAdapter> + Send + Sync + 'static) -> Self {
-        Self(Box::new(owner))
+        Self(Arc::new(owner))
     }
 }
 
@@ -375,30 +377,58 @@ impl Engine {
     /// Checks `request` and queues it. Errors here are the request's own (too long, bad
     /// parameters) or an immediate overload (`max_waiting` full).
     pub fn submit(&self, request: GenerationRequest) -> Result<GenerationStream> {
+        let mut streams = self.submit_choices(request, 1)?;
+        Ok(streams.remove(0))
+    }
+
+    /// Queues `request` for `n` choices (OpenAI's `n`): the prompt is prefilled once and its
+    /// KV copied to each choice, which then samples on its own (choice `i` with `seed + i`
+    /// when the request has a seed). Admission reserves the KV of all `n` and `n` sequence
+    /// slots at once, so `n` must be at most `max_num_seqs`. One stream per choice, in order.
+    pub fn submit_choices(
+        &self,
+        request: GenerationRequest,
+        n: usize,
+    ) -> Result<Vec<GenerationStream>> {
         let inner = &self.inner;
         request.params.validate(inner.model_config.vocab_size)?;
+        if n == 0 || n > inner.config.max_num_seqs {
+            return Err(LlmError::InvalidRequest(format!(
+                "n must be from 1 to max_num_seqs ({}), got {n}",
+                inner.config.max_num_seqs
+            )));
+        }
         self.check_prompt(&request.prompt, request.params.max_tokens)?;
         let bytes_per_token = inner.model_config.kv_bytes_per_token();
-        let needed = bytes_per_token * (request.prompt.len() + request.params.max_tokens) as u64;
+        let needed =
+            bytes_per_token * (request.prompt.len() + request.params.max_tokens) as u64 * n as u64;
         if needed > inner.budget.capacity() {
             return Err(LlmError::ContextOverflow {
                 prompt_tokens: request.prompt.len(),
-                max_tokens: request.params.max_tokens,
+                max_tokens: request.params.max_tokens * n,
                 context: (inner.budget.capacity() / bytes_per_token) as usize,
             });
         }
-        let (events, receiver) = mpsc::unbounded_channel();
-        let sequence = sequence::Sequence::new(
+        let mut receivers = Vec::with_capacity(n);
+        let mut senders = Vec::with_capacity(n);
+        for _ in 0..n {
+            let (events, receiver) = mpsc::unbounded_channel();
+            senders.push(events);
+            receivers.push(GenerationStream { events: receiver });
+        }
+        let mut senders = senders.into_iter();
+        let mut sequence = sequence::Sequence::new(
             request.prompt,
             request.params,
             request.adapter,
             request.constraint,
-            events,
+            senders.next().expect("n >= 1"),
             tokio::time::Instant::now() + inner.config.queue_timeout,
             bytes_per_token,
         );
+        sequence.add_choices(senders);
         self.send(Command::Submit(Box::new(sequence)))?;
-        Ok(GenerationStream { events: receiver })
+        Ok(receivers)
     }
 
     /// Compiles `constraint` for this engine's tokenizer (the first call indexes the

@@ -275,16 +275,22 @@ impl EngineLoop {
         }
     }
 
-    /// Admits waiting sequences in arrival order while slots and KV memory allow.
+    /// Admits waiting sequences in arrival order while slots and KV memory allow (a request
+    /// for `n` choices takes `n` slots and their KV at once).
     fn admit(&mut self) {
-        while self.running.len() < self.config.max_num_seqs {
+        let mut used: usize = self.running.iter().map(Sequence::slots).sum();
+        while used < self.config.max_num_seqs {
             let Some(front) = self.waiting.front() else {
                 break;
             };
+            if used + front.slots() > self.config.max_num_seqs {
+                break;
+            }
             let Some(reservation) = self.budget.try_reserve(front.reservation_bytes) else {
                 break;
             };
             let mut s = self.waiting.pop_front().expect("front exists");
+            used += s.slots();
             s.admit(&self.model_config, Some(reservation));
             self.running.push(s);
         }
@@ -381,35 +387,39 @@ impl EngineLoop {
 
         let mut masks = masks.into_iter().peekable();
         let mut ended = Vec::new();
+        let mut born = Vec::new();
         for (row, ((i, _, _), logits)) in inputs.iter().zip(logits).enumerate() {
             let mask = masks.next_if(|(r, _)| *r == row).map(|(_, m)| m);
-            let Some(mut logits) = logits else { continue };
-            let s = &mut self.running[*i];
-            // Log probabilities come from the model's own logits, before the constraint, the
-            // bias and the penalties change them for sampling.
-            let raw = s.params.logprobs.map(|_| logits.clone());
-            match mask {
-                Some(Ok(mask)) => mask.apply(&mut logits),
+            let Some(logits) = logits else { continue };
+            let mask = match mask {
+                Some(Ok(mask)) => Some(mask),
                 Some(Err(e)) => {
                     ended.push((*i, Err(LlmError::Internal(e.to_string()))));
                     continue;
                 }
-                None => {}
+                None => None,
+            };
+            let s = &mut self.running[*i];
+            // The other choices of an `n > 1` request start here, from the prompt's KV and
+            // these logits, each sampling its own first token.
+            for mut choice in s.fork_choices() {
+                let outcome = self.take_token(&mut choice, logits.clone(), mask.as_ref());
+                match outcome {
+                    None => born.push(choice),
+                    Some(Ok(reason)) => choice.finish(reason),
+                    Some(Err(e)) => choice.fail(e),
+                }
             }
-            let token = s.sampler.sample(&mut logits);
-            self.stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
-            if let Some(c) = s.constraint.as_mut()
-                && !self.eos.contains(&token)
-                && let Err(e) = c.consume(token)
-            {
-                ended.push((*i, Err(LlmError::Internal(e.to_string()))));
-                continue;
-            }
-            let logprob = raw.map(|raw| {
-                crate::token_logprob(&raw, token, s.params.logprobs.unwrap_or_default())
-            });
-            if let Progress::Finished(reason) = s.push(token, logprob, &self.tokenizer, &self.eos) {
-                ended.push((*i, Ok(reason)));
+            let s = &mut self.running[*i];
+            if let Some(outcome) = Self::sample_into(
+                s,
+                logits,
+                mask.as_ref(),
+                &self.eos,
+                &self.tokenizer,
+                &self.stats,
+            ) {
+                ended.push((*i, outcome));
             }
         }
         // Finished sequences leave now, freeing their KV memory and adapter lease.
@@ -421,7 +431,49 @@ impl EngineLoop {
                 Err(e) => s.fail(e),
             }
         }
+        self.running.extend(born);
         Ok(())
+    }
+
+    fn take_token(
+        &self,
+        s: &mut Sequence,
+        logits: Vec<f32>,
+        mask: Option<&modelmux_grammar::TokenMask>,
+    ) -> Option<Result<super::FinishReason, LlmError>> {
+        Self::sample_into(s, logits, mask, &self.eos, &self.tokenizer, &self.stats)
+    }
+
+    /// Samples `s`'s next token from `logits` under `mask`, advances its constraint, and
+    /// streams the token: `None` while it goes on, else how it ended.
+    fn sample_into(
+        s: &mut Sequence,
+        mut logits: Vec<f32>,
+        mask: Option<&modelmux_grammar::TokenMask>,
+        eos: &[u32],
+        tokenizer: &TextTokenizer,
+        stats: &EngineStats,
+    ) -> Option<Result<super::FinishReason, LlmError>> {
+        // Log probabilities come from the model's own logits, before the constraint, the bias
+        // and the penalties change them for sampling.
+        let raw = s.params.logprobs.map(|_| logits.clone());
+        if let Some(mask) = mask {
+            mask.apply(&mut logits);
+        }
+        let token = s.sampler.sample(&mut logits);
+        stats.generated_tokens.fetch_add(1, Ordering::Relaxed);
+        if let Some(c) = s.constraint.as_mut()
+            && !eos.contains(&token)
+            && let Err(e) = c.consume(token)
+        {
+            return Some(Err(LlmError::Internal(e.to_string())));
+        }
+        let logprob =
+            raw.map(|raw| crate::token_logprob(&raw, token, s.params.logprobs.unwrap_or_default()));
+        match s.push(token, logprob, tokenizer, eos) {
+            Progress::Finished(reason) => Some(Ok(reason)),
+            Progress::Continue => None,
+        }
     }
 }
 

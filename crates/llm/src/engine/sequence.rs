@@ -31,6 +31,11 @@ pub(crate) struct Sequence {
     held: String,
     /// The log probability of the token being pushed, sent with it.
     logprob: Option<crate::TokenLogprob>,
+    /// The streams of this request's other choices (`n > 1`), which become sequences of their
+    /// own when the prompt is prefilled (`fork_choices`).
+    choices: Vec<mpsc::UnboundedSender<GenerationEvent>>,
+    /// The KV bytes one choice reserves (prompt and `max_tokens`).
+    choice_bytes: u64,
 }
 
 /// What happened after a sequence took a token.
@@ -64,7 +69,56 @@ impl Sequence {
             text: TextStream::new(),
             held: String::new(),
             logprob: None,
+            choices: Vec::new(),
+            choice_bytes: reservation_bytes,
         }
+    }
+
+    /// Adds the streams of the request's other choices; admission then reserves their KV and
+    /// sequence slots with this one's.
+    pub(super) fn add_choices(
+        &mut self,
+        choices: impl IntoIterator<Item = mpsc::UnboundedSender<GenerationEvent>>,
+    ) {
+        self.choices.extend(choices);
+        self.reservation_bytes = self.choice_bytes * (1 + self.choices.len() as u64);
+    }
+
+    /// The sequence slots this sequence takes: its own and its choices' to come.
+    pub(super) fn slots(&self) -> usize {
+        1 + self.choices.len()
+    }
+
+    /// The other choices, as sequences of their own that start from this one's prompt (its
+    /// KV copied, computed once) with their own sampler (`seed + index`), adapter lease and
+    /// constraint; each takes its share of this sequence's KV reservation. Empty once done.
+    pub(super) fn fork_choices(&mut self) -> Vec<Sequence> {
+        let choices = std::mem::take(&mut self.choices);
+        let mut forks = Vec::with_capacity(choices.len());
+        for (i, events) in choices.into_iter().enumerate() {
+            let mut params = self.params.clone();
+            params.seed = params.seed.map(|s| s.wrapping_add(i as u64 + 1));
+            let cache = self.cache.as_mut().map(|c| c.fork(self.choice_bytes));
+            forks.push(Sequence {
+                prompt: self.prompt.clone(),
+                generated: Vec::new(),
+                sampler: Sampler::new(&params),
+                params,
+                adapter: self.adapter.clone(),
+                constraint: self.constraint.clone(),
+                events,
+                cache,
+                reservation_bytes: self.choice_bytes,
+                deadline: self.deadline,
+                text: TextStream::new(),
+                held: String::new(),
+                logprob: None,
+                choices: Vec::new(),
+                choice_bytes: self.choice_bytes,
+            });
+        }
+        self.reservation_bytes = self.choice_bytes;
+        forks
     }
 
     pub(super) fn admit(
@@ -76,9 +130,9 @@ impl Sequence {
         self.cache = Some(KvCache::new(config, max_tokens, reservation));
     }
 
-    /// Whether whoever asked is still listening.
+    /// Whether whoever asked is still listening (to this choice or one still to come).
     pub(super) fn is_abandoned(&self) -> bool {
-        self.events.is_closed()
+        self.events.is_closed() && self.choices.iter().all(|c| c.is_closed())
     }
 
     /// Prompt tokens already in the cache.
@@ -180,8 +234,13 @@ impl Sequence {
         });
     }
 
+    /// Fails this sequence and the choices it has not started yet.
     pub(super) fn fail(self, error: crate::LlmError) {
-        let _ = self.events.send(GenerationEvent::Error(Arc::new(error)));
+        let error = Arc::new(error);
+        for choice in &self.choices {
+            let _ = choice.send(GenerationEvent::Error(error.clone()));
+        }
+        let _ = self.events.send(GenerationEvent::Error(error));
     }
 }
 
