@@ -113,6 +113,10 @@ pub struct EngineKwargs {
     /// How the weights are held: `auto` (default), `q8_0`, `as_stored`, `f32`.
     #[serde(default)]
     pub weight_format: WeightFormatName,
+    /// Most sequences of one adapter (the base model counting as one) running at once; by
+    /// default only `max_num_seqs` bounds them (admission is fair between adapters anyway).
+    #[serde(default)]
+    pub max_num_seqs_per_adapter: Option<usize>,
 }
 
 fn default_max_num_seqs() -> usize {
@@ -144,6 +148,7 @@ impl Default for EngineKwargs {
             max_waiting_seqs: default_max_waiting(),
             queue_timeout_s: default_queue_timeout(),
             weight_format: WeightFormatName::default(),
+            max_num_seqs_per_adapter: None,
         }
     }
 }
@@ -249,6 +254,7 @@ impl LlmConfig {
                 max_batch_tokens: e.max_num_batched_tokens,
                 max_waiting: e.max_waiting_seqs,
                 queue_timeout: Duration::from_secs_f64(e.queue_timeout_s),
+                max_running_per_adapter: e.max_num_seqs_per_adapter,
             },
             max_adapters: lora.map_or(8, |l| l.max_num_adapters_per_replica),
             max_adapter_bytes: lora.and_then(|l| l.max_adapter_bytes_per_replica),

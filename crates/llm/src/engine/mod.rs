@@ -6,7 +6,10 @@
 //! Each step holds one decode row for every running sequence that has its prompt cached,
 //! then prompt chunks of the others in arrival order, up to `max_batch_tokens` rows, so a
 //! long prompt is prefilled over several steps without stalling the streams already running.
-//! Sequences are admitted in arrival order while `max_num_seqs` and the KV byte budget allow;
+//! Sequences are admitted while `max_num_seqs` and the KV byte budget allow, fairly between
+//! adapters: the next is the oldest waiting sequence of the adapter (the base model counting
+//! as one) with the fewest running, so one adapter's flood cannot hold another's request back,
+//! and prompt chunks go round-robin by adapter;
 //! each reserves the KV bytes of its prompt plus `max_tokens` up front, so a running sequence
 //! never runs out of memory. A request that cannot be admitted within `queue_timeout`, or
 //! that finds `max_waiting` requests already queued, gets [`LlmError::Overloaded`].
@@ -49,6 +52,9 @@ pub struct EngineConfig {
     pub max_waiting: usize,
     /// How long a request may wait for admission before it is refused as overloaded.
     pub queue_timeout: Duration,
+    /// Most sequences of one adapter (the base model counting as one) running at once;
+    /// `None`: no cap beyond `max_num_seqs`.
+    pub max_running_per_adapter: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -60,6 +66,7 @@ impl Default for EngineConfig {
             max_batch_tokens: 256,
             max_waiting: 256,
             queue_timeout: Duration::from_secs(30),
+            max_running_per_adapter: None,
         }
     }
 }
@@ -94,6 +101,12 @@ impl EngineConfig {
         }
         if self.kv_cache_bytes == 0 {
             return invalid("engine_kwargs.kv_cache_bytes", "must be at least 1".into());
+        }
+        if self.max_running_per_adapter == Some(0) {
+            return invalid(
+                "engine_kwargs.max_num_seqs_per_adapter",
+                "must be at least 1".into(),
+            );
         }
         Ok(())
     }

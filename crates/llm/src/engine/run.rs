@@ -275,25 +275,52 @@ impl EngineLoop {
         }
     }
 
-    /// Admits waiting sequences in arrival order while slots and KV memory allow (a request
-    /// for `n` choices takes `n` slots and their KV at once).
+    /// Admits waiting sequences while slots and KV memory allow (a request for `n` choices
+    /// takes `n` slots and their KV at once), fairly: see [`Self::next_to_admit`].
     fn admit(&mut self) {
         let mut used: usize = self.running.iter().map(Sequence::slots).sum();
         while used < self.config.max_num_seqs {
-            let Some(front) = self.waiting.front() else {
+            let Some(next) = self.next_to_admit() else {
                 break;
             };
-            if used + front.slots() > self.config.max_num_seqs {
+            let candidate = &self.waiting[next];
+            if used + candidate.slots() > self.config.max_num_seqs {
                 break;
             }
-            let Some(reservation) = self.budget.try_reserve(front.reservation_bytes) else {
+            // No skipping past a sequence that does not fit yet: a long one would starve.
+            let Some(reservation) = self.budget.try_reserve(candidate.reservation_bytes) else {
                 break;
             };
-            let mut s = self.waiting.pop_front().expect("front exists");
+            let mut s = self.waiting.remove(next).expect("index in range");
             used += s.slots();
             s.admit(&self.model_config, Some(reservation));
             self.running.push(s);
         }
+    }
+
+    /// The waiting sequence to admit next: of the adapters with sequences waiting (the base
+    /// model counting as one), the one with the fewest sequences running, its oldest waiting
+    /// sequence (arrival order between equals); none under `max_running_per_adapter`.
+    fn next_to_admit(&self) -> Option<usize> {
+        let mut running: std::collections::HashMap<Option<&str>, usize> = Default::default();
+        for s in &self.running {
+            *running.entry(adapter_id(s)).or_default() += s.slots();
+        }
+        let mut best: Option<(usize, usize)> = None;
+        for (index, s) in self.waiting.iter().enumerate() {
+            let n = running.get(&adapter_id(s)).copied().unwrap_or(0);
+            if self
+                .config
+                .max_running_per_adapter
+                .is_some_and(|cap| n + s.slots() > cap)
+            {
+                continue;
+            }
+            if best.is_none_or(|(fewest, _)| n < fewest) {
+                best = Some((n, index));
+            }
+        }
+        best.map(|(_, index)| index)
     }
 
     fn publish(&self) {
@@ -314,7 +341,7 @@ impl EngineLoop {
     /// One forward pass over every running sequence, then sampling.
     fn step(&mut self) -> crate::Result<()> {
         // Which sequences take part, and with how many tokens: decodes first, then prompt
-        // chunks in arrival order within the row budget.
+        // chunks within the row budget.
         let mut budget = self.config.max_batch_tokens;
         let mut plan: Vec<(usize, usize)> = Vec::with_capacity(self.running.len());
         for (i, s) in self.running.iter().enumerate() {
@@ -323,9 +350,22 @@ impl EngineLoop {
                 budget -= 1;
             }
         }
+        // Prompt chunks round-robin by adapter: every adapter's oldest prompt before any
+        // adapter's second, and so on.
+        let mut prompts: Vec<(usize, usize)> = Vec::new();
+        let mut seen: std::collections::HashMap<Option<&str>, usize> = Default::default();
         for (i, s) in self.running.iter().enumerate() {
+            if s.prefilled() < s.prompt.len() {
+                let turn = seen.entry(adapter_id(s)).or_default();
+                prompts.push((*turn, i));
+                *turn += 1;
+            }
+        }
+        prompts.sort_unstable();
+        for (_, i) in prompts {
+            let s = &self.running[i];
             let left = s.prompt.len() - s.prefilled();
-            if left > 0 && budget > 0 {
+            if budget > 0 {
                 let n = left.min(budget);
                 plan.push((i, n));
                 budget -= n;
