@@ -104,6 +104,16 @@ async fn too_many_choices_are_refused_and_dropped_ones_are_freed() {
         .unwrap();
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     assert!(err.to_string().contains("max_num_seqs"), "{err}");
+    // Nor more than one adapter may run at once: they could never all be admitted.
+    let capped = runtime().engine(EngineConfig {
+        max_running_per_adapter: Some(2),
+        ..EngineConfig::default()
+    });
+    let err = capped
+        .submit_choices(request(SamplingParams::greedy(4)), 3)
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("from 1 to 2"), "{err}");
     // Dropped before they finish: the sequences and their KV go.
     let streams = engine
         .submit_choices(request(SamplingParams::greedy(400)), 4)

@@ -405,10 +405,15 @@ impl Engine {
     ) -> Result<Vec<GenerationStream>> {
         let inner = &self.inner;
         request.params.validate(inner.model_config.vocab_size)?;
-        if n == 0 || n > inner.config.max_num_seqs {
+        let most = inner
+            .config
+            .max_running_per_adapter
+            .map_or(inner.config.max_num_seqs, |cap| {
+                cap.min(inner.config.max_num_seqs)
+            });
+        if n == 0 || n > most {
             return Err(LlmError::InvalidRequest(format!(
-                "n must be from 1 to max_num_seqs ({}), got {n}",
-                inner.config.max_num_seqs
+                "n must be from 1 to {most} (max_num_seqs, or the per-adapter cap), got {n}"
             )));
         }
         self.check_prompt(&request.prompt, request.params.max_tokens)?;
