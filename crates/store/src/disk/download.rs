@@ -191,6 +191,8 @@ pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64,
     };
     let mut stream = result.into_stream();
     let mut failed = None;
+    let name = format!("{}/{}/{}", object.repository, object.id, object.file);
+    let mut progress = super::progress::Progress::new(name, expected, tokio::time::Instant::now());
     loop {
         let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
             Err(_) => {
@@ -204,6 +206,9 @@ pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64,
             }
             Ok(Some(Ok(chunk))) => chunk,
         };
+        if let Some(line) = progress.received(chunk.len() as u64, tokio::time::Instant::now()) {
+            tracing::info!("{line}");
+        }
         // Sending waits while a thread is behind, so the deadline covers that too. A closed
         // channel means the writer failed; its error is read below.
         let sent = async {

@@ -36,6 +36,7 @@ use crate::StoreError;
 use crate::retry::{Failure, RetryPolicy, classify};
 
 mod download;
+mod progress;
 
 pub(crate) use download::head_size;
 use download::{Attempt, TempFile, download, with_retries};
