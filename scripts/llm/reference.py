@@ -296,6 +296,9 @@ def main():
     ap.add_argument("--prompt-ids", help="one prompt's ids, comma-separated: write its last logits")
     ap.add_argument("--llama3", help="FACTOR,LOW,HIGH,ORIGINAL: Llama 3 rope scaling")
     ap.add_argument("--adapter", help="with --prompt-ids: a PEFT adapter directory to merge")
+    ap.add_argument("--prompt-logprobs", type=int, metavar="K",
+                    help="with --prompt-ids: also write each prompt token's log probability given "
+                         "the tokens before it, and the K most likely tokens there (log-softmax in f64)")
     args = ap.parse_args()
     if args.prompt_ids:
         cfg, w = load_model(args.gguf)
@@ -305,9 +308,20 @@ def main():
             cfg["inv_freq"] = llama3_inv_freq(cfg["rope_base"], cfg["rope_dim"], factor, low, high, original)
         if args.adapter:
             w = load_adapter(args.adapter, w)
-        logits = forward(cfg, w, [int(x) for x in args.prompt_ids.split(",")])
+        ids = [int(x) for x in args.prompt_ids.split(",")]
+        logits = forward(cfg, w, ids)
+        doc = {"last_logits": [float(f"{v:.7g}") for v in logits.tolist()]}
+        if args.prompt_logprobs is not None:
+            x = hidden_states(cfg, w, ids)
+            every = (rms_norm(x, w["output_norm.weight"], cfg["eps"]) @ w["output.weight"].T).astype(np.float64)
+            every = every - every.max(axis=-1, keepdims=True)
+            logp = every - np.log(np.exp(every).sum(axis=-1, keepdims=True))
+            doc["prompt_logprobs"] = [
+                {"token": ids[t], "logprob": float(logp[t - 1, ids[t]]),
+                 "top": [[int(i), float(logp[t - 1, i])] for i in np.argsort(-logp[t - 1], kind="stable")[:args.prompt_logprobs]]}
+                for t in range(1, len(ids))]
         with open(args.out, "w") as fh:
-            json.dump({"last_logits": [float(f"{v:.7g}") for v in logits.tolist()]}, fh)
+            json.dump(doc, fh)
         return
     if not args.adapters:
         ap.error("--adapters is required")

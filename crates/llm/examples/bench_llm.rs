@@ -398,6 +398,7 @@ async fn forward(args: &Args) -> Res<Value> {
             cache,
             adapter: None,
             want_logits: true,
+            all_logits: false,
         };
         model.forward(&mut [segment])?;
         prefill.push(ms(t.elapsed()));
@@ -419,6 +420,7 @@ async fn forward(args: &Args) -> Res<Value> {
             cache: &mut cache,
             adapter: None,
             want_logits: true,
+            all_logits: false,
         };
         model.forward(&mut [segment])?;
         prefill_long.push(ms(t.elapsed()));
@@ -433,6 +435,7 @@ async fn forward(args: &Args) -> Res<Value> {
                     cache,
                     adapter: with_adapters.then_some(&**a),
                     want_logits: true,
+                    all_logits: false,
                 })
                 .collect();
             let t = Instant::now();

@@ -31,6 +31,9 @@ pub struct Segment<'a> {
     /// Whether the logits after the last token are wanted (the prompt's last chunk, or a
     /// decode step).
     pub want_logits: bool,
+    /// Whether the logits after every token of the segment are wanted (prompt log
+    /// probabilities): then its entry holds `tokens.len()` rows of logits, the last row last.
+    pub all_logits: bool,
 }
 
 /// A Llama-family model ready to run: its weights and rotary tables.
@@ -294,18 +297,21 @@ impl LlamaModel {
         if embed {
             return Ok(self.pool(segments, &x));
         }
-        let mut last_rows = Vec::new();
+        let mut wanted_rows = Vec::new();
         let mut row = 0;
         for s in segments.iter_mut() {
-            row += s.tokens.len();
-            s.cache.advance(s.tokens.len());
-            if s.want_logits {
-                last_rows.extend_from_slice(&x[(row - 1) * d..row * d]);
+            let n = s.tokens.len();
+            row += n;
+            s.cache.advance(n);
+            if s.all_logits {
+                wanted_rows.extend_from_slice(&x[(row - n) * d..row * d]);
+            } else if s.want_logits {
+                wanted_rows.extend_from_slice(&x[(row - 1) * d..row * d]);
             }
         }
-        let mut logits = vec![0.0; last_rows.len() / d * vocab];
-        if !last_rows.is_empty() {
-            let h = rms_norm(&last_rows, &self.weights.final_norm, config.rms_eps);
+        let mut logits = vec![0.0; wanted_rows.len() / d * vocab];
+        if !wanted_rows.is_empty() {
+            let h = rms_norm(&wanted_rows, &self.weights.final_norm, config.rms_eps);
             self.weights
                 .lm_head
                 .forward(&h, &mut logits, &mut scratch)?;
@@ -313,11 +319,16 @@ impl LlamaModel {
         let mut out = Vec::with_capacity(segments.len());
         let mut taken = 0;
         for s in segments.iter() {
-            if s.want_logits {
-                out.push(Some(logits[taken * vocab..(taken + 1) * vocab].to_vec()));
-                taken += 1;
+            let rows = if s.all_logits {
+                s.tokens.len()
             } else {
+                usize::from(s.want_logits)
+            };
+            if rows == 0 {
                 out.push(None);
+            } else {
+                out.push(Some(logits[taken * vocab..(taken + rows) * vocab].to_vec()));
+                taken += rows;
             }
         }
         logits.clear();

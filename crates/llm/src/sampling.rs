@@ -38,6 +38,9 @@ pub struct SamplingParams {
     /// Report each generated token's log probability and this many most likely alternatives
     /// (at most [`MAX_TOP_LOGPROBS`](crate::MAX_TOP_LOGPROBS)); `None` reports none.
     pub logprobs: Option<usize>,
+    /// Report the prompt tokens' log probabilities (with this many alternatives each), with
+    /// the first generated token; `None` reports none.
+    pub prompt_logprobs: Option<usize>,
 }
 
 /// Most `logit_bias` entries one request may carry.
@@ -58,6 +61,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             logprobs: None,
+            prompt_logprobs: None,
         }
     }
 }
@@ -131,7 +135,11 @@ impl SamplingParams {
                 "logit_bias values must be between -100 and 100, got {bias} for token {token}"
             ));
         }
-        if let Some(n) = self.logprobs.filter(|&n| n > crate::MAX_TOP_LOGPROBS) {
+        if let Some(n) = self
+            .logprobs
+            .or(self.prompt_logprobs)
+            .filter(|&n| n > crate::MAX_TOP_LOGPROBS)
+        {
             return bad(format!(
                 "top_logprobs must be at most {}, got {n}",
                 crate::MAX_TOP_LOGPROBS

@@ -97,6 +97,7 @@ fn engine_logits_with(path: &Path, adapter: Option<&Path>) -> Vec<f32> {
             cache: &mut cache,
             adapter: adapter.as_ref(),
             want_logits: true,
+            all_logits: false,
         }])
         .unwrap();
     logits.pop().flatten().unwrap()

@@ -24,6 +24,7 @@ fn last_logits(rt: &Runtime, case: &Case) -> Vec<f32> {
             cache: &mut cache,
             adapter: adapter.as_deref(),
             want_logits: true,
+            all_logits: false,
         }])
         .unwrap()
         .remove(0)
@@ -206,6 +207,7 @@ fn embedding(rt: &Runtime, case: &Case) -> Vec<f32> {
             cache: &mut cache,
             adapter: adapter.as_deref(),
             want_logits: false,
+            all_logits: false,
         }])
         .unwrap()
         .remove(0)

@@ -16,7 +16,7 @@ use crate::call::{LlmCall, Op, Parsed};
 use crate::errors::serve_error;
 use crate::metrics::LlmMetrics;
 use crate::params::{EmbeddingJob, Endpoint, Job, Prompt, TokenizeInput, invalid};
-use crate::respond::{Answer, Timing, whole};
+use crate::respond::{Answer, Echo, Timing, whole};
 use crate::score::ScoreJob;
 use crate::stream::streamed;
 use crate::tools::Tools;
@@ -123,7 +123,18 @@ impl LlmServer {
             .map(|r| r.as_str().to_owned())
             .unwrap_or_default();
         let adapter = modelmux_context::multiplexed_model_id();
+        let echo_text = match (&job.prompt, job.echo) {
+            (Prompt::Text(text), true) => Some(text.clone()),
+            (Prompt::Tokens(ids), true) => Some(self.runtime.tokenizer().decode(ids)),
+            _ => None,
+        };
         let prompt = self.tokens(job.prompt, job.tools.as_ref()).await?;
+        let echo = echo_text.map(|text| {
+            Arc::new(Echo {
+                text,
+                ids: prompt.clone(),
+            })
+        });
         let mut params = job.params;
         let logprobs = params.logprobs.is_some();
         params.max_tokens = job
@@ -177,6 +188,7 @@ impl LlmServer {
         if logprobs {
             answer.logprobs = Some(self.runtime.engine().tokenizer().clone());
         }
+        answer.echo = echo;
         let timing = Timing {
             started,
             first: None,

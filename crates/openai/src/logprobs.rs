@@ -14,8 +14,9 @@ use crate::params::Endpoint;
 /// Renders the log probabilities of one answer's tokens, in order.
 pub(crate) struct Logprobs {
     tokenizer: Arc<TextTokenizer>,
-    /// Tokens not yet rendered (a streamed answer renders them chunk by chunk).
-    pending: Vec<(u32, TokenLogprob)>,
+    /// Tokens not yet rendered (a streamed answer renders them chunk by chunk); `None` for
+    /// an echoed prompt's first token, which has no log probability.
+    pending: Vec<(u32, Option<TokenLogprob>)>,
     /// Completions' `text_offset`: where the next token's text starts.
     offset: usize,
 }
@@ -31,7 +32,17 @@ impl Logprobs {
 
     /// Adds a generated token.
     pub(crate) fn push(&mut self, id: u32, logprob: TokenLogprob) {
-        self.pending.push((id, logprob));
+        self.pending.push((id, Some(logprob)));
+    }
+
+    /// Adds an echoed prompt's tokens: the first without a log probability, each of the
+    /// others with `logprobs[i - 1]`.
+    pub(crate) fn push_prompt(&mut self, ids: &[u32], logprobs: Vec<TokenLogprob>) {
+        let mut logprobs = logprobs.into_iter();
+        for (i, &id) in ids.iter().enumerate() {
+            let lp = if i == 0 { None } else { logprobs.next() };
+            self.pending.push((id, lp));
+        }
     }
 
     /// Whether tokens wait to be rendered.
@@ -51,6 +62,7 @@ impl Logprobs {
             Endpoint::Chat => {
                 let content: Vec<Value> = pending
                     .iter()
+                    .filter_map(|(id, lp)| lp.as_ref().map(|lp| (id, lp)))
                     .map(|(id, lp)| {
                         let (token, bytes) = self.token(*id);
                         let top: Vec<Value> = lp
@@ -74,13 +86,22 @@ impl Logprobs {
                     offsets.push(self.offset);
                     self.offset += token.len();
                     tokens.push(token);
-                    logprobs.push(lp.logprob);
-                    let top: Map<String, Value> = lp
-                        .top
-                        .iter()
-                        .map(|(t, l)| (self.token(*t).0, json!(l)))
-                        .collect();
-                    tops.push(Value::Object(top));
+                    match lp {
+                        Some(lp) => {
+                            logprobs.push(json!(lp.logprob));
+                            let top: Map<String, Value> = lp
+                                .top
+                                .iter()
+                                .map(|(t, l)| (self.token(*t).0, json!(l)))
+                                .collect();
+                            tops.push(Value::Object(top));
+                        }
+                        // The prompt's first token: nothing before it to predict it.
+                        None => {
+                            logprobs.push(Value::Null);
+                            tops.push(Value::Null);
+                        }
+                    }
                 }
                 json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": tops, "text_offset": offsets})
             }

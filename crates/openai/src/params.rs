@@ -49,6 +49,9 @@ pub(crate) struct Job {
     pub(crate) tools: Option<Tools>,
     /// Choices to generate (OpenAI's `n`).
     pub(crate) n: usize,
+    /// Completions' `echo`: the answer starts with the prompt (and, with `logprobs`, its
+    /// tokens' log probabilities).
+    pub(crate) echo: bool,
 }
 
 /// A 400 naming `param`.
@@ -250,9 +253,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
     {
         return Err(unsupported("best_of", "more than one candidate"));
     }
-    if b.echo == Some(true) {
-        return Err(unsupported("echo", "echoing the prompt"));
-    }
+    let echo = b.echo == Some(true);
     if b.suffix.is_some() {
         return Err(unsupported("suffix", "a suffix (fill-in-the-middle)"));
     }
@@ -370,6 +371,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             presence_penalty: penalties[0],
             frequency_penalty: penalties[1],
             logprobs,
+            prompt_logprobs: if echo { logprobs } else { None },
         },
         max_tokens,
         stream,
@@ -377,6 +379,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
         constraint,
         tools: tools.filter(Tools::active),
         n,
+        echo,
     })
 }
 

@@ -41,6 +41,29 @@ pub(crate) struct Answer {
     pub(crate) functions: Option<Vec<Function>>,
     /// The tokenizer, when the request asked for log probabilities.
     pub(crate) logprobs: Option<Arc<modelmux_llm::TextTokenizer>>,
+    /// Completions' `echo`: the prompt each choice starts with.
+    pub(crate) echo: Option<Arc<Echo>>,
+}
+
+/// The prompt an `echo` answer starts with: its text and its tokens.
+pub(crate) struct Echo {
+    pub(crate) text: String,
+    pub(crate) ids: Vec<u32>,
+}
+
+impl Echo {
+    /// Starts a choice's text (and log probabilities) with the prompt, at its first token.
+    pub(crate) fn start(
+        &self,
+        text: &mut String,
+        logprobs: Option<&mut Logprobs>,
+        prompt_logprobs: Option<Vec<modelmux_llm::TokenLogprob>>,
+    ) {
+        text.insert_str(0, &self.text);
+        if let Some(l) = logprobs {
+            l.push_prompt(&self.ids, prompt_logprobs.unwrap_or_default());
+        }
+    }
 }
 
 impl Answer {
@@ -63,6 +86,7 @@ impl Answer {
             include_usage,
             functions: None,
             logprobs: None,
+            echo: None,
         }
     }
 
@@ -266,14 +290,22 @@ async fn collect(
 ) -> Result<(Finished, Usage), modelmux_serve::ServeError> {
     let mut text = String::new();
     let mut logprobs = answer.logprobs.clone().map(Logprobs::new);
+    let mut echoed = false;
     while let Some(event) = stream.next().await {
         match event {
             GenerationEvent::Token {
                 id,
                 text: t,
                 logprob,
+                prompt_logprobs,
             } => {
                 timing.token();
+                if let Some(echo) = answer.echo.as_deref()
+                    && !echoed
+                {
+                    echoed = true;
+                    echo.start(&mut text, logprobs.as_mut(), prompt_logprobs);
+                }
                 text.push_str(&t);
                 if let (Some(l), Some(lp)) = (&mut logprobs, logprob) {
                     l.push(id, lp);

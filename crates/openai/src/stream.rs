@@ -112,6 +112,7 @@ async fn feed(
     // With tools on, text goes through the splitter, which holds back calls.
     let mut splitter = answer.functions.as_deref().map(CallSplitter::new);
     let mut logprobs = answer.logprobs.clone().map(Logprobs::new);
+    let mut echoed = false;
     if answer.endpoint == Endpoint::Chat {
         tx.send(event(answer.chunk(Some(""), true, None))).await?;
         first = false;
@@ -132,9 +133,21 @@ async fn feed(
             None => stream.next().await,
         };
         match next {
-            Some(GenerationEvent::Token { id, text, logprob }) => {
+            Some(GenerationEvent::Token {
+                id,
+                text,
+                logprob,
+                prompt_logprobs,
+            }) => {
                 if let Some(t) = &mut timing {
                     t.token();
+                }
+                // `echo`: the prompt goes out with the first token, in the same chunk.
+                if let Some(echo) = answer.echo.as_deref()
+                    && !echoed
+                {
+                    echoed = true;
+                    echo.start(&mut pending, logprobs.as_mut(), prompt_logprobs);
                 }
                 if let (Some(l), Some(lp)) = (&mut logprobs, logprob) {
                     l.push(id, lp);

@@ -259,3 +259,66 @@ async fn several_choices_whole_and_streamed() {
     );
     server.shutdown().await;
 }
+
+/// Completions' `echo` (what evaluation harnesses send to score a text): the answer starts
+/// with the prompt, and with `logprobs` its tokens come first in the lists (the first with a
+/// null log probability), streamed and not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_returns_the_prompt_and_its_log_probabilities() {
+    let server = serve(&config(json!({})), 1).await;
+    let addr = server.local_addr();
+    let prompt = "The capital of France is";
+    let prompt_tokens = post(
+        addr,
+        "/tokenize",
+        json!({"model": "smollm2", "prompt": prompt, "add_special_tokens": false}),
+    )
+    .await
+    .json()["count"]
+        .as_u64()
+        .unwrap() as usize;
+    let body = json!({"model": "smollm2:pirate", "prompt": prompt, "max_tokens": 3,
+        "temperature": 0, "ignore_eos": true, "echo": true, "logprobs": 1});
+    let whole = post(addr, "/v1/completions", body.clone()).await.json();
+    let choice = &whole["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    assert!(
+        text.starts_with(prompt) && text.len() > prompt.len(),
+        "{whole}"
+    );
+    let lp = &choice["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), prompt_tokens + 3, "{whole}");
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    for i in 1..tokens.len() {
+        let l = lp["token_logprobs"][i].as_f64().unwrap();
+        assert!(l <= 0.0, "{i}: {l}");
+    }
+    let spelled: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(spelled, text);
+
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = json!(true);
+    let streamed = post(addr, "/v1/completions", streamed_body).await;
+    let (mut streamed_text, mut streamed_tokens) = (String::new(), Vec::new());
+    for event in streamed.events() {
+        if event == "[DONE]" {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&event).unwrap();
+        streamed_text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+        if let Some(t) = v["choices"][0]["logprobs"]["token_logprobs"].as_array() {
+            streamed_tokens.extend(t.iter().cloned());
+        }
+    }
+    assert_eq!(streamed_text, text);
+    assert_eq!(&streamed_tokens, lp["token_logprobs"].as_array().unwrap());
+
+    // Without logprobs, the text alone.
+    let mut plain = body;
+    plain.as_object_mut().unwrap().remove("logprobs");
+    let answer = post(addr, "/v1/completions", plain).await.json();
+    assert_eq!(answer["choices"][0]["text"], text);
+    assert!(answer["choices"][0]["logprobs"].is_null());
+    server.shutdown().await;
+}

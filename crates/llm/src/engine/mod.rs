@@ -207,6 +207,9 @@ pub enum GenerationEvent {
         text: String,
         /// Its log probability and the alternatives', when the request asked for them.
         logprob: Option<crate::TokenLogprob>,
+        /// With the first token, when the request asked for them: the log probabilities of
+        /// the prompt's tokens after the first (each given the ones before it).
+        prompt_logprobs: Option<Vec<crate::TokenLogprob>>,
     },
     /// The end.
     Finished {

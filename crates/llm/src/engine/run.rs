@@ -131,6 +131,7 @@ impl EngineLoop {
                     cache: &mut cache,
                     adapter: job.adapter.as_deref(),
                     want_logits: false,
+                    all_logits: false,
                 }];
                 model.embed(&mut segment)
             }))
@@ -379,13 +380,17 @@ impl EngineLoop {
             .map(|&(_, n)| n)
             .sum();
 
-        let mut inputs: Vec<(usize, Vec<u32>, bool)> = plan
+        // (sequence, tokens, whether they complete its prompt, whether every row's logits
+        // are wanted: a prompt chunk whose log probabilities were asked for).
+        let mut inputs: Vec<(usize, Vec<u32>, bool, bool)> = plan
             .iter()
             .map(|&(i, n)| {
                 let s = &self.running[i];
+                let in_prompt = s.prefilled() < s.prompt.len();
                 let tokens = s.next_input(n).to_vec();
                 let completes = s.prefilled() + tokens.len() >= s.prompt.len();
-                (i, tokens, completes)
+                let all = in_prompt && s.params.prompt_logprobs.is_some();
+                (i, tokens, completes, all)
             })
             .collect();
         let (logits, masks) = {
@@ -393,7 +398,7 @@ impl EngineLoop {
                 self.running.iter_mut().map(Some).collect();
             let mut segments: Vec<Segment<'_>> = Vec::with_capacity(inputs.len());
             let mut constrained = Vec::new();
-            for (row, (i, tokens, completes)) in inputs.iter_mut().enumerate() {
+            for (row, (i, tokens, completes, all)) in inputs.iter_mut().enumerate() {
                 let s = by_index[*i].take().expect("each sequence once per step");
                 let Sequence {
                     cache,
@@ -409,6 +414,7 @@ impl EngineLoop {
                     cache: cache.as_mut().expect("admitted sequences have a cache"),
                     adapter: adapter.as_deref(),
                     want_logits: *completes,
+                    all_logits: *all,
                 });
             }
             let model = self.model.as_ref().ok_or_else(|| {
@@ -428,9 +434,19 @@ impl EngineLoop {
         let mut masks = masks.into_iter().peekable();
         let mut ended = Vec::new();
         let mut born = Vec::new();
-        for (row, ((i, _, _), logits)) in inputs.iter().zip(logits).enumerate() {
+        let vocab = self.model_config.vocab_size;
+        for (row, ((i, tokens, completes, all), logits)) in inputs.iter().zip(logits).enumerate() {
             let mask = masks.next_if(|(r, _)| *r == row).map(|(_, m)| m);
-            let Some(logits) = logits else { continue };
+            let Some(mut logits) = logits else { continue };
+            if *all {
+                // Each row's logits predict the next prompt token: its log probability.
+                let s = &mut self.running[*i];
+                s.record_prompt_logprobs(&logits, tokens.len(), vocab);
+                if !*completes {
+                    continue;
+                }
+                logits.drain(..logits.len() - vocab);
+            }
             let mask = match mask {
                 Some(Ok(mask)) => Some(mask),
                 Some(Err(e)) => {

@@ -36,6 +36,11 @@ pub(crate) struct Sequence {
     choices: Vec<mpsc::UnboundedSender<GenerationEvent>>,
     /// The KV bytes one choice reserves (prompt and `max_tokens`).
     choice_bytes: u64,
+    /// The prompt's log probabilities so far (tokens 1.. of the prompt), sent with the first
+    /// generated token.
+    prompt_logprobs: Vec<crate::TokenLogprob>,
+    /// Whether they went out already.
+    prompt_logprobs_sent: bool,
 }
 
 /// What happened after a sequence took a token.
@@ -71,6 +76,25 @@ impl Sequence {
             logprob: None,
             choices: Vec::new(),
             choice_bytes: reservation_bytes,
+            prompt_logprobs: Vec::new(),
+            prompt_logprobs_sent: false,
+        }
+    }
+
+    /// Records the log probabilities of the prompt tokens that the `rows` rows of `logits`
+    /// (the chunk just run, ending at the cache's length) predict.
+    pub(super) fn record_prompt_logprobs(&mut self, logits: &[f32], rows: usize, vocab: usize) {
+        let Some(top) = self.params.prompt_logprobs else {
+            return;
+        };
+        let end = self.cache.as_ref().map_or(0, |c| c.len());
+        let start = end - rows;
+        for (r, row) in logits.chunks_exact(vocab).enumerate() {
+            let next = start + r + 1;
+            if let Some(&token) = self.prompt.get(next) {
+                self.prompt_logprobs
+                    .push(crate::token_logprob(row, token, top));
+            }
         }
     }
 
@@ -115,6 +139,8 @@ impl Sequence {
                 logprob: None,
                 choices: Vec::new(),
                 choice_bytes: self.choice_bytes,
+                prompt_logprobs: self.prompt_logprobs.clone(),
+                prompt_logprobs_sent: false,
             });
         }
         self.reservation_bytes = self.choice_bytes;
@@ -215,9 +241,15 @@ impl Sequence {
 
     fn send_token(&mut self, id: u32, text: String) {
         let logprob = self.logprob.take();
-        let _ = self
-            .events
-            .send(GenerationEvent::Token { id, text, logprob });
+        let prompt_logprobs = (self.params.prompt_logprobs.is_some()
+            && !std::mem::replace(&mut self.prompt_logprobs_sent, true))
+        .then(|| std::mem::take(&mut self.prompt_logprobs));
+        let _ = self.events.send(GenerationEvent::Token {
+            id,
+            text,
+            logprob,
+            prompt_logprobs,
+        });
     }
 
     /// Sends what is left and the end of the stream.
