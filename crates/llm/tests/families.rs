@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 use candle_core::quantized::gguf_file::Value;
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::env_path;
 use common::tiny::{ROTARY_PAIRS, ones, random, write_with};
+use common::{env_path, last_logits_of, reference_py};
 use modelmux_llm::{KvCache, LlamaModel, LlamaWeights, LoraAdapter, Segment, WeightFormat};
 use rand::SeedableRng;
 
@@ -110,43 +110,17 @@ fn reference_logits(path: &Path, llama3: bool) -> Vec<f32> {
 }
 
 fn reference_logits_with(path: &Path, llama3: bool, adapter: Option<&Path>) -> Vec<f32> {
-    let out = dir().join(format!(
-        "{}-{llama3}-{}.json",
-        path.file_stem().unwrap().to_string_lossy(),
-        adapter.is_some()
-    ));
-    let ids: Vec<String> = prompt().iter().map(u32::to_string).collect();
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/llm/reference.py"
-    );
-    let mut command = std::process::Command::new(env_path("MODELMUX_TEST_PYTHON"));
-    command
-        .arg(script)
-        .arg("--gguf")
-        .arg(path)
-        .arg("--prompt-ids")
-        .arg(ids.join(","))
-        .arg("--out")
-        .arg(&out);
+    let scaling = format!("{FACTOR},{LOW_FREQ_FACTOR},{HIGH_FREQ_FACTOR},{ORIGINAL_CONTEXT}");
+    let mut extra: Vec<&std::ffi::OsStr> = Vec::new();
     if let Some(dir) = adapter {
-        command.arg("--adapter").arg(dir);
+        extra.push(std::ffi::OsStr::new("--adapter"));
+        extra.push(dir.as_os_str());
     }
     if llama3 {
-        command.arg("--llama3").arg(format!(
-            "{FACTOR},{LOW_FREQ_FACTOR},{HIGH_FREQ_FACTOR},{ORIGINAL_CONTEXT}"
-        ));
+        extra.push(std::ffi::OsStr::new("--llama3"));
+        extra.push(std::ffi::OsStr::new(&scaling));
     }
-    let status = command.status().unwrap();
-    assert!(status.success(), "reference.py failed");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    doc["last_logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap() as f32)
-        .collect()
+    last_logits_of(&reference_py(path, &prompt(), &extra))
 }
 
 fn max_difference(a: &[f32], b: &[f32]) -> f32 {

@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::env_path;
+use common::reference_py;
 use common::tiny::tiny;
 use modelmux_llm::{
     Engine, EngineConfig, GenerationEvent, GenerationRequest, LlamaModel, LlamaWeights,
@@ -20,28 +20,15 @@ fn prompt() -> Vec<u32> {
 }
 
 fn reference(top: usize) -> Vec<Value> {
-    let out = std::env::temp_dir().join(format!(
-        "modelmux-prompt-logprobs-{}.json",
-        std::process::id()
-    ));
-    let ids: Vec<String> = prompt().iter().map(u32::to_string).collect();
-    let status = std::process::Command::new(env_path("MODELMUX_TEST_PYTHON"))
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/llm/reference.py"
-        ))
-        .arg("--gguf")
-        .arg(&tiny().path)
-        .arg("--prompt-ids")
-        .arg(ids.join(","))
-        .arg("--prompt-logprobs")
-        .arg(top.to_string())
-        .arg("--out")
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(status.success(), "reference.py failed");
-    let doc: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let top = top.to_string();
+    let doc = reference_py(
+        &tiny().path,
+        &prompt(),
+        &[
+            std::ffi::OsStr::new("--prompt-logprobs"),
+            std::ffi::OsStr::new(&top),
+        ],
+    );
     doc["prompt_logprobs"].as_array().unwrap().clone()
 }
 

@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use candle_core::quantized::gguf_file::{self, Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
-use common::env_path;
+use common::{env_path, last_logits_of, reference_py};
 use modelmux_llm::{KvCache, LlamaModel, LlamaWeights, Segment, WeightFormat};
 use rand::{Rng, SeedableRng};
 
@@ -124,31 +124,8 @@ fn engine_logits(path: &PathBuf, format: WeightFormat) -> Vec<f32> {
     out.pop().flatten().unwrap()
 }
 
-fn reference_logits(path: &PathBuf) -> Vec<f32> {
-    let out = path.with_extension("json");
-    let ids: Vec<String> = prompt().iter().map(u32::to_string).collect();
-    let status = std::process::Command::new(env_path("MODELMUX_TEST_PYTHON"))
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../scripts/llm/reference.py"
-        ))
-        .arg("--gguf")
-        .arg(path)
-        .arg("--prompt-ids")
-        .arg(ids.join(","))
-        .arg("--out")
-        .arg(&out)
-        .status()
-        .unwrap();
-    assert!(status.success(), "reference.py failed");
-    let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
-    doc["last_logits"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_f64().unwrap() as f32)
-        .collect()
+fn reference_logits(path: &std::path::Path) -> Vec<f32> {
+    last_logits_of(&reference_py(path, &prompt(), &[]))
 }
 
 #[test]

@@ -116,3 +116,52 @@ pub async fn settled(engine: &Engine) {
         engine.snapshot()
     );
 }
+
+/// Runs the numpy reference (`scripts/llm/reference.py`) on `gguf` for `prompt` with `extra`
+/// arguments (`--adapter DIR`, `--llama3 ...`, `--prompt-logprobs K`), and returns what it
+/// writes: `{"last_logits", ...}`. Fails the test if it fails.
+pub fn reference_py(
+    gguf: &std::path::Path,
+    prompt: &[u32],
+    extra: &[&std::ffi::OsStr],
+) -> serde_json::Value {
+    static RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = std::env::temp_dir().join(format!(
+        "modelmux-reference-{}-{n}.json",
+        std::process::id()
+    ));
+    let ids: Vec<String> = prompt.iter().map(u32::to_string).collect();
+    let status = std::process::Command::new(env_path("MODELMUX_TEST_PYTHON"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../scripts/llm/reference.py"
+        ))
+        .arg("--gguf")
+        .arg(gguf)
+        .arg("--prompt-ids")
+        .arg(ids.join(","))
+        .arg("--out")
+        .arg(&out)
+        .args(extra)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "reference.py failed on {}",
+        gguf.display()
+    );
+    let doc = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&out);
+    doc
+}
+
+/// The `last_logits` of a [`reference_py`] answer.
+pub fn last_logits_of(doc: &serde_json::Value) -> Vec<f32> {
+    doc["last_logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap() as f32)
+        .collect()
+}
