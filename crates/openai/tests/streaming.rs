@@ -287,6 +287,16 @@ async fn wakeup_with_no_traffic_answers_within_seconds() {
     for round in 0..2 {
         let asleep = control(addr, "sleep").await;
         assert_eq!(asleep.status, 200, "round {round}");
+        // Ray's is_sleeping says so on every replica.
+        let sleeping = control(addr, "is_sleeping").await.json();
+        assert!(
+            sleeping["replicas"]
+                .as_object()
+                .unwrap()
+                .values()
+                .all(|r| r["asleep"] == true),
+            "{sleeping}"
+        );
         // At once in round 0 (the engine has just released its weights), after a quiet
         // while in round 1 (it waits on its queue).
         tokio::time::sleep(std::time::Duration::from_millis(300 * round)).await;
