@@ -12,6 +12,50 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use crate::error::{LlmError, Result};
 use crate::family::Family;
 
+/// Why a file could not be read: a tensor type the engine has no kernel for is named as
+/// llama.cpp names it (candle's reader gives only its number).
+fn unreadable(error: &str) -> String {
+    const GGML_TYPES: &[(u32, &str)] = &[
+        (9, "Q8_1"),
+        (15, "Q8_K"),
+        (16, "IQ2_XXS"),
+        (17, "IQ2_XS"),
+        (18, "IQ3_XXS"),
+        (19, "IQ1_S"),
+        (20, "IQ4_NL"),
+        (21, "IQ3_S"),
+        (22, "IQ2_S"),
+        (23, "IQ4_XS"),
+        (24, "I8"),
+        (25, "I16"),
+        (26, "I32"),
+        (27, "I64"),
+        (28, "F64"),
+        (29, "IQ1_M"),
+        (34, "TQ1_0"),
+        (35, "TQ2_0"),
+        (39, "MXFP4"),
+    ];
+    // candle's message may carry a backtrace after its first line.
+    let first = error.lines().next().unwrap_or(error);
+    let number = first
+        .strip_prefix("unknown dtype for tensor ")
+        .and_then(|n| n.trim().parse::<u32>().ok());
+    match number {
+        Some(n) => {
+            let name = GGML_TYPES
+                .iter()
+                .find(|(t, _)| *t == n)
+                .map_or("an unknown type", |(_, name)| name);
+            format!(
+                "tensor type {name} (ggml type {n}) is not supported: this engine reads F32, F16, BF16, \
+                 Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and Q2_K to Q6_K (convert or quantize the model to one of them)"
+            )
+        }
+        None => format!("not a readable GGUF file: {first}"),
+    }
+}
+
 /// The shape of a Llama-family model, from its GGUF metadata.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LlamaConfig {
@@ -78,7 +122,7 @@ impl GgufFile {
         let mut reader = BufReader::new(file);
         let content = Content::read(&mut reader).map_err(|e| LlmError::InvalidGguf {
             path: path.display().to_string(),
-            message: format!("not a readable GGUF file: {e}"),
+            message: unreadable(&e.to_string()),
         })?;
         Ok(Self {
             path,

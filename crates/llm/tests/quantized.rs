@@ -172,3 +172,37 @@ fn every_weight_type_dequantizes_as_llama_cpp_defines_it() {
     }
     assert!(failures.is_empty(), "{failures:?}");
 }
+
+/// A file with a tensor in a type the engine has no kernel for (IQ2_XXS, as llama.cpp's
+/// imatrix quantizations write) is refused naming the type, not its number.
+#[test]
+fn a_type_without_a_kernel_is_refused_by_name() {
+    let path = write(GgmlDType::Q8_0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    // The first tensor's info: its name (u64 length + bytes), dimensions (u32 count + u64
+    // each), then its type (u32), which becomes 16 (IQ2_XXS).
+    let name = b"token_embd.weight";
+    let at = bytes
+        .windows(name.len())
+        .position(|w| w == name)
+        .expect("the tensor's name");
+    let dims_at = at + name.len();
+    let n_dims = u32::from_le_bytes(bytes[dims_at..dims_at + 4].try_into().unwrap()) as usize;
+    let type_at = dims_at + 4 + 8 * n_dims;
+    assert_eq!(
+        u32::from_le_bytes(bytes[type_at..type_at + 4].try_into().unwrap()),
+        8,
+        "Q8_0 where the type should be"
+    );
+    bytes[type_at..type_at + 4].copy_from_slice(&16u32.to_le_bytes());
+    let patched = path.with_file_name("iq2_xxs.gguf");
+    std::fs::write(&patched, bytes).unwrap();
+    let err = match LlamaWeights::load(&patched, WeightFormat::default()) {
+        Ok(_) => panic!("an IQ2_XXS tensor loaded"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        err.contains("IQ2_XXS") && err.contains("not supported"),
+        "{err}"
+    );
+}
