@@ -472,3 +472,33 @@ fn a_family_the_engine_does_not_run_is_refused_by_name() {
         "{err}"
     );
 }
+
+/// An adapter whose `base_model_name_or_path` names another family is refused even when its
+/// shapes fit (here a "Qwen" adapter on a llama of the same shape); one naming the base's
+/// family, or nothing known, loads.
+#[test]
+fn an_adapter_for_another_family_is_refused_by_its_base_model_name() {
+    let path = write_family("llama", 16, false, false, false);
+    let dir = write_adapter("llama-adapter-named", 16, false);
+    let weights = LlamaWeights::load(&path, WeightFormat::F32).unwrap();
+    let config = weights.config().clone();
+    let mut peft: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("adapter_config.json")).unwrap()).unwrap();
+    let tensors = std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
+    let load = |base: &str, peft: &mut serde_json::Value| {
+        peft["base_model_name_or_path"] = base.into();
+        LoraAdapter::from_peft("named", peft.to_string().as_bytes(), &tensors, &config)
+    };
+    let Err(err) = load("Qwen/Qwen2.5-0.5B-Instruct", &mut peft) else {
+        panic!("a qwen2 adapter loaded on a llama base")
+    };
+    let message = err.to_string();
+    assert!(
+        message.contains("Qwen/Qwen2.5-0.5B-Instruct")
+            && message.contains("qwen2")
+            && message.contains("llama model"),
+        "{message}"
+    );
+    load("HuggingFaceTB/SmolLM2-135M-Instruct", &mut peft).unwrap();
+    load("/data/my-own-base", &mut peft).unwrap();
+}

@@ -67,6 +67,26 @@ pub(super) struct AdapterConfig {
     pub(super) targets: Vec<Target>,
     pub(super) rank_pattern: Vec<(Regex, usize)>,
     pub(super) alpha_pattern: Vec<(Regex, f64)>,
+    /// `base_model_name_or_path`: the model the adapter was trained on, if it says.
+    pub(super) base_model: Option<String>,
+}
+
+/// The GGUF architecture a Hugging Face model name or path belongs to, when it names a family
+/// (`Qwen/Qwen2.5-0.5B-Instruct` is `qwen2`, `HuggingFaceTB/SmolLM2-135M` is `llama`); `None`
+/// when it names none this knows.
+pub(super) fn architecture_named(name: &str) -> Option<&'static str> {
+    let name = name.to_ascii_lowercase();
+    const FAMILIES: &[(&[&str], &str)] = &[
+        (&["qwen3"], "qwen3"),
+        (&["qwen"], "qwen2"),
+        (&["gemma"], "gemma"),
+        (&["phi-3", "phi3", "phi-4", "phi4"], "phi3"),
+        (&["llama", "smollm", "mistral", "mixtral"], "llama"),
+    ];
+    FAMILIES
+        .iter()
+        .find(|(words, _)| words.iter().any(|w| name.contains(w)))
+        .map(|(_, arch)| *arch)
 }
 
 /// PEFT's pattern rule: `key` matches `pattern` when the module name ends with it on a
@@ -155,6 +175,10 @@ pub(super) fn parse_config(adapter: &str, bytes: &[u8]) -> Result<AdapterConfig>
     let alpha_pattern = patterns(adapter, &map, "alpha_pattern", |v| {
         v.as_f64().filter(|a| a.is_finite())
     })?;
+    let base_model = map
+        .get("base_model_name_or_path")
+        .and_then(Value::as_str)
+        .map(str::to_owned);
     Ok(AdapterConfig {
         rank,
         alpha,
@@ -162,6 +186,7 @@ pub(super) fn parse_config(adapter: &str, bytes: &[u8]) -> Result<AdapterConfig>
         targets,
         rank_pattern,
         alpha_pattern,
+        base_model,
     })
 }
 
@@ -255,6 +280,22 @@ fn parse_targets(adapter: &str, value: Option<&Value>) -> Result<Vec<Target>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn model_names_map_to_their_architecture() {
+        for (name, arch) in [
+            ("Qwen/Qwen2.5-0.5B-Instruct", Some("qwen2")),
+            ("Qwen/Qwen3-0.6B", Some("qwen3")),
+            ("HuggingFaceTB/SmolLM2-135M-Instruct", Some("llama")),
+            ("meta-llama/Llama-3.2-1B", Some("llama")),
+            ("mistralai/Mistral-7B-v0.3", Some("llama")),
+            ("google/gemma-2-2b", Some("gemma")),
+            ("microsoft/Phi-3-mini-4k-instruct", Some("phi3")),
+            ("/data/models/my-base", None),
+        ] {
+            assert_eq!(architecture_named(name), arch, "{name}");
+        }
+    }
 
     #[test]
     fn peft_patterns_match_on_dot_boundaries() {

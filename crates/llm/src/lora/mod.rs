@@ -198,6 +198,19 @@ impl LoraAdapter {
     /// prepares it for the engine. CPU-bound: call it on a blocking thread.
     pub fn from_peft(id: &str, config: &[u8], weights: &[u8], base: &LlamaConfig) -> Result<Self> {
         let cfg = parse_config(id, config)?;
+        // Made for another family: refused even when the shapes happen to agree.
+        if let Some(name) = &cfg.base_model
+            && let Some(arch) = config::architecture_named(name)
+            && arch != base.family.name
+        {
+            return Err(LlmError::adapter(
+                id,
+                format!(
+                    "the adapter was trained on {name} (a {arch} model), but the base model is a {} model",
+                    base.family.name
+                ),
+            ));
+        }
         let tensors = SafeTensors::deserialize(weights).map_err(|e| {
             LlmError::adapter(
                 id,
