@@ -320,15 +320,8 @@ fn write_family_file(
     metadata: Vec<(String, Value)>,
     tensors: Vec<(String, QTensor)>,
 ) {
-    use candle_core::quantized::gguf_file::{self, Content};
-    let mut source = std::fs::File::open(env_path("MODELMUX_TEST_GGUF")).unwrap();
-    let content = Content::read(&mut source).unwrap();
-    let mut all: Vec<(String, Value)> = content
-        .metadata
-        .iter()
-        .filter(|(k, _)| k.starts_with("tokenizer."))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    use candle_core::quantized::gguf_file;
+    let mut all = common::tiny::tokenizer_metadata(&env_path("MODELMUX_TEST_GGUF"));
     all.extend(metadata);
     assert!(
         all.iter()

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use candle_core::quantized::gguf_file::{self, Content, Value};
+use candle_core::quantized::gguf_file::{self, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use common::{env_path, last_logits_of, reference_py};
@@ -35,14 +35,7 @@ fn tensor(
 
 /// The tiny llama with every matrix of its blocks in `dtype` (embeddings in Q8_0, norms f32).
 fn write(dtype: GgmlDType) -> PathBuf {
-    let mut source = std::fs::File::open(env_path("MODELMUX_TEST_GGUF")).unwrap();
-    let content = Content::read(&mut source).unwrap();
-    let mut metadata: Vec<(String, Value)> = content
-        .metadata
-        .iter()
-        .filter(|(k, _)| k.starts_with("tokenizer."))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let mut metadata = common::tiny::tokenizer_metadata(&env_path("MODELMUX_TEST_GGUF"));
     let u32v = |v: usize| Value::U32(v as u32);
     for (k, v) in [
         ("general.architecture", Value::String("llama".into())),

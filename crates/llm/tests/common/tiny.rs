@@ -31,6 +31,18 @@ pub fn ones(n: usize) -> QTensor {
     QTensor::quantize(&t, GgmlDType::F32).unwrap()
 }
 
+/// The `tokenizer.*` metadata of the GGUF file at `from`: what a test model needs to carry
+/// SmolLM2's tokenizer.
+pub fn tokenizer_metadata(from: &Path) -> Vec<(String, Value)> {
+    let mut source = std::fs::File::open(from).unwrap();
+    let content = Content::read(&mut source).unwrap();
+    content
+        .metadata
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .collect()
+}
+
 /// Writes the tiny model to `path`, with the tokenizer of the GGUF file at `tokenizer_from`.
 fn write(path: &Path, tokenizer_from: &Path) {
     write_with(path, tokenizer_from, Vec::new(), Vec::new());
@@ -47,15 +59,13 @@ pub fn write_with(
     extra_metadata: Vec<(String, Value)>,
     extra_tensors: Vec<(String, QTensor)>,
 ) {
-    let mut source = std::fs::File::open(tokenizer_from).unwrap();
-    let content = Content::read(&mut source).unwrap();
-    let mut metadata: Vec<(String, Value)> = content
-        .metadata
+    let mut metadata = tokenizer_metadata(tokenizer_from);
+    let vocab = match &metadata
         .iter()
-        .filter(|(k, _)| k.starts_with("tokenizer."))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    let vocab = match &content.metadata["tokenizer.ggml.tokens"] {
+        .find(|(k, _)| k == "tokenizer.ggml.tokens")
+        .expect("the tokenizer's tokens")
+        .1
+    {
         Value::Array(tokens) => tokens.len(),
         other => panic!("tokens: {other:?}"),
     };
