@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! modelmux serve [CONFIG]    run a server (no CONFIG: the built-in demo: 8 ONNX models, 2 replicas)
+//! modelmux run module:app    serve a Python application (Ray's `serve run`)
 //! modelmux status            show what a running server holds, per replica
 //! modelmux bench             load-test a running server
 //! ```
@@ -37,18 +38,8 @@ enum Command {
     Serve {
         /// The configuration file (relative paths in it are read from its own directory).
         config: Option<PathBuf>,
-        /// Address to listen on; overrides http_options.host [default: 127.0.0.1].
-        #[arg(long)]
-        host: Option<String>,
-        /// Port to listen on; overrides http_options.port [default: 8000].
-        #[arg(long)]
-        port: Option<u16>,
-        /// Overrides logging.format.
-        #[arg(long, value_enum)]
-        log_format: Option<LogFormat>,
-        /// Overrides logging.level (a tracing filter, such as `info,modelmux::access=warn`).
-        #[arg(long)]
-        log_level: Option<String>,
+        #[command(flatten)]
+        flags: ServerFlags,
         /// Only check the configuration, then exit.
         #[arg(long)]
         check: bool,
@@ -64,6 +55,23 @@ enum Command {
         /// `both` (route and run replicas), `ingress` (route only) or `node` (replicas only).
         #[arg(long, env = "MODELMUX_ROLE", value_parser = parse_role)]
         role: Option<Role>,
+    },
+    /// Serve a Python application, as Ray's `serve run module:app`: its deployments'
+    /// decorators give their settings.
+    Run {
+        /// The application: `module:attribute`, a bound deployment (`app = Model.bind()`).
+        import_path: String,
+        /// The application's name.
+        #[arg(long, default_value = "default")]
+        name: String,
+        /// The path prefix it serves.
+        #[arg(long, default_value = "/")]
+        route_prefix: String,
+        /// A directory to import the module from (the workers' current directory).
+        #[arg(long)]
+        working_dir: Option<PathBuf>,
+        #[command(flatten)]
+        flags: ServerFlags,
     },
     /// Show the models each replica of a running server holds.
     Status {
@@ -86,6 +94,23 @@ enum Command {
     },
 }
 
+/// Where a server listens and how it logs, over what its configuration says.
+#[derive(clap::Args)]
+struct ServerFlags {
+    /// Address to listen on; overrides http_options.host [default: 127.0.0.1].
+    #[arg(long)]
+    host: Option<String>,
+    /// Port to listen on; overrides http_options.port [default: 8000].
+    #[arg(long)]
+    port: Option<u16>,
+    /// Overrides logging.format.
+    #[arg(long, value_enum)]
+    log_format: Option<LogFormat>,
+    /// Overrides logging.level (a tracing filter, such as `info,modelmux::access=warn`).
+    #[arg(long)]
+    log_level: Option<String>,
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -102,10 +127,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Serve {
                 config,
-                host,
-                port,
-                log_format,
-                log_level,
+                flags: server,
                 check,
                 cluster,
                 node_id,
@@ -118,8 +140,30 @@ fn main() -> ExitCode {
                     advertise,
                     role,
                 };
-                let logging = (log_format, log_level);
-                serve(config, host, port, logging, flags, check).await
+                let source = match config {
+                    Some(path) => Source::File(path),
+                    None => Source::Demo,
+                };
+                serve(source, server, flags, check).await
+            }
+            Command::Run {
+                import_path,
+                name,
+                route_prefix,
+                working_dir,
+                flags,
+            } => {
+                let mut app = serde_json::json!({
+                    "name": name,
+                    "route_prefix": route_prefix,
+                    "import_path": import_path,
+                });
+                if let Some(dir) = working_dir {
+                    app["runtime_env"] = serde_json::json!({"working_dir": dir});
+                }
+                let text = serde_json::json!({"applications": [app]}).to_string();
+                let source = Source::Text(text, format!("`run {import_path}`"));
+                serve(source, flags, ClusterFlags::default(), false).await
             }
             Command::Status { url, token } => status::run(&url, token.as_deref()).await,
             Command::Bench(args) => bench::run(args).await,
@@ -144,20 +188,39 @@ fn parse_role(value: &str) -> Result<Role, String> {
     }
 }
 
+/// Where `serve` gets its configuration.
+enum Source {
+    /// A YAML file.
+    File(PathBuf),
+    /// The built-in demo.
+    Demo,
+    /// A configuration made from the command line, and what to call it in messages.
+    Text(String, String),
+}
+
 async fn serve(
-    path: Option<PathBuf>,
-    host: Option<String>,
-    port: Option<u16>,
-    (log_format, log_level): (Option<LogFormat>, Option<String>),
+    source: Source,
+    ServerFlags {
+        host,
+        port,
+        log_format,
+        log_level,
+    }: ServerFlags,
     flags: ClusterFlags,
     check: bool,
 ) -> Result<(), CliError> {
-    let (text, source) = match &path {
-        Some(p) => (
-            std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?,
+    let path = match &source {
+        Source::File(p) => Some(p.clone()),
+        _ => None,
+    };
+    let demo = matches!(source, Source::Demo);
+    let (text, source) = match source {
+        Source::File(p) => (
+            std::fs::read_to_string(&p).map_err(|e| format!("cannot read {}: {e}", p.display()))?,
             p.display().to_string(),
         ),
-        None => (config::DEMO.to_string(), "the built-in demo".to_string()),
+        Source::Demo => (config::DEMO.to_string(), "the built-in demo".to_string()),
+        Source::Text(text, source) => (text, source),
     };
     let mut config = Config::parse(&text).map_err(|e| format!("{source}: {e}"))?;
     if let Some(p) = &path {
@@ -234,7 +297,7 @@ async fn serve(
         None => None,
     };
     say(format_args!("modelmux serving {source} on http://{addr}"));
-    if path.is_none() {
+    if demo {
         say(format_args!(
             "try: curl -H 'serve_multiplexed_model_id: customer-1' -d '{{\"inputs\": [[0.5, -1.2, 3.3, 0.1]]}}' http://{addr}/"
         ));

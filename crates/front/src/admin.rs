@@ -9,6 +9,7 @@
 //! | `DELETE /-/models/{deployment}/{model_id}` | evict a model from every replica |
 //! | `POST /-/models/{deployment}/{model_id}/unpin` | unpin it everywhere |
 //! | `POST /-/deployments/{deployment}/controls/{name}` | a deployment's own control (an LLM's `pause`), on every replica |
+//! | `POST /-/deployments/{deployment}/call/{method}[?app=name]` | a handle call from outside the server (`serve.run`'s handle in a Python driver): the body is the encoded arguments; only with the admin token |
 //! | `GET /metrics` | Prometheus text format |
 //!
 //! Access (see [`AdminAccess`](modelmux_serve::AdminAccess)): with an admin token, `/-/models*` and `/-/deployments*` need
@@ -36,9 +37,12 @@ pub(crate) async fn handle(
     request: http::Request<Incoming>,
     request_id: &RequestId,
 ) -> Response {
-    let result = match control_path(&request) {
-        Some((deployment, name)) => control(state, request, &deployment, &name).await,
-        None => route(state, &request).await,
+    let result = if let Some((deployment, method)) = deployment_path(&request, "/call/") {
+        call(state, request, &deployment, &method).await
+    } else if let Some((deployment, name)) = deployment_path(&request, "/controls/") {
+        control(state, request, &deployment, &name).await
+    } else {
+        route(state, &request).await
     };
     match result {
         Ok(response) => response,
@@ -46,12 +50,67 @@ pub(crate) async fn handle(
     }
 }
 
-/// `POST /-/deployments/{deployment}/controls/{name}`: its deployment and control.
-fn control_path(request: &http::Request<Incoming>) -> Option<(String, String)> {
+/// `POST /-/deployments/{deployment}{action}{name}` (`action` `/controls/` or `/call/`): its
+/// deployment and name.
+fn deployment_path(request: &http::Request<Incoming>, action: &str) -> Option<(String, String)> {
     let rest = request.uri().path().strip_prefix("/-/deployments/")?;
-    let (deployment, name) = rest.split_once("/controls/")?;
+    let (deployment, name) = rest.split_once(action)?;
     (request.method() == Method::POST && !name.is_empty() && !name.contains('/'))
         .then(|| (deployment.to_owned(), name.to_owned()))
+}
+
+/// A handle call from outside the server. The body is trusted as the caller's encoded
+/// arguments (a pickle, which runs code when read), so only the admin token's holder may call:
+/// a server without a token refuses every such call.
+async fn call(
+    state: &FrontState,
+    request: http::Request<Incoming>,
+    deployment: &str,
+    method: &str,
+) -> Result<Response, ServeError> {
+    if state.config.admin.token.is_none() {
+        return Err(ServeError::Forbidden {
+            message: "handle calls from outside the server need the admin token (http_options.admin_token)".into(),
+        });
+    }
+    state.config.admin.authorize(request.headers(), true)?;
+    let app = request.uri().query().and_then(|q| {
+        q.split('&')
+            .find_map(|pair| pair.strip_prefix("app="))
+            .map(str::to_owned)
+    });
+    let model_id = match request.headers().get("serve_multiplexed_model_id") {
+        Some(value) => {
+            let text = value.to_str().map_err(|_| ServeError::BadRequest {
+                message: "serve_multiplexed_model_id must be text".into(),
+            })?;
+            (!text.is_empty())
+                .then(|| ModelId::new(text))
+                .transpose()
+                .map_err(|e| ServeError::BadRequest {
+                    message: e.to_string(),
+                })?
+        }
+        None => None,
+    };
+    let body = read_body(state, request).await?;
+    state
+        .controller
+        .call(app.as_deref(), deployment, method, model_id, body)
+        .await
+}
+
+/// The body of an admin call, within the server's `max_body_bytes`.
+async fn read_body(
+    state: &FrontState,
+    request: http::Request<Incoming>,
+) -> Result<bytes::Bytes, ServeError> {
+    let limit = state.config.http.max_body_bytes;
+    Ok(http_body_util::Limited::new(request.into_body(), limit)
+        .collect()
+        .await
+        .map_err(|_| ServeError::PayloadTooLarge { limit })?
+        .to_bytes())
 }
 
 /// Runs a deployment's control on every replica at once; 200 when every replica did it, else
@@ -64,12 +123,7 @@ async fn control(
 ) -> Result<Response, ServeError> {
     state.config.admin.authorize(request.headers(), true)?;
     state.controller.check_deployment(deployment)?;
-    let limit = state.config.http.max_body_bytes;
-    let body = http_body_util::Limited::new(request.into_body(), limit)
-        .collect()
-        .await
-        .map_err(|_| ServeError::PayloadTooLarge { limit })?
-        .to_bytes();
+    let body = read_body(state, request).await?;
     let results = state.controller.control(deployment, name, body).await?;
     let mut answers = serde_json::Map::new();
     let mut failure = None;

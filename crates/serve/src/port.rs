@@ -33,6 +33,17 @@ pub enum Route {
     },
 }
 
+/// Marks a request as a call of one of the deployment's methods through a handle, made by code
+/// in this process (a Python deployment's `handle.method.remote(...)`, relayed by modelmux):
+/// `method` names the method and the body holds the caller's encoded arguments. It is a
+/// request extension, never a header, so no HTTP client can make a request look like one: a
+/// runtime may trust the body's encoding (a pickle) only when this is present.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandleCall {
+    /// The method to call (`__call__` for the handle itself).
+    pub method: String,
+}
+
 /// What a dispatch ends with: the response (or the error) and the replica that served it, if
 /// one was reached.
 pub type Dispatched = (Result<Response, ServeError>, Option<Arc<str>>);

@@ -12,6 +12,7 @@ mod cluster;
 mod explain;
 mod kinds;
 mod paths;
+mod python;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -238,11 +239,33 @@ pub struct AppConfig {
     /// The path prefix it serves.
     #[serde(default = "default_route_prefix")]
     pub route_prefix: String,
-    /// The deployment receiving its HTTP requests (default: the first).
+    /// The deployment receiving its HTTP requests (default: the first; for a Python
+    /// application, the one it binds last).
     #[serde(default)]
     pub ingress: Option<String>,
-    /// Its deployments.
+    /// A Python application (Ray's `import_path`): `module:attr`, a bound deployment, whose
+    /// deployments this application serves. `deployments` then only overrides their settings.
+    #[serde(default)]
+    pub import_path: Option<String>,
+    /// Where a Python application's module is found (Ray's `runtime_env`).
+    #[serde(default)]
+    pub runtime_env: RuntimeEnv,
+    /// The interpreter a Python application's workers run on (default `$MODELMUX_PYTHON`,
+    /// else `python3`).
+    #[serde(default)]
+    pub python: Option<std::path::PathBuf>,
+    /// Its deployments (for a Python application: settings overriding its decorators').
+    #[serde(default)]
     pub deployments: Vec<DeploymentConfig>,
+}
+
+/// `runtime_env` of a Python application: the part of Ray's that applies to one machine.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuntimeEnv {
+    /// A local directory: the workers' current directory, first on their import path.
+    #[serde(default)]
+    pub working_dir: Option<std::path::PathBuf>,
 }
 
 fn default_route_prefix() -> String {
@@ -255,22 +278,23 @@ fn default_route_prefix() -> String {
 pub struct DeploymentConfig {
     /// Its name.
     pub name: String,
-    /// Replicas.
-    #[serde(default = "one")]
-    pub num_replicas: NonZeroUsize,
+    /// Replicas (default 1, or what a Python deployment's decorator says).
+    #[serde(default)]
+    pub num_replicas: Option<NonZeroUsize>,
     /// Requests one replica handles at once (default 5; for `kind: llm`, the engine's
     /// `max_num_seqs`, so a replica counts as saturated when its batch is full).
     #[serde(default)]
     pub max_ongoing_requests: Option<NonZeroUsize>,
-    /// Requests that may wait for a replica.
-    #[serde(default = "default_max_queued")]
-    pub max_queued_requests: usize,
+    /// Requests that may wait for a replica (default 1024).
+    #[serde(default)]
+    pub max_queued_requests: Option<usize>,
     /// Longest wait in the queue, in seconds.
     #[serde(default = "default_queue_timeout")]
     pub queue_timeout_s: Seconds,
-    /// Models per replica: a positive number, or -1 for no limit (Ray's convention).
+    /// Models per replica: a positive number, or -1 for no limit (Ray's convention); default 3
+    /// (for a Python deployment, its `@serve.multiplexed` cap).
     #[serde(default)]
-    pub max_models_per_replica: ModelCap,
+    pub max_models_per_replica: Option<ModelCap>,
     /// Bytes of models per replica.
     #[serde(default)]
     pub max_bytes_per_replica: Option<u64>,
@@ -290,13 +314,15 @@ pub struct DeploymentConfig {
     /// 502). One that never reached its node is always sent elsewhere.
     #[serde(default)]
     pub idempotent: bool,
-    /// What kind of model it serves.
-    pub model: ModelSpec,
+    /// What kind of model it serves (none for a Python application's deployments: their code
+    /// says).
+    #[serde(default)]
+    pub model: Option<ModelSpec>,
+    /// A Python deployment's `user_config`, given to its `reconfigure` (Ray's).
+    #[serde(default)]
+    pub user_config: Option<serde_json::Value>,
 }
 
-fn one() -> NonZeroUsize {
-    NonZeroUsize::MIN
-}
 fn default_max_queued() -> usize {
     1024
 }
@@ -329,9 +355,10 @@ impl Config {
             ));
         }
         for (i, app) in config.applications.iter().enumerate() {
-            if app.deployments.is_empty() {
+            python::validate(i, app)?;
+            if app.deployments.is_empty() && app.import_path.is_none() {
                 return Err(ConfigError::Invalid(format!(
-                    "applications[{i}] ('{}'): at least one deployment is needed",
+                    "applications[{i}] ('{}'): at least one deployment (or an import_path) is needed",
                     app.name
                 )));
             }
@@ -350,7 +377,7 @@ impl Config {
                         d.name
                     )));
                 }
-                if let ModelSpec::Onnx(onnx) = &d.model
+                if let Some(ModelSpec::Onnx(onnx)) = &d.model
                     && let Err(e) = onnx.validate()
                 {
                     return Err(ConfigError::Invalid(format!(
@@ -444,7 +471,7 @@ impl Config {
             .applications
             .iter()
             .flat_map(|a| &a.deployments)
-            .any(|d| d.model.needs_disk_cache());
+            .any(|d| d.model.as_ref().is_some_and(ModelSpec::needs_disk_cache));
         let disk_cache = if remote {
             // A check must not take (or empty) the directory a running server may hold.
             let opened = match &self.disk_cache.path {
@@ -463,6 +490,10 @@ impl Config {
             .http_options(self.http_options.limits())
             .admin_access(admin.clone());
         for (i, app) in self.applications.iter().enumerate() {
+            if app.import_path.is_some() {
+                builder = builder.application(python::build(i, app).await?);
+                continue;
+            }
             let mut application = Application::new(&app.name).route_prefix(&app.route_prefix);
             let ingress = app.ingress.as_deref().unwrap_or(&app.deployments[0].name);
             let context = BuildContext {
@@ -471,9 +502,12 @@ impl Config {
                 route_prefix: &app.route_prefix,
             };
             for (j, d) in app.deployments.iter().enumerate() {
-                let built = d
+                let model = d
                     .model
-                    .build(&d.name, cache_settings(d), &context)
+                    .as_ref()
+                    .expect("validated: a deployment names its model");
+                let built = model
+                    .build(&d.name, cache_settings(d, None), &context)
                     .await
                     .map_err(|e| {
                         ConfigError::Invalid(format!(
@@ -496,14 +530,13 @@ impl Config {
     }
 }
 
-/// The replicas' model cache for `d`: its caps, eviction policy and load limits.
-fn cache_settings(d: &DeploymentConfig) -> MultiplexerBuilder {
+/// The replicas' model cache for `d`: its caps, eviction policy and load limits; `code_cap`
+/// is the model cap its code declares (a Python deployment's `@serve.multiplexed`), which the
+/// configuration's overrides.
+fn cache_settings(d: &DeploymentConfig, code_cap: Option<ModelCap>) -> MultiplexerBuilder {
+    let cap = d.max_models_per_replica.or(code_cap).unwrap_or_default();
     let concurrent_loads = d.max_concurrent_loads.map_or_else(
-        || {
-            d.max_models_per_replica
-                .0
-                .map_or(4, |models| models.div_ceil(2).clamp(1, 4))
-        },
+        || cap.0.map_or(4, |models| models.div_ceil(2).clamp(1, 4)),
         NonZeroUsize::get,
     );
     let mut cache = Multiplexer::builder()
@@ -513,7 +546,7 @@ fn cache_settings(d: &DeploymentConfig) -> MultiplexerBuilder {
             EvictionPolicyName::Lru => EvictionPolicy::Lru,
             EvictionPolicyName::Gdsf => EvictionPolicy::Gdsf,
         });
-    cache = match d.max_models_per_replica.0 {
+    cache = match cap.0 {
         Some(n) => cache.max_models(n),
         None => cache.unbounded_models(),
     };
@@ -531,8 +564,8 @@ fn settings(
     default: Option<usize>,
 ) -> modelmux_serve::DeploymentSpec {
     let mut spec = spec
-        .num_replicas(d.num_replicas.get())
-        .max_queued_requests(d.max_queued_requests)
+        .num_replicas(d.num_replicas.map_or(1, NonZeroUsize::get))
+        .max_queued_requests(d.max_queued_requests.unwrap_or_else(default_max_queued))
         .queue_timeout(d.queue_timeout_s.0)
         .idempotent(d.idempotent);
     if let Some(n) = d.max_ongoing_requests.map(NonZeroUsize::get).or(default) {

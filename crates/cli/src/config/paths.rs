@@ -9,7 +9,8 @@ use super::{Config, ModelSpec};
 impl Config {
     /// Makes every relative local path in the configuration relative to `dir` (the config
     /// file's directory): `disk_cache.path`, an ONNX `repository`, an LLM's `model_source` and
-    /// `dynamic_lora_loading_path`. URLs (`s3://`, `https://`, `file://`, `builtin://`) and
+    /// `dynamic_lora_loading_path`, a Python application's `runtime_env.working_dir` and
+    /// `python` (when it is a path, not a command). URLs (`s3://`, `https://`, `file://`, `builtin://`) and
     /// absolute paths are left as they are.
     pub fn resolve_paths(&mut self, dir: &Path) {
         // An absolute directory, so errors name the full path that was tried.
@@ -19,15 +20,29 @@ impl Config {
         {
             *path = dir.join(&*path);
         }
+        for app in &mut self.applications {
+            if let Some(working_dir) = &mut app.runtime_env.working_dir
+                && working_dir.is_relative()
+            {
+                *working_dir = dir.join(&*working_dir);
+            }
+            // An interpreter named by a path (not a bare command found on PATH).
+            if let Some(python) = &mut app.python
+                && python.is_relative()
+                && python.components().count() > 1
+            {
+                *python = dir.join(&*python);
+            }
+        }
         for deployment in self
             .applications
             .iter_mut()
             .flat_map(|a| &mut a.deployments)
         {
             match &mut deployment.model {
-                ModelSpec::Synthetic(_) => {}
-                ModelSpec::Onnx(onnx) => resolve(&dir, &mut onnx.repository),
-                ModelSpec::Llm(llm) => {
+                None | Some(ModelSpec::Synthetic(_)) => {}
+                Some(ModelSpec::Onnx(onnx)) => resolve(&dir, &mut onnx.repository),
+                Some(ModelSpec::Llm(llm)) => {
                     resolve(&dir, &mut llm.model_loading_config.model_source);
                     if let Some(lora) = &mut llm.lora_config {
                         resolve(&dir, &mut lora.dynamic_lora_loading_path);
@@ -78,7 +93,7 @@ applications:
         c.applications[0]
             .deployments
             .iter()
-            .map(|d| match &d.model {
+            .map(|d| match d.model.as_ref().unwrap() {
                 ModelSpec::Onnx(o) => o.repository.clone(),
                 ModelSpec::Llm(l) => format!(
                     "{} {}",

@@ -16,7 +16,10 @@ async fn build_error(yaml: &str) -> String {
 #[tokio::test]
 async fn the_demo_and_the_examples_parse() {
     let c = Config::parse(DEMO).unwrap();
-    assert_eq!(c.applications[0].deployments[0].num_replicas.get(), 2);
+    assert_eq!(
+        c.applications[0].deployments[0].num_replicas.unwrap().get(),
+        2
+    );
     assert!(c.server().await.is_ok());
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../");
     for example in [
@@ -185,6 +188,7 @@ fn minus_one_means_unbounded() {
     assert!(
         c.applications[0].deployments[0]
             .max_models_per_replica
+            .unwrap()
             .0
             .is_none()
     );
@@ -264,7 +268,7 @@ fn a_deployment_without_cache_settings_gets_the_documented_defaults() {
     let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic}\n";
     let c = Config::parse(yaml).unwrap();
     let d = &c.applications[0].deployments[0];
-    let cache = cache_settings(d);
+    let cache = cache_settings(d, None);
     let got = cache.config();
     // GDSF, not Ray's LRU; 3 models per replica (Ray's default); loads at once: half the
     // model slots rounded up, at most 4.
@@ -277,11 +281,53 @@ fn a_deployment_without_cache_settings_gets_the_documented_defaults() {
             &format!("        max_models_per_replica: {models}\n        model:"),
         );
         let c = Config::parse(&yaml).unwrap();
-        let cache = cache_settings(&c.applications[0].deployments[0]);
+        let cache = cache_settings(&c.applications[0].deployments[0], None);
         assert_eq!(
             cache.config().max_concurrent_loads,
             loads,
             "{models} models"
         );
     }
+}
+
+#[test]
+fn python_applications_take_overrides_and_only_they_take_python_keys() {
+    let ok = "applications:\n  - name: a\n    import_path: app:entry\n    runtime_env: {working_dir: src}\n    deployments:\n      - name: Model\n        num_replicas: 2\n        user_config: {threshold: 0.5}\n";
+    let c = Config::parse(ok).unwrap();
+    let d = &c.applications[0].deployments[0];
+    assert_eq!(d.num_replicas.unwrap().get(), 2);
+    assert_eq!(d.user_config, Some(serde_json::json!({"threshold": 0.5})));
+    assert!(d.model.is_none());
+    let no_deployments = "applications:\n  - name: a\n    import_path: app:entry\n";
+    assert!(Config::parse(no_deployments).is_ok());
+
+    let refused = |yaml: &str, says: &str| {
+        let err = Config::parse(yaml).unwrap_err().to_string();
+        assert!(err.contains(says), "{err}");
+    };
+    refused(
+        "applications:\n  - name: a\n    import_path: app:entry\n    deployments:\n      - name: M\n        model: {kind: synthetic}\n",
+        "deployments[0].model: a Python application's deployments are its code's",
+    );
+    refused(
+        "applications:\n  - name: a\n    deployments:\n      - name: M\n        user_config: {}\n        model: {kind: synthetic}\n",
+        "user_config: only a Python deployment takes it",
+    );
+    refused(
+        "applications:\n  - name: a\n    runtime_env: {working_dir: x}\n    deployments:\n      - name: M\n        model: {kind: synthetic}\n",
+        "runtime_env: only a Python application",
+    );
+    refused(
+        "applications:\n  - name: a\n    deployments:\n      - name: M\n",
+        "deployments[0].model: missing",
+    );
+    // Ray's runtime_env keys that need a package manager are named, not ignored.
+    refused(
+        "applications:\n  - name: a\n    import_path: app:entry\n    runtime_env: {pip: [numpy]}\n",
+        "pip",
+    );
+    refused(
+        "applications:\n  - name: a\n    import_path: ' '\n",
+        "import_path",
+    );
 }

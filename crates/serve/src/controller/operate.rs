@@ -84,6 +84,45 @@ impl Controller {
             .collect())
     }
 
+    /// Calls `method` of deployment `deployment` (of application `app`, when several
+    /// applications have one so named) through the router, as a handle would: `body` holds
+    /// the caller's encoded arguments, and the request carries [`HandleCall`](crate::HandleCall)
+    /// so the deployment may trust that encoding. With `model_id`, it goes to a replica holding
+    /// that model, like any request for it.
+    pub async fn call(
+        &self,
+        app: Option<&str>,
+        deployment: &str,
+        method: &str,
+        model_id: Option<ModelId>,
+        body: bytes::Bytes,
+    ) -> Result<crate::Response, ServeError> {
+        let router = match app {
+            Some(app) => self
+                .routers()
+                .find(|r| &*r.app == app && r.name() == deployment)
+                .ok_or_else(|| ServeError::NotFound {
+                    what: format!("no deployment '{deployment}' in application '{app}'"),
+                })?,
+            None => self.deployment(deployment)?,
+        };
+        let mut request = http::Request::new(crate::Body::from(body));
+        *request.method_mut() = http::Method::POST;
+        request.extensions_mut().insert(crate::HandleCall {
+            method: method.to_string(),
+        });
+        let mut context = modelmux_context::RequestContext::new()
+            .with_request_id(modelmux_context::RequestId::generate());
+        if let Some(id) = model_id {
+            context = context.with_multiplexed_model_id(id);
+        }
+        let dispatch: Arc<dyn crate::Dispatch> = router.clone();
+        dispatch
+            .dispatch(request, context, crate::Route::Anywhere)
+            .await
+            .0
+    }
+
     /// Whether a deployment named `name` can be managed here (see
     /// [`load_model`](Self::load_model)): an error says why not.
     pub fn check_deployment(&self, name: &str) -> Result<(), ServeError> {

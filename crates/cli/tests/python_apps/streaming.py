@@ -1,0 +1,30 @@
+"""A StreamingResponse and `reconfigure(user_config)`."""
+
+import asyncio
+
+from starlette.responses import StreamingResponse
+
+from modelmux import serve
+
+
+@serve.deployment(user_config={"greeting": "hello"})
+class Streamer:
+    def __init__(self):
+        self.greeting = None
+
+    def reconfigure(self, config: dict):
+        self.greeting = config["greeting"]
+
+    async def __call__(self, request):
+        if request.url.path.endswith("/greeting"):
+            return self.greeting
+
+        async def count():
+            for i in range(5):
+                yield f"{i}\n"
+                await asyncio.sleep(0.2)
+
+        return StreamingResponse(count(), media_type="text/plain")
+
+
+app = Streamer.bind()

@@ -1,0 +1,165 @@
+//! Starting a worker process: its private socket, its command line, its output into
+//! modelmux's log, and the wait for `READY` (or the reason it never came).
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::io::{AsyncBufReadExt, AsyncRead};
+use tokio::net::UnixListener;
+use tokio::process::{Child, Command};
+
+use crate::conn::{Callbacks, Conn};
+use crate::wire::{self, FatalHead, FromWorker, ReadyHead};
+
+/// How to start one replica's worker.
+#[derive(Debug, Clone)]
+pub(crate) struct Launch {
+    /// The interpreter.
+    pub(crate) python: PathBuf,
+    /// The worker's spec (`docs/python-worker-protocol.md`), without `socket`.
+    pub(crate) spec: serde_json::Map<String, serde_json::Value>,
+    /// The replica, for log lines.
+    pub(crate) replica_id: String,
+    /// Longest wait for `READY`.
+    pub(crate) start_timeout: Duration,
+}
+
+/// A worker that said `READY`.
+pub(crate) struct Started {
+    pub(crate) conn: Arc<Conn>,
+    pub(crate) child: Child,
+    pub(crate) pid: u32,
+}
+
+/// Lines of a worker's stderr kept to explain a failed start.
+const KEPT_LINES: usize = 20;
+
+/// Starts a worker and waits for it to be ready.
+pub(crate) async fn start(
+    launch: &Launch,
+    callbacks: Arc<dyn Callbacks>,
+) -> Result<Started, String> {
+    let dir = tempfile::Builder::new()
+        .prefix("modelmux-worker-")
+        .tempdir()
+        .map_err(|e| format!("cannot make the worker's socket directory: {e}"))?;
+    let socket = dir.path().join("worker.sock");
+    let listener = UnixListener::bind(&socket)
+        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    let mut spec = launch.spec.clone();
+    spec.insert(
+        "socket".into(),
+        socket.to_string_lossy().into_owned().into(),
+    );
+    let spec = serde_json::Value::Object(spec).to_string();
+    let mut child = Command::new(&launch.python)
+        .args(["-m", "modelmux._worker", "--spec", &spec])
+        .env("PYTHONUNBUFFERED", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start {}: {e}", launch.python.display()))?;
+    let pid = child.id().unwrap_or_default();
+    let last_lines = Arc::new(Mutex::new(VecDeque::new()));
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(forward_lines(
+            out,
+            launch.replica_id.clone(),
+            "stdout",
+            None,
+        ));
+    }
+    if let Some(err) = child.stderr.take() {
+        let kept = Some(last_lines.clone());
+        tokio::spawn(forward_lines(
+            err,
+            launch.replica_id.clone(),
+            "stderr",
+            kept,
+        ));
+    }
+    let explain = |what: String| {
+        let lines = last_lines.lock();
+        if lines.is_empty() {
+            what
+        } else {
+            let tail: Vec<&str> = lines.iter().map(String::as_str).collect();
+            format!("{what}; its last lines:\n{}", tail.join("\n"))
+        }
+    };
+    let accepted = tokio::select! {
+        accepted = listener.accept() => accepted.map_err(|e| format!("the worker's socket failed: {e}"))?.0,
+        status = child.wait() => {
+            // Let the last lines of its stderr reach the log and the message.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
+            return Err(explain(format!("the worker exited before it was ready ({status})")));
+        }
+        () = tokio::time::sleep(launch.start_timeout) => {
+            return Err(explain(format!("the worker was not ready within {:?}", launch.start_timeout)));
+        }
+    };
+    drop(listener);
+    drop(dir);
+    let (read, write) = Conn::split(accepted);
+    // Unbuffered: nothing after READY may be read into a buffer the connection would lose.
+    let mut read = read;
+    let first = tokio::time::timeout(launch.start_timeout, wire::read_frame(&mut read)).await;
+    let frame = match first {
+        Ok(Ok(Some(frame))) => frame,
+        Ok(Ok(None)) => {
+            let _ = child.wait().await;
+            return Err(explain(
+                "the worker closed its socket before it was ready".into(),
+            ));
+        }
+        Ok(Err(e)) => return Err(explain(e.to_string())),
+        Err(_) => {
+            return Err(explain(
+                "the worker connected but never said it was ready".into(),
+            ));
+        }
+    };
+    match frame.ty {
+        FromWorker::Ready => {
+            let ready: ReadyHead = frame.head().map_err(|e| e.to_string())?;
+            tracing::debug!(replica = %launch.replica_id, pid = ready.pid, multiplexed = ready.multiplexed, "Python worker ready");
+        }
+        FromWorker::Fatal => {
+            let fatal: FatalHead = frame.head().map_err(|e| e.to_string())?;
+            let at = fatal
+                .location
+                .map(|l| format!(" at {l}"))
+                .unwrap_or_default();
+            return Err(format!("the deployment did not start{at}: {}", fatal.error));
+        }
+        other => return Err(format!("the worker sent {other:?} before READY")),
+    }
+    let conn = Conn::start(read, write, callbacks);
+    Ok(Started { conn, child, pid })
+}
+
+async fn forward_lines(
+    stream: impl AsyncRead + Unpin,
+    replica: String,
+    which: &'static str,
+    kept: Option<Arc<Mutex<VecDeque<String>>>>,
+) {
+    let mut lines = tokio::io::BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::info!(target: "modelmux::python", replica = %replica, stream = which, "{line}");
+        if let Some(kept) = &kept {
+            let mut kept = kept.lock();
+            if kept.len() == KEPT_LINES {
+                kept.pop_front();
+            }
+            kept.push_back(line);
+        }
+    }
+}

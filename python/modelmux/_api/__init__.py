@@ -1,0 +1,1 @@
+"""The implementation behind `modelmux.serve` (Ray Serve's API on modelmux)."""

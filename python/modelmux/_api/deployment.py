@@ -1,0 +1,100 @@
+"""`@serve.deployment`, `Deployment` and `Application` (a bound deployment)."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable
+
+from modelmux._api.multiplex import find_multiplexed
+from modelmux._api.options import check_options
+
+
+class Deployment:
+    """A deployment: the user's class and the options given to it.
+
+    `bind(*args, **kwargs)` gives an `Application` (the arguments for the class's constructor;
+    bound deployments among them become handles in the replica); `options(...)` gives a copy
+    with options changed.
+    """
+
+    def __init__(self, cls: type, options: dict[str, Any]) -> None:
+        self._cls = cls
+        self._options = dict(options)
+
+    @property
+    def func_or_class(self) -> type:
+        """The user's class."""
+        return self._cls
+
+    @property
+    def name(self) -> str:
+        """The `name` option, else the class name."""
+        return self._options.get("name", self._cls.__name__)
+
+    @property
+    def version(self) -> str | None:
+        """The `version` option (recorded only)."""
+        return self._options.get("version")
+
+    @property
+    def user_options(self) -> dict[str, Any]:
+        """The options the user set (name and version included), and only those."""
+        return dict(self._options)
+
+    def options(self, **options: Any) -> Deployment:
+        """A copy with these options set over the current ones (the same checks apply)."""
+        check_options(options)
+        return Deployment(self._cls, {**self._options, **options})
+
+    def bind(self, *args: Any, **kwargs: Any) -> Application:
+        """The deployment with its constructor's arguments: an application's node."""
+        find_multiplexed(self._cls)
+        return Application(self, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError(
+            f"deployment {self.name} cannot be constructed directly: use {self.name}.bind(...) "
+            "and serve.run(...)"
+        )
+
+    def __repr__(self) -> str:
+        return f"Deployment(name={self.name!r}, options={self._options!r})"
+
+
+class Application:
+    """A bound deployment (`Deployment.bind(...)`), the root or a node of an application."""
+
+    def __init__(self, deployment: Deployment, args: tuple[Any, ...], kwargs: dict[str, Any]):
+        self.deployment = deployment
+        self.args = args
+        self.kwargs = kwargs
+
+    @property
+    def name(self) -> str:
+        """The deployment's name."""
+        return self.deployment.name
+
+    def __repr__(self) -> str:
+        return f"Application({self.name})"
+
+
+def deployment(_cls: type | None = None, /, **options: Any) -> Any:
+    """Makes a class a deployment, as Ray's `@serve.deployment` (bare or with options).
+
+    Options: `name`, `num_replicas` (int >= 1), `max_ongoing_requests`,
+    `max_queued_requests`, `user_config`, `health_check_period_s`,
+    `health_check_timeout_s`, `graceful_shutdown_timeout_s`, `version` (recorded only).
+    Ray's other options (`ray_actor_options`, `autoscaling_config`, ...) raise TypeError.
+    """
+    check_options(options)
+
+    def decorate(cls: type) -> Deployment:
+        if not inspect.isclass(cls):
+            raise TypeError(
+                f"@serve.deployment decorates a class; modelmux does not support function "
+                f"deployments ({cls!r})"
+            )
+        return Deployment(cls, options)
+
+    decorator: Callable[[type], Deployment] = decorate
+    return decorator if _cls is None else decorator(_cls)

@@ -1,0 +1,216 @@
+"""`DeploymentHandle` and `DeploymentResponse`: calling a deployment's methods.
+
+Inside a replica a call is a `CALL` frame to the server, which routes it like a request; in
+a driver (after `serve.run`) it is an HTTP POST to the server's handle-call endpoint. Either
+way the arguments travel pickled and the result (or the callee's exception) comes back so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+from typing import Any, Generator
+
+import cloudpickle
+
+from modelmux._api import client, context, serialization
+from modelmux._api.exceptions import DeploymentUnavailableError, RayServeException
+
+_UNSET: Any = object()
+
+
+def _decode(status: int, exception: bool, body: bytes, what: str) -> Any:
+    """The value of a call's answer, or raises the callee's exception or the error."""
+    if exception:
+        try:
+            exc = serialization.loads(body)
+        except Exception as e:
+            raise RayServeException(
+                f"{what} raised an exception that does not unpickle: {e}"
+            ) from e
+        raise exc
+    if status == 200:
+        return serialization.loads(body)
+    error_type, message = client.error_message(client.HttpResult(status, {}, body))
+    raise DeploymentUnavailableError(error_type, message, status)
+
+
+class DeploymentResponse:
+    """The pending result of `handle.remote(...)`: `await` it, or `.result()` in sync code."""
+
+    def __init__(self, future: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
+        self._future = future
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        future = self._future
+        if isinstance(future, concurrent.futures.Future):
+            return asyncio.wrap_future(future).__await__()
+        return future.__await__()
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        """Waits for the result (at most `timeout_s`; TimeoutError after that).
+
+        Not on an event loop's thread (that would block the loop): use `await` there.
+        """
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError(
+                "DeploymentResponse.result() blocks, and this thread runs an event loop: "
+                "use `await response` instead"
+            )
+        future = self._future
+        if isinstance(future, asyncio.Future):
+            future = asyncio.run_coroutine_threadsafe(_wait(future), future.get_loop())
+        try:
+            return future.result(timeout_s)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the call did not finish within {timeout_s} s") from None
+
+
+async def _wait(future: asyncio.Future[Any]) -> Any:
+    return await future
+
+
+class DeploymentHandle:
+    """A handle to a deployment: `handle.remote(...)` calls `__call__`,
+    `handle.<method>.remote(...)` another method, `handle.options(...)` sets the model id."""
+
+    def __init__(
+        self,
+        deployment_name: str,
+        app_name: str | None = None,
+        *,
+        method_name: str = "__call__",
+        multiplexed_model_id: str | None = None,
+    ) -> None:
+        self._deployment = deployment_name
+        self._app = app_name
+        self._method = method_name
+        self._model_id = multiplexed_model_id
+
+    @property
+    def deployment_name(self) -> str:
+        """The deployment's name."""
+        return self._deployment
+
+    @property
+    def app_name(self) -> str | None:
+        """Its application (None: the caller's own, inside a replica)."""
+        return self._app
+
+    def options(
+        self,
+        *,
+        method_name: str = _UNSET,
+        multiplexed_model_id: str = _UNSET,
+        stream: bool = False,
+        **unknown: Any,
+    ) -> DeploymentHandle:
+        """A copy calling `method_name` and/or for the model `multiplexed_model_id`.
+
+        The model id is not inherited from the request being served: a call carries one only
+        when it is set here.
+        """
+        if unknown:
+            names = ", ".join(repr(n) for n in unknown)
+            raise TypeError(f"DeploymentHandle.options() got unsupported option(s) {names}")
+        if stream:
+            raise TypeError("modelmux does not support streaming handle calls (stream=True)")
+        if multiplexed_model_id is not _UNSET and not isinstance(multiplexed_model_id, str):
+            raise TypeError("multiplexed_model_id must be a str")
+        return DeploymentHandle(
+            self._deployment,
+            self._app,
+            method_name=self._method if method_name is _UNSET else method_name,
+            multiplexed_model_id=(
+                self._model_id if multiplexed_model_id is _UNSET else multiplexed_model_id or None
+            ),
+        )
+
+    def __getattr__(self, name: str) -> DeploymentHandle:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.options(method_name=name)
+
+    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
+        """Starts the call; returns its `DeploymentResponse`.
+
+        A `DeploymentResponse` among the positional or keyword arguments is awaited first and
+        its value passed on.
+        """
+        rt = context.runtime()
+        if rt is None:
+            return DeploymentResponse(client.submit(self._call_server, args, kwargs))
+        coro = self._call_worker(rt, args, kwargs)
+        try:
+            on_loop = asyncio.get_running_loop() is rt.loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            return DeploymentResponse(rt.loop.create_task(coro))
+        return DeploymentResponse(asyncio.run_coroutine_threadsafe(coro, rt.loop))
+
+    def _what(self) -> str:
+        return f"{self._deployment}.{self._method}"
+
+    async def _call_worker(
+        self, rt: context.WorkerRuntime, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        args = tuple([await a if isinstance(a, DeploymentResponse) else a for a in args])
+        kwargs = {
+            k: await v if isinstance(v, DeploymentResponse) else v for k, v in kwargs.items()
+        }
+        payload = serialization.dumps((args, kwargs))
+        head, data = await rt.call(
+            self._deployment, self._app, self._method, self._model_id, payload
+        )
+        if not head.get("ok"):
+            error = head.get("error") or {}
+            raise DeploymentUnavailableError(
+                str(error.get("type", "error")),
+                str(error.get("message", "the call could not be delivered")),
+                error.get("status"),
+            )
+        return _decode(
+            int(head.get("status", 200)), bool(head.get("exception")), data, self._what()
+        )
+
+    def _call_server(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        args = tuple(a.result() if isinstance(a, DeploymentResponse) else a for a in args)
+        kwargs = {
+            k: v.result() if isinstance(v, DeploymentResponse) else v for k, v in kwargs.items()
+        }
+        headers = {"content-type": "application/x-python-pickle"}
+        if self._model_id:
+            headers["serve_multiplexed_model_id"] = self._model_id
+        app = self._app if self._app is not None else "default"
+        result = client.request(
+            "POST",
+            client.call_path(self._deployment, self._method, app),
+            body=cloudpickle.dumps((args, kwargs)),
+            headers=headers,
+        )
+        exception = result.headers.get("x-modelmux-result") == "exception"
+        return _decode(result.status, exception and result.status == 500, result.body, self._what())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (
+            _rebuild,
+            (self._deployment, self._app, self._method, self._model_id),
+        )
+
+    def __repr__(self) -> str:
+        model = f", multiplexed_model_id={self._model_id!r}" if self._model_id else ""
+        return (
+            f"DeploymentHandle(deployment={self._deployment!r}, app={self._app!r}, "
+            f"method={self._method!r}{model})"
+        )
+
+
+def _rebuild(
+    deployment: str, app: str | None, method: str, model_id: str | None
+) -> DeploymentHandle:
+    return DeploymentHandle(deployment, app, method_name=method, multiplexed_model_id=model_id)

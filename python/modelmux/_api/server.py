@@ -1,0 +1,152 @@
+"""The modelmux server process `serve.run` starts: its configuration, start, readiness wait
+and stop."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import shutil
+import site
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import modelmux
+from modelmux._api import client, serialization
+from modelmux._api.deployment import Application
+from modelmux._binary import find_binary
+
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 30.0
+
+
+@dataclass
+class AppEntry:
+    """A served application: its root bound deployment and route prefix."""
+
+    app: Application
+    route_prefix: str
+
+
+def _normalize(prefix: str) -> str:
+    return prefix.rstrip("/") or "/"
+
+
+def _pythonpath() -> str:
+    """PYTHONPATH for the workers: the current directory, the script's directory, this
+    package's parent (unless it is a site directory), then the inherited PYTHONPATH."""
+    entries = [os.getcwd()]
+    if sys.argv and sys.argv[0] and os.path.isfile(sys.argv[0]):
+        entries.append(os.path.dirname(os.path.abspath(sys.argv[0])))
+    package_parent = os.path.dirname(os.path.dirname(os.path.abspath(modelmux.__file__)))
+    site_dirs = {os.path.abspath(p) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if package_parent not in site_dirs:
+        entries.append(package_parent)
+    inherited = os.environ.get("PYTHONPATH")
+    if inherited:
+        entries.extend(inherited.split(os.pathsep))
+    return os.pathsep.join(dict.fromkeys(e for e in entries if e))
+
+
+class ServerProcess:
+    """One run of the server binary over a private temporary directory."""
+
+    def __init__(self, host: str, port: int, apps: dict[str, AppEntry]) -> None:
+        self.host = host
+        self.port = port
+        self.token = secrets.token_urlsafe(32)
+        connect_host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+        if ":" in connect_host:
+            connect_host = f"[{connect_host}]"
+        self.base_url = f"http://{connect_host}:{port}"
+        self._dir = tempfile.mkdtemp(prefix="modelmux-serve-")
+        self._apps = apps
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def _write_config(self) -> str:
+        applications = []
+        for i, (name, entry) in enumerate(self._apps.items()):
+            path = os.path.join(self._dir, f"app-{i}.pkl")
+            with open(path, "wb") as f:
+                f.write(serialization.dumps_application(entry.app))
+            applications.append(
+                {"name": name, "route_prefix": entry.route_prefix, "import_path": f"pickle:{path}"}
+            )
+        config: dict[str, Any] = {
+            "http_options": {"host": self.host, "port": self.port, "admin_token": self.token},
+            "applications": applications,
+        }
+        path = os.path.join(self._dir, "config.yaml")
+        with open(path, "w") as f:
+            json.dump(config, f, indent=2)
+        return path
+
+    def start(self) -> None:
+        """Starts the server and waits (at most `START_TIMEOUT_S`) until it serves every
+        application; stops it and raises RuntimeError when it does not."""
+        try:
+            binary = find_binary()
+            config = self._write_config()
+            env = {**os.environ, "MODELMUX_PYTHON": sys.executable, "PYTHONPATH": _pythonpath()}
+            self._proc = subprocess.Popen([binary, "serve", config], env=env)
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _ready(self) -> bool:
+        """Healthy, serving every application, and ours (another server on the port would
+        refuse our admin token)."""
+
+        def get(path: str, token: str | None = None) -> client.HttpResult:
+            return client.request("GET", path, base_url=self.base_url, token=token, timeout=2)
+
+        try:
+            if get("/-/healthz").status != 200 or get("/-/models", self.token).status != 200:
+                return False
+            served = {_normalize(p): a for p, a in json.loads(get("/-/routes").body).items()}
+        except (OSError, ValueError, AttributeError, http.client.HTTPException):
+            return False
+        return all(
+            served.get(_normalize(entry.route_prefix)) == name for name, entry in self._apps.items()
+        )
+
+    def _wait_ready(self) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + START_TIMEOUT_S
+        pause = 0.05
+        while not self._ready():
+            code = self._proc.poll()
+            if code is not None:
+                raise RuntimeError(
+                    f"the modelmux server exited with status {code} before it was ready "
+                    "(its log is above)"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the modelmux server was not ready within {START_TIMEOUT_S:.0f} s "
+                    f"at {self.base_url}"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    def exit_code(self) -> int | None:
+        """The server's exit status once it has exited, else None."""
+        return None if self._proc is None else self._proc.poll()
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after `STOP_TIMEOUT_S`; removes the temporary directory."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -1,0 +1,44 @@
+"""`python -m modelmux._worker --spec '<json>' [--inspect]`."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import signal
+import sys
+
+
+def main() -> None:
+    """Parses the command line and runs the worker or the inspection."""
+    parser = argparse.ArgumentParser(prog="python -m modelmux._worker")
+    parser.add_argument("--spec", required=True, help="the worker's spec, a JSON object")
+    parser.add_argument("--inspect", action="store_true", help="describe the application")
+    args = parser.parse_args()
+    try:
+        spec = json.loads(args.spec)
+        if not isinstance(spec, dict):
+            raise ValueError("the spec must be a JSON object")
+    except ValueError as e:
+        message = f"bad --spec: {e}"
+        if args.inspect:
+            print(json.dumps({"ok": False, "error": f"<spec>:0: ValueError: {message}"}))
+            sys.exit(2)
+        print(f"modelmux worker: {message}", file=sys.stderr)
+        sys.exit(1)
+    if args.inspect:
+        from modelmux._worker import inspect
+
+        sys.exit(inspect.run(spec))
+    # The server ends workers by closing their socket; Ctrl-C in its terminal is for it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The server logs the worker's output line by line, as it comes.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(line_buffering=True)
+    from modelmux._worker import worker
+
+    worker.run(spec)
+
+
+if __name__ == "__main__":
+    main()

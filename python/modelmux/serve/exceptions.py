@@ -1,0 +1,15 @@
+"""Exceptions of `modelmux.serve` (Ray's `ray.serve.exceptions`)."""
+
+from modelmux._api.exceptions import (
+    BatchSizeMismatchError,
+    DeploymentUnavailableError,
+    ModelLoadError,
+    RayServeException,
+)
+
+__all__ = [
+    "BatchSizeMismatchError",
+    "DeploymentUnavailableError",
+    "ModelLoadError",
+    "RayServeException",
+]

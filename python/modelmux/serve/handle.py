@@ -1,0 +1,5 @@
+"""`from modelmux.serve.handle import DeploymentHandle` (Ray's `ray.serve.handle`)."""
+
+from modelmux._api.handle import DeploymentHandle, DeploymentResponse
+
+__all__ = ["DeploymentHandle", "DeploymentResponse"]

@@ -1,0 +1,200 @@
+"""The driver side: `serve.run` and friends against a stand-in server binary, handles over
+HTTP, and the binary look-up and console script."""
+
+import asyncio
+import json
+import os
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+from modelmux import serve
+from modelmux._binary import BinaryNotFoundError, find_binary
+from modelmux.serve.exceptions import DeploymentUnavailableError
+from tests.peer import PYTHON_DIR, worker_env
+
+FAKE_SERVER = os.path.join(PYTHON_DIR, "tests", "fake_server.py")
+
+
+@serve.deployment
+class App:
+    def echo(self, *args, **kwargs):
+        return args, kwargs
+
+
+@serve.deployment
+class Other:
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def executable(path: str, text: str) -> str:
+    with open(path, "w") as f:
+        f.write(text)
+    os.chmod(path, os.stat(path).st_mode | stat.S_IXUSR)
+    return path
+
+
+class DriverTest(unittest.TestCase):
+    def setUp(self):
+        self.dir = tempfile.TemporaryDirectory()
+        self.record = os.path.join(self.dir.name, "record.jsonl")
+        binary = executable(
+            os.path.join(self.dir.name, "modelmux"),
+            f'#!/bin/sh\nexec "{sys.executable}" "{FAKE_SERVER}" "$@"\n',
+        )
+        names = ("MODELMUX_BIN", "MODELMUX_FAKE_RECORD", "MODELMUX_FAKE_MODE")
+        self.saved = {k: os.environ.get(k) for k in names}
+        os.environ.update(MODELMUX_BIN=binary, MODELMUX_FAKE_RECORD=self.record)
+        serve.start(http_options={"host": "127.0.0.1", "port": free_port()})
+
+    def tearDown(self):
+        serve.shutdown()
+        for k, v in self.saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        self.dir.cleanup()
+
+    def records(self) -> list[dict]:
+        with open(self.record) as f:
+            return [json.loads(line) for line in f]
+
+    def test_run_calls_status_restart_and_shutdown(self):
+        handle = serve.run(App.bind(), name="first", route_prefix="/first")
+        [record] = self.records()
+        config = record["config"]
+        self.assertEqual(record["argv"][0], "serve")
+        self.assertEqual(len(config["http_options"]["admin_token"]) > 20, True)
+        self.assertEqual(config["http_options"]["host"], "127.0.0.1")
+        [app] = config["applications"]
+        self.assertEqual((app["name"], app["route_prefix"]), ("first", "/first"))
+        self.assertTrue(app["import_path"].startswith("pickle:"))
+        self.assertEqual(record["ingress"], {"first": "App"})
+        self.assertEqual(record["env"]["MODELMUX_PYTHON"], sys.executable)
+        self.assertIn(os.getcwd(), record["env"]["PYTHONPATH"].split(os.pathsep))
+
+        value = handle.echo.remote(1, b=2).result(timeout_s=10)
+        self.assertEqual(
+            value,
+            {
+                "deployment": "App",
+                "app": "first",
+                "args": (1,),
+                "kwargs": {"b": 2},
+                "model_id": None,
+            },
+        )
+        with_id = handle.options(multiplexed_model_id="m7").echo.remote().result()
+        self.assertEqual(with_id["model_id"], "m7")
+
+        async def awaited():
+            return await handle.echo.remote(3)
+
+        self.assertEqual(asyncio.run(awaited())["args"], (3,))
+        chained = handle.echo.remote(handle.echo.remote(5)).result()
+        self.assertEqual(chained["args"][0]["args"], (5,))
+        with self.assertRaisesRegex(ValueError, "boom from fake"):
+            handle.boom.remote().result()
+        with self.assertRaises(DeploymentUnavailableError) as ctx:
+            handle.nope.remote().result()
+        self.assertEqual((ctx.exception.status, ctx.exception.message), (404, "no method nope"))
+
+        status = serve.status()
+        self.assertEqual(status.applications["first"].status, "RUNNING")
+        self.assertEqual(status.applications["first"].route_prefix, "/first")
+        self.assertEqual(status.applications["first"].deployments["App"].status, "HEALTHY")
+        self.assertEqual(serve.get_app_handle("first").echo.remote().result()["deployment"], "App")
+        self.assertEqual(serve.get_deployment_handle("App").deployment_name, "App")
+        with self.assertRaises(ValueError):
+            serve.get_deployment_handle("Nope")
+
+        serve.run(Other.bind(), name="second", route_prefix="/second")
+        first, second = self.records()
+        self.assertNotEqual(first["pid"], second["pid"])
+        self.assertEqual(second["ingress"], {"first": "App", "second": "Other"})
+        self.assertFalse(os.path.exists(first["argv"][1]))  # the old temp dir is gone
+        with self.assertRaisesRegex(ValueError, "already serves"):
+            serve.run(Other.bind(), name="third", route_prefix="/second")
+
+        serve.delete("second")
+        self.assertEqual(self.records()[-1]["ingress"], {"first": "App"})
+
+        last = self.records()[-1]
+        serve.shutdown()
+        self.assertFalse(os.path.exists(last["argv"][1]))
+        with self.assertRaises(ProcessLookupError):
+            os.kill(last["pid"], 0)
+        self.assertEqual(serve.status().applications, {})
+        with self.assertRaisesRegex(RuntimeError, "serve.run"):
+            handle.echo.remote().result()
+
+    def test_server_that_exits_is_reported(self):
+        os.environ["MODELMUX_FAKE_MODE"] = "exit3"
+        started = time.monotonic()
+        with self.assertRaisesRegex(RuntimeError, "exited with status 3"):
+            serve.run(App.bind())
+        self.assertLess(time.monotonic() - started, 30)
+
+    def test_run_refuses_what_is_not_an_application(self):
+        with self.assertRaisesRegex(TypeError, r"App\.bind\(\)"):
+            serve.run(App)
+        with self.assertRaisesRegex(ValueError, "route_prefix"):
+            serve.run(App.bind(), route_prefix="nope")
+
+
+class BinaryTest(unittest.TestCase):
+    def setUp(self):
+        self.saved = os.environ.get("MODELMUX_BIN")
+
+    def tearDown(self):
+        if self.saved is None:
+            os.environ.pop("MODELMUX_BIN", None)
+        else:
+            os.environ["MODELMUX_BIN"] = self.saved
+
+    def test_env_must_name_an_executable(self):
+        with tempfile.NamedTemporaryFile() as f:
+            os.environ["MODELMUX_BIN"] = f.name
+            with self.assertRaisesRegex(BinaryNotFoundError, "MODELMUX_BIN"):
+                find_binary()
+            os.chmod(f.name, 0o755)
+            self.assertEqual(find_binary(), f.name)
+
+    def test_console_script_execs_the_binary_with_its_arguments(self):
+        with tempfile.TemporaryDirectory() as d:
+            script = '#!/bin/sh\necho "$0|$*|$MODELMUX_PYTHON"\n'
+            binary = executable(os.path.join(d, "modelmux"), script)
+            out = subprocess.run(
+                [sys.executable, "-c", "from modelmux._cli import main; main()", "serve", "x.yaml"],
+                env=worker_env(MODELMUX_BIN=binary),
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+        self.assertEqual(out.stdout.strip(), f"{binary}|serve x.yaml|{sys.executable}")
+
+    def test_console_script_explains_a_missing_binary(self):
+        out = subprocess.run(
+            [sys.executable, "-c", "from modelmux._cli import main; main()"],
+            env=worker_env(MODELMUX_BIN="/nonexistent/modelmux"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        self.assertEqual(out.returncode, 127)
+        self.assertIn("MODELMUX_BIN=/nonexistent/modelmux is not an executable file", out.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
