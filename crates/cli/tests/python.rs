@@ -492,15 +492,29 @@ fn a_script_that_runs_two_applications_in_turn_gets_their_answers_and_leaves_no_
         serde_json::json!({"composed": "bar", "status": "RUNNING", "http": "adder", "handle": 42}),
         "{stderr}"
     );
-    let mut left = Vec::new();
+    let left = processes_with(&marker);
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Sends `GET <path>` and never reads the answer (the connection closes with the test).
+fn send_and_forget(url: &str, path: &str) {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    write!(stream, "GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").unwrap();
+    std::mem::forget(stream);
+}
+
+/// The command lines of the processes whose environment has `variable` (`NAME=value`).
+fn processes_with(variable: &str) -> Vec<String> {
+    let mut found = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if environ.split(|b| *b == 0).any(|v| v == marker.as_bytes()) {
+        if environ.split(|b| *b == 0).any(|v| v == variable.as_bytes()) {
             let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            left.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
+            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
         }
     }
-    assert!(left.is_empty(), "left behind: {left:?}");
+    found
 }
 
 #[test]
@@ -556,4 +570,94 @@ fn a_fastapi_ingress_serves_class_routes_beside_a_built_in_application() {
     assert_eq!(status, 404, "{body}");
     let (status, body) = request(&server.url, "/", "s1", "");
     assert_eq!(status, 200, "{body}");
+}
+
+#[test]
+fn a_worker_that_stops_answering_health_checks_is_replaced_and_none_outlives_a_killed_server() {
+    let marker = format!("MODELMUX_TEST_MARKER=hang-{}", std::process::id());
+    let server = serve(&app_config("hang:app", ""), std::slice::from_ref(&marker));
+    let (status, body) = request(&server.url, "/", "", "");
+    assert_eq!(status, 200, "{body}");
+    let hung = json(&body)["pid"].clone();
+    let url = server.url.clone();
+    // Never answered by the hung worker; ends when its replica is drained and stopped.
+    std::thread::spawn(move || request(&url, "/hang", "", ""));
+    let started = tokio::time::Instant::now();
+    loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the hung replica was never replaced"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+        let url = server.url.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(request(&url, "/", "", "")));
+        if let Ok((200, body)) = rx.recv_timeout(Duration::from_secs(5)) {
+            if json(&body)["pid"] != hung {
+                break;
+            }
+        }
+    }
+    // Hang the new worker too, then kill the server outright: no worker may stay behind, not
+    // even one stuck in user code that never reads its socket's end.
+    send_and_forget(&server.url, "/hang");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(server);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = processes_with(&marker);
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "left behind: {left:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn an_idempotent_deployments_request_whose_worker_dies_runs_again_elsewhere() {
+    let server = serve(
+        &app_config(
+            "inferencer:entry",
+            "    deployments:\n      - name: ModelInferencer\n        num_replicas: 2\n        idempotent: true\n",
+        ),
+        &[],
+    );
+    let (status, body) = request(&server.url, "/", "5", "");
+    assert_eq!(status, 200, "{body}");
+    let pid = json(&body)["pid"].as_i64().unwrap();
+    let url = server.url.clone();
+    let waiting = std::thread::spawn(move || request(&url, "/wait", "5", ""));
+    std::thread::sleep(Duration::from_millis(500));
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let (status, body) = waiting.join().unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_ne!(json(&body)["pid"].as_i64().unwrap(), pid);
+}
+
+#[test]
+fn sigterm_lets_python_requests_in_flight_finish_then_stops_the_workers() {
+    let marker = format!("MODELMUX_TEST_MARKER=drain-{}", std::process::id());
+    let mut server = serve(
+        &app_config("inferencer:entry", "")
+            .replace("port: 0}", "port: 0, drain_grace_period_s: 0.2}"),
+        std::slice::from_ref(&marker),
+    );
+    let url = server.url.clone();
+    let waiting = std::thread::spawn(move || request(&url, "/wait", "3", ""));
+    std::thread::sleep(Duration::from_millis(800));
+    let (exit, logs) = server.terminate();
+    let (status, body) = waiting.join().unwrap();
+    assert_eq!(status, 200, "{body}\n{logs}");
+    assert_eq!(json(&body)["model"], "3");
+    assert!(exit.success(), "{exit:?}\n{logs}");
+    let left = processes_with(&marker);
+    assert!(left.is_empty(), "left behind: {left:?}");
 }

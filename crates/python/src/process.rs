@@ -55,6 +55,8 @@ pub(crate) async fn start(
         "socket".into(),
         socket.to_string_lossy().into_owned().into(),
     );
+    // The worker asks the kernel to kill it when this process exits.
+    spec.insert("parent_pid".into(), std::process::id().into());
     let spec = serde_json::Value::Object(spec).to_string();
     let mut child = Command::new(&launch.python)
         .args(["-m", "modelmux._worker", "--spec", &spec])

@@ -111,9 +111,10 @@ pub struct DeploymentConfig {
     pub health_check_timeout: Duration,
     /// On shutdown, how long in-flight requests get to finish before models are unloaded.
     pub graceful_shutdown_timeout: Duration,
-    /// Whether its calls may be run twice (cluster mode): a request forwarded to another node
-    /// that fails in flight is sent to another replica only if so; otherwise the client gets
-    /// a 502. (One that never reached its node is always sent elsewhere.)
+    /// Whether its calls may be run twice: a request forwarded to another node that fails in
+    /// flight is sent to another replica only if so (otherwise the client gets a 502), and so
+    /// is a request whose local replica stopped under it, answering `Unavailable` (otherwise
+    /// a 503). (One that never reached its node is always sent elsewhere.)
     pub idempotent: bool,
 }
 
@@ -211,8 +212,9 @@ impl DeploymentSpec {
         self
     }
 
-    /// Whether its calls may be run twice: in a cluster, a forwarded request that fails in
-    /// flight is then retried on another replica (default false: a 502).
+    /// Whether its calls may be run twice: a forwarded request that fails in flight, or a
+    /// local one whose replica stopped under it, is then run again (default false: a 502 or
+    /// a 503).
     pub fn idempotent(mut self, idempotent: bool) -> Self {
         self.config.idempotent = idempotent;
         self

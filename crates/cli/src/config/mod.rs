@@ -311,7 +311,8 @@ pub struct DeploymentConfig {
     pub model_load_timeout_s: Seconds,
     /// Whether its calls may run twice: in a cluster, a request that fails in flight on
     /// another node is then retried on another replica (default false: the client gets a
-    /// 502). One that never reached its node is always sent elsewhere.
+    /// 502), and a request whose replica stopped under it (a Python worker that died) runs
+    /// again (default: a 503). One that never reached its node is always sent elsewhere.
     #[serde(default)]
     pub idempotent: bool,
     /// What kind of model it serves (none for a Python application's deployments: their code

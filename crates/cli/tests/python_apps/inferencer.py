@@ -55,6 +55,8 @@ class ModelInferencer:
         model = await self.get_model(model_id)
         if request.url.path.endswith("/slow"):
             await asyncio.sleep(30)
+        if request.url.path.endswith("/wait"):
+            await asyncio.sleep(2)
         body = await request.json() if request.method == "POST" else {"x": [1.0, 2.0, 3.0, 4.0]}
         y = model.forward(np.asarray(body["x"], dtype=np.float64))
         return {"model": model_id, "y": y.tolist(), "pid": os.getpid()}

@@ -11,15 +11,11 @@
 use std::cell::Cell;
 use std::collections::VecDeque;
 use std::hash::{BuildHasher, Hasher};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::task::{Context, Poll};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
-use http_body::{Frame, SizeHint};
-use modelmux_cache::{BoxError, ModelId};
+use modelmux_cache::ModelId;
 use modelmux_context::{Hold, RequestContext};
 use tokio::time::Instant;
 
@@ -29,13 +25,17 @@ use crate::port::{Dispatch, Dispatched, Route, Waker};
 use crate::remote::{ForwardError, RemoteReplica};
 use crate::replica::Replica;
 use crate::router::{Choice, Reason, Rng, choose_with};
-use crate::{Body, Request, Response, ServeError};
+use crate::{Request, Response, ServeError};
 
 mod as_port;
+mod hold;
 mod load_wait;
+mod retry;
 mod target;
 
+use hold::hold_until_sent;
 pub use load_wait::waiting_for_load;
+use retry::{Forwarded, copy_request, replica_stopped};
 pub(crate) use target::Target;
 use target::Targets;
 
@@ -184,9 +184,22 @@ impl DeploymentRouter {
                 .is_none_or(|m| guard.target.slot().holds_loaded(m));
             match guard.target.clone() {
                 Target::Local(replica) => {
-                    break self
+                    // An idempotent deployment's request keeps a copy, to run again elsewhere
+                    // should its replica stop under it.
+                    let spare = (self.config.idempotent && attempt < MAX_ATTEMPTS)
+                        .then(|| copy_request(&this))
+                        .flatten();
+                    let done = self
                         .run_local(&replica, guard, this, &context, timed, start)
                         .await;
+                    match (&done.0, spare) {
+                        (Err(e), Some(spare)) if replica_stopped(e) => {
+                            tracing::warn!(replica = %replica.id, attempt, error = %e, "the replica stopped under the request; running it again");
+                            request = Some(spare);
+                            attempt += 1;
+                        }
+                        _ => break done,
+                    }
                 }
                 Target::Remote(remote) => {
                     // Kept out of line (and off this future's size, which every local request
@@ -556,57 +569,5 @@ impl Drop for Ongoing {
         }
         // SeqCst pairs with a new waiter's enqueue-then-grant.
         self.router.grant();
-    }
-}
-
-/// A copy of a request whose body is in memory (for sending it elsewhere), if it is.
-fn copy_request(request: &Request) -> Option<Request> {
-    let body = request.body().full_bytes()?;
-    let mut copy = http::Request::new(Body::from(body));
-    *copy.method_mut() = request.method().clone();
-    *copy.uri_mut() = request.uri().clone();
-    *copy.version_mut() = request.version();
-    *copy.headers_mut() = request.headers().clone();
-    Some(copy)
-}
-
-/// How forwarding to another node ended.
-enum Forwarded {
-    Done(Dispatched),
-    /// Not served there, and safe to send elsewhere: the copy to send.
-    Retry(Request),
-}
-
-/// The response, holding the replica slot until its last chunk is sent when it streams.
-fn hold_until_sent(response: Response, hold: Hold) -> Response {
-    match response.body().as_full() {
-        Some(_) => response,
-        None => response.map(|body| Body::wrap(HoldSlot { body, _hold: hold })),
-    }
-}
-
-/// A streamed response body that holds its replica slot until it ends.
-struct HoldSlot {
-    body: Body,
-    _hold: Hold,
-}
-
-impl http_body::Body for HoldSlot {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }
