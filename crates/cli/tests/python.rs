@@ -661,3 +661,18 @@ fn sigterm_lets_python_requests_in_flight_finish_then_stops_the_workers() {
     let left = processes_with(&marker);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+#[test]
+fn a_deployment_calls_another_applications_deployments_by_name_and_by_application() {
+    let dir = apps_dir().display().to_string();
+    let config = format!(
+        "http_options: {{port: 0}}\napplications:\n  - name: adder\n    route_prefix: /adder\n    import_path: cross_app:adder\n    runtime_env: {{working_dir: {dir}}}\n  - name: caller\n    route_prefix: /\n    import_path: cross_app:caller\n    runtime_env: {{working_dir: {dir}}}\n"
+    );
+    let server = serve(&config, &[]);
+    let (status, body) = request(&server.url, "/", "", "");
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        json(&body),
+        serde_json::json!({"by_name": 41, "ingress": 42})
+    );
+}

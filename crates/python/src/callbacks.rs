@@ -38,17 +38,16 @@ fn failed(kind: &str, message: String, status: u16) -> (CallResultHead, Bytes) {
 
 impl ReplicaCallbacks {
     async fn handle_call(&self, head: CallHead, args: Bytes) -> (CallResultHead, Bytes) {
-        if let Some(app) = head.app.as_deref().filter(|app| *app != self.ctx.app()) {
-            return failed(
-                "DeploymentUnavailableError",
-                format!(
-                    "calls to another application ('{app}') are not supported; call deployments of '{}'",
-                    self.ctx.app()
-                ),
-                501,
-            );
-        }
-        let handle = match self.ctx.handle(&head.deployment) {
+        // Another application's deployment (Ray's `get_deployment_handle(name, app_name)`),
+        // or its ingress when no deployment is named (`get_app_handle`).
+        let found = match head.app.as_deref() {
+            Some(app) if app != self.ctx.app() || head.deployment.is_empty() => {
+                let deployment = Some(head.deployment.as_str()).filter(|d| !d.is_empty());
+                self.ctx.handle_in(app, deployment)
+            }
+            _ => self.ctx.handle(&head.deployment),
+        };
+        let handle = match found {
             Ok(handle) => handle,
             Err(e) => return failed("DeploymentUnavailableError", e.to_string(), 404),
         };

@@ -282,4 +282,15 @@ impl ReplicaContext {
     pub fn handle(&self, deployment: &str) -> Result<DeploymentHandle, ServeError> {
         self.handles.get(deployment)
     }
+
+    /// A handle to deployment `deployment` of application `app` (Ray's
+    /// `get_deployment_handle(name, app_name)`), or to its ingress when `deployment` is `None`
+    /// (Ray's `get_app_handle`).
+    pub fn handle_in(
+        &self,
+        app: &str,
+        deployment: Option<&str>,
+    ) -> Result<DeploymentHandle, ServeError> {
+        self.handles.get_in(app, deployment)
+    }
 }

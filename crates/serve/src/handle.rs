@@ -14,27 +14,60 @@ use crate::{Request, Response, ServeError};
 #[derive(Clone, Default)]
 pub(crate) struct HandleDirectory {
     deployments: Arc<HashMap<String, Arc<dyn Dispatch>>>,
+    /// Every application of the process: its ingress's name and its deployments.
+    apps: Arc<HashMap<String, AppDirectory>>,
+}
+
+/// One application's deployments, for handles from other applications.
+#[derive(Clone, Default)]
+pub(crate) struct AppDirectory {
+    pub(crate) ingress: String,
+    pub(crate) deployments: Arc<HashMap<String, Arc<dyn Dispatch>>>,
 }
 
 impl HandleDirectory {
-    pub(crate) fn new(deployments: HashMap<String, Arc<dyn Dispatch>>) -> Self {
+    /// The directory of an application whose deployments are `app`'s in `apps`.
+    pub(crate) fn new(app: &str, apps: Arc<HashMap<String, AppDirectory>>) -> Self {
         Self {
-            deployments: Arc::new(deployments),
+            deployments: apps
+                .get(app)
+                .map(|a| a.deployments.clone())
+                .unwrap_or_default(),
+            apps,
         }
     }
 
     pub(crate) fn get(&self, name: &str) -> Result<DeploymentHandle, ServeError> {
-        let deployment =
-            self.deployments
-                .get(name)
-                .ok_or_else(|| ServeError::UnknownDeployment {
-                    name: name.to_string(),
-                })?;
-        Ok(DeploymentHandle {
-            deployment: deployment.clone(),
-            model_id: None,
-        })
+        handle_of(&self.deployments, name)
     }
+
+    /// A handle to deployment `name` of application `app` (its ingress when `name` is
+    /// `None`).
+    pub(crate) fn get_in(
+        &self,
+        app: &str,
+        name: Option<&str>,
+    ) -> Result<DeploymentHandle, ServeError> {
+        let found = self.apps.get(app).ok_or_else(|| ServeError::NotFound {
+            what: format!("no application named '{app}'"),
+        })?;
+        handle_of(&found.deployments, name.unwrap_or(&found.ingress))
+    }
+}
+
+fn handle_of(
+    deployments: &HashMap<String, Arc<dyn Dispatch>>,
+    name: &str,
+) -> Result<DeploymentHandle, ServeError> {
+    let deployment = deployments
+        .get(name)
+        .ok_or_else(|| ServeError::UnknownDeployment {
+            name: name.to_string(),
+        })?;
+    Ok(DeploymentHandle {
+        deployment: deployment.clone(),
+        model_id: None,
+    })
 }
 
 /// Calls a deployment's replicas through its router, as the HTTP ingress does.

@@ -171,9 +171,8 @@ def get_app_handle(name: str) -> DeploymentHandle:
     rt = context.runtime()
     if rt is not None:
         if name != rt.app_name:
-            raise RuntimeError(
-                "inside a replica, modelmux gives handles to its own application's deployments only"
-            )
+            # The server knows the other application's ingress: no deployment named.
+            return DeploymentHandle("", name)
         return DeploymentHandle(rt.ingress_name())
     with _lock:
         entry = _apps.get(name)

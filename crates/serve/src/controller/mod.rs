@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::deployment::DeploymentSpec;
 use crate::dispatch::DeploymentRouter;
 use crate::error::StartError;
-use crate::handle::HandleDirectory;
+use crate::handle::{AppDirectory, HandleDirectory};
 use crate::replica::Replica;
 
 mod cluster;
@@ -137,28 +137,44 @@ impl Controller {
         validate(&apps)?;
         let changes = Arc::new(Notify::new());
         let mut states = Vec::new();
-        for app in apps {
-            let name: Arc<str> = app.name.as_str().into();
-            let routers: HashMap<String, Arc<DeploymentRouter>> = app
-                .deployments
-                .iter()
-                .map(|d| {
-                    (
-                        d.config.name.clone(),
-                        Arc::new(DeploymentRouter::new(
-                            name.clone(),
-                            d.config.clone(),
-                            changes.clone(),
-                        )),
-                    )
-                })
-                .collect();
-            let handles = HandleDirectory::new(
-                routers
+        // Every application's routers first: a replica may hold handles to any of them.
+        let routers: Vec<HashMap<String, Arc<DeploymentRouter>>> = apps
+            .iter()
+            .map(|app| {
+                let name: Arc<str> = app.name.as_str().into();
+                app.deployments
                     .iter()
-                    .map(|(name, r)| (name.clone(), r.clone() as Arc<dyn crate::Dispatch>))
-                    .collect(),
-            );
+                    .map(|d| {
+                        let router =
+                            DeploymentRouter::new(name.clone(), d.config.clone(), changes.clone());
+                        (d.config.name.clone(), Arc::new(router))
+                    })
+                    .collect()
+            })
+            .collect();
+        let directory: Arc<HashMap<String, AppDirectory>> = Arc::new(
+            apps.iter()
+                .zip(&routers)
+                .map(|(app, routers)| {
+                    let deployments = routers
+                        .iter()
+                        .map(|(name, r)| (name.clone(), r.clone() as Arc<dyn crate::Dispatch>))
+                        .collect();
+                    let ingress = app
+                        .ingress
+                        .clone()
+                        .unwrap_or_else(|| app.deployments[0].config.name.clone());
+                    let app_directory = AppDirectory {
+                        ingress,
+                        deployments: Arc::new(deployments),
+                    };
+                    (app.name.clone(), app_directory)
+                })
+                .collect(),
+        );
+        for (app, routers) in apps.into_iter().zip(routers) {
+            let name: Arc<str> = app.name.as_str().into();
+            let handles = HandleDirectory::new(&app.name, directory.clone());
             let ingress_name = app
                 .ingress
                 .clone()
