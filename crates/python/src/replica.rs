@@ -146,7 +146,14 @@ impl Deployment for PythonReplica {
         let model_id = modelmux_context::multiplexed_model_id();
         let response = match (&self.models, model_id) {
             (Some(models), Some(id)) => {
-                let guard = modelmux_serve::waiting_for_load(models.get(&id)).await?;
+                let mut guard = modelmux_serve::waiting_for_load(models.get(&id)).await?;
+                if guard.worker.conn.closed_reason().is_some() {
+                    // Loaded by a worker that just died, before the supervisor evicted its
+                    // models: evict it now and load it in the worker that replaces it.
+                    drop(guard);
+                    models.evict(&id);
+                    guard = modelmux_serve::waiting_for_load(models.get(&id)).await?;
+                }
                 // The worker that loaded it (after a restart, the current one may be newer;
                 // the old one's models are being evicted).
                 let conn = guard.worker.conn.clone();

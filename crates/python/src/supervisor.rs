@@ -36,11 +36,11 @@ pub(crate) async fn ready(
     timeout: Duration,
 ) -> Result<Arc<Worker>, Failure> {
     let mut state = state.clone();
-    let waited = tokio::time::timeout(
-        timeout,
-        state.wait_for(|s| matches!(s, WorkerState::Ready(_))),
-    )
-    .await;
+    // A worker whose connection just closed is still `Ready` until the supervisor notices:
+    // wait for its successor.
+    let serving =
+        |s: &WorkerState| matches!(s, WorkerState::Ready(w) if w.conn.closed_reason().is_none());
+    let waited = tokio::time::timeout(timeout, state.wait_for(serving)).await;
     match waited {
         Ok(Ok(guard)) => match &*guard {
             WorkerState::Ready(worker) => Ok(worker.clone()),
