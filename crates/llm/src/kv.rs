@@ -119,8 +119,18 @@ impl KvCache {
         max_tokens: usize,
         reservation: Option<KvReservation>,
     ) -> Self {
+        Self::with_shape(config.n_layer, config.kv_dim(), max_tokens, reservation)
+    }
+
+    /// An empty cache of `n_layer` layers of `kv_dim` values per token.
+    pub(crate) fn with_shape(
+        n_layer: usize,
+        kv_dim: usize,
+        max_tokens: usize,
+        reservation: Option<KvReservation>,
+    ) -> Self {
         Self {
-            layers: (0..config.n_layer)
+            layers: (0..n_layer)
                 .map(|_| LayerKv {
                     keys: Vec::new(),
                     values: Vec::new(),
@@ -128,7 +138,7 @@ impl KvCache {
                 .collect(),
             len: 0,
             max_tokens,
-            kv_dim: config.kv_dim(),
+            kv_dim,
             _reservation: reservation,
         }
     }
@@ -155,6 +165,16 @@ impl KvCache {
             kv_dim: self.kv_dim,
             _reservation: reservation,
         }
+    }
+
+    /// Layers.
+    pub(crate) fn layer_count(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Values per token in one layer's keys (and values).
+    pub(crate) fn kv_dim(&self) -> usize {
+        self.kv_dim
     }
 
     /// Tokens cached.

@@ -41,6 +41,9 @@ pub struct SamplingParams {
     /// Report the prompt tokens' log probabilities (with this many alternatives each), with
     /// the first generated token; `None` reports none.
     pub prompt_logprobs: Option<usize>,
+    /// Only requests with the same salt (and adapter content) share cached prompt prefixes
+    /// (vLLM's `cache_salt`); `None` takes the engine's default salt.
+    pub cache_salt: Option<String>,
 }
 
 /// Most `logit_bias` entries one request may carry.
@@ -62,6 +65,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             logprobs: None,
             prompt_logprobs: None,
+            cache_salt: None,
         }
     }
 }

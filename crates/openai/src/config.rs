@@ -117,6 +117,17 @@ pub struct EngineKwargs {
     /// default only `max_num_seqs` bounds them (admission is fair between adapters anyway).
     #[serde(default)]
     pub max_num_seqs_per_adapter: Option<usize>,
+    /// Keep prompts' KV for later prompts with the same prefix (vLLM's; default true).
+    #[serde(default = "default_true")]
+    pub enable_prefix_caching: bool,
+    /// The cache salt of requests that give no `cache_salt`: only requests with the same salt
+    /// (and adapter content) share cached prefixes. Give each tenant's deployment its own.
+    #[serde(default)]
+    pub prefix_cache_salt: Option<String>,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_max_num_seqs() -> usize {
@@ -149,6 +160,8 @@ impl Default for EngineKwargs {
             queue_timeout_s: default_queue_timeout(),
             weight_format: WeightFormatName::default(),
             max_num_seqs_per_adapter: None,
+            enable_prefix_caching: true,
+            prefix_cache_salt: None,
         }
     }
 }
@@ -255,6 +268,8 @@ impl LlmConfig {
                 max_waiting: e.max_waiting_seqs,
                 queue_timeout: Duration::from_secs_f64(e.queue_timeout_s),
                 max_running_per_adapter: e.max_num_seqs_per_adapter,
+                enable_prefix_caching: e.enable_prefix_caching,
+                prefix_cache_salt: e.prefix_cache_salt.clone(),
             },
             max_adapters: lora.map_or(8, |l| l.max_num_adapters_per_replica),
             max_adapter_bytes: lora.and_then(|l| l.max_adapter_bytes_per_replica),

@@ -389,16 +389,12 @@ impl Deployment for LlmServer {
                         "max_num_batched_tokens": e.max_batch_tokens,
                         "max_waiting": e.max_waiting,
                         "queue_timeout_s": e.queue_timeout.as_secs_f64(),
+                        "enable_prefix_caching": e.enable_prefix_caching,
                     },
                 }));
             }
+            "reset_prefix_cache" => engine.reset_prefix_cache().map_err(|e| serve_error(&e))?,
             // The rest of Ray's LLMServer methods: known, not served here.
-            "reset_prefix_cache" => {
-                return Err(ServeError::NotImplemented {
-                    what: "reset_prefix_cache (the engine keeps no prefix cache yet)".into(),
-                }
-                .into());
-            }
             "start_profile" | "stop_profile" | "collective_rpc" => {
                 return Err(ServeError::NotImplemented {
                     what: format!("{name} (a vLLM engine method; this engine has none)"),
@@ -408,7 +404,7 @@ impl Deployment for LlmServer {
             other => {
                 return Err(ServeError::NotFound {
                     what: format!(
-                        "the LLM deployment has no control '{other}' (it has pause, resume, sleep, wakeup, health, is_paused, is_sleeping, llm_config)"
+                        "the LLM deployment has no control '{other}' (it has pause, resume, sleep, wakeup, reset_prefix_cache, health, is_paused, is_sleeping, llm_config)"
                     ),
                 }
                 .into());

@@ -372,6 +372,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             frequency_penalty: penalties[1],
             logprobs,
             prompt_logprobs: if echo { logprobs } else { None },
+            cache_salt: cache_salt(b.cache_salt)?,
         },
         max_tokens,
         stream,
@@ -471,6 +472,20 @@ pub(crate) fn parse_embeddings(body: &[u8]) -> Result<EmbeddingJob, ServeError> 
 pub(crate) fn parse_detokenize(body: &[u8]) -> Result<(String, Vec<u32>), ServeError> {
     let r: DetokenizeRequest = parse_body(body)?;
     Ok((r.model, token_ids("tokens", &r.tokens)?))
+}
+
+/// The longest `cache_salt` accepted (it is kept with every cached prefix).
+const MAX_CACHE_SALT: usize = 256;
+
+/// `cache_salt`: non-empty, at most [`MAX_CACHE_SALT`] bytes.
+fn cache_salt(salt: Option<String>) -> Result<Option<String>, ServeError> {
+    match salt {
+        Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT => Err(invalid(
+            "cache_salt",
+            format!("cache_salt must be 1 to {MAX_CACHE_SALT} bytes"),
+        )),
+        salt => Ok(salt),
+    }
 }
 
 #[cfg(test)]

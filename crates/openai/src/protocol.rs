@@ -127,6 +127,8 @@ pub(crate) struct GenerateBody {
     pub(crate) stop_token_ids: Option<Vec<i64>>,
     /// vLLM's extension.
     pub(crate) ignore_eos: Option<bool>,
+    /// vLLM's extension: only requests with the same salt share cached prompt prefixes.
+    pub(crate) cache_salt: Option<String>,
     pub(crate) seed: Option<i64>,
     pub(crate) stream: Option<bool>,
     pub(crate) stream_options: Option<StreamOptions>,

@@ -109,6 +109,11 @@ async fn vllm_series_follow_requests_on_adapters() {
     assert_eq!(metric(&text, "vllm:kv_cache_usage_perc"), 0.0);
     assert_eq!(metric(&text, "vllm:generation_tokens_total"), 96.0);
     assert!(metric(&text, "vllm:prompt_tokens_total") > 10.0, "{text}");
+    // Every prompt was looked up in the prefix cache (vLLM's counters, in tokens).
+    assert!(
+        metric(&text, "vllm:prefix_cache_queries_total") > 10.0,
+        "{text}"
+    );
     for name in [
         "vllm:time_to_first_token_seconds_count",
         "vllm:time_per_output_token_seconds_count",

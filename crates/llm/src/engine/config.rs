@@ -22,6 +22,12 @@ pub struct EngineConfig {
     /// Most sequences of one adapter (the base model counting as one) running at once;
     /// `None`: no cap beyond `max_num_seqs`.
     pub max_running_per_adapter: Option<usize>,
+    /// Keep the KV of prompts' whole blocks for later prompts with the same prefix (vLLM's
+    /// `enable_prefix_caching`), inside `kv_cache_bytes`.
+    pub enable_prefix_caching: bool,
+    /// The cache salt of requests that give none: prefixes are shared only between requests
+    /// with the same salt (and the same adapter content).
+    pub prefix_cache_salt: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -34,6 +40,8 @@ impl Default for EngineConfig {
             max_waiting: 256,
             queue_timeout: Duration::from_secs(30),
             max_running_per_adapter: None,
+            enable_prefix_caching: true,
+            prefix_cache_salt: None,
         }
     }
 }

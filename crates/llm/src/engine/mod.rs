@@ -16,6 +16,7 @@
 
 mod config;
 mod constrain;
+mod prefix;
 mod run;
 mod sequence;
 mod stats;
@@ -198,6 +199,8 @@ pub(crate) enum Command {
     Embed(Box<EmbedJob>),
     /// Look at the flags (sleep, wake up) now, even if idle.
     Poke,
+    /// Drop every cached prefix.
+    ResetPrefixCache,
 }
 
 /// The handle to an engine thread; cloning shares it. The thread stops when the last
@@ -451,6 +454,12 @@ impl Engine {
         self.inner.stats.paused.store(true, Ordering::SeqCst);
     }
 
+    /// Drops every cached prompt prefix (Ray's and vLLM's `reset_prefix_cache`): requests
+    /// submitted after this call compute their prompts whole.
+    pub fn reset_prefix_cache(&self) -> Result<()> {
+        self.send(Command::ResetPrefixCache)
+    }
+
     /// Generates again after [`pause`](Self::pause).
     pub fn resume(&self) {
         self.inner.stats.paused.store(false, Ordering::SeqCst);
@@ -504,13 +513,19 @@ impl Engine {
     /// Live figures.
     pub fn snapshot(&self) -> EngineSnapshot {
         let s = &self.inner.stats;
+        let prefix_bytes = s.prefix_bytes.load(Ordering::Relaxed);
         EngineSnapshot {
             running: s.running.load(Ordering::Relaxed),
             waiting: s.waiting.load(Ordering::Relaxed),
             steps: s.steps.load(Ordering::Relaxed),
             prompt_tokens: s.prompt_tokens.load(Ordering::Relaxed),
             generated_tokens: s.generated_tokens.load(Ordering::Relaxed),
-            kv_reserved_bytes: self.inner.budget.reserved(),
+            prefix_cache_queries: s.prefix_queries.load(Ordering::Relaxed),
+            prefix_cache_hits: s.prefix_hits.load(Ordering::Relaxed),
+            prefix_cache_bytes: prefix_bytes,
+            // The prefix cache's entries give their memory back whenever sequences need it:
+            // in use is what live sequences hold (vLLM counts cached blocks as free too).
+            kv_reserved_bytes: self.inner.budget.reserved().saturating_sub(prefix_bytes),
             kv_capacity_bytes: self.inner.budget.capacity(),
         }
     }

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::prefix::PrefixCache;
 use super::sequence::{Progress, Sequence};
+
+mod prefixes;
 use super::{AdaptersInUse, Command, EngineConfig, EngineStats};
 use crate::error::LlmError;
 use crate::kv::{KvBudget, KvCache};
@@ -34,6 +37,8 @@ pub(super) struct EngineLoop {
     running: Vec<Sequence>,
     /// Embeddings asked for, run between steps (kept while asleep).
     embeds: Vec<super::EmbedJob>,
+    /// Prompts' KV kept for later prompts (`None`: prefix caching is off).
+    prefixes: Option<PrefixCache>,
 }
 
 impl EngineLoop {
@@ -47,6 +52,9 @@ impl EngineLoop {
         commands: Receiver<Command>,
     ) -> Self {
         let eos = super::constrain::end_tokens(&tokenizer);
+        let prefixes = config
+            .enable_prefix_caching
+            .then(|| PrefixCache::new(model.config().kv_bytes_per_token()));
         Self {
             model_config: model.config().clone(),
             model: Some(model),
@@ -60,6 +68,7 @@ impl EngineLoop {
             waiting: VecDeque::new(),
             running: Vec::new(),
             embeds: Vec::new(),
+            prefixes,
         }
     }
 
@@ -148,6 +157,10 @@ impl EngineLoop {
         match (&self.model, &self.reload) {
             (Some(_), Some(_)) if want_sleep => {
                 self.model = None;
+                // The KV cache goes with the weights.
+                if let Some(prefixes) = &mut self.prefixes {
+                    prefixes.clear();
+                }
                 self.stats.asleep.store(true, Ordering::SeqCst);
                 tracing::info!("engine asleep: weights released");
             }
@@ -195,6 +208,10 @@ impl EngineLoop {
                 true
             }
             Ok(Command::Poke) => true,
+            Ok(Command::ResetPrefixCache) => {
+                self.reset_prefixes();
+                true
+            }
             Err(RecvTimeoutError::Timeout) => true,
             Err(RecvTimeoutError::Disconnected) => false,
         }
@@ -240,6 +257,7 @@ impl EngineLoop {
                     return true;
                 }
                 Command::Poke => return true,
+                Command::ResetPrefixCache => self.reset_prefixes(),
             }
             if self.waiting.len() >= self.config.max_waiting {
                 return true;
@@ -289,14 +307,26 @@ impl EngineLoop {
                 break;
             }
             // No skipping past a sequence that does not fit yet: a long one would starve.
-            let Some(reservation) = self.budget.try_reserve(candidate.reservation_bytes) else {
+            // Cached prefixes give their memory back first.
+            let bytes = candidate.reservation_bytes;
+            let reservation = loop {
+                if let Some(r) = self.budget.try_reserve(bytes) {
+                    break Some(r);
+                }
+                if !self.prefixes.as_mut().is_some_and(PrefixCache::evict_one) {
+                    break None;
+                }
+            };
+            let Some(reservation) = reservation else {
                 break;
             };
             let mut s = self.waiting.remove(next).expect("index in range");
             used += s.slots();
             s.admit(&self.model_config, Some(reservation));
+            self.restore_prefix(&mut s);
             self.running.push(s);
         }
+        self.publish_prefixes();
     }
 
     /// The waiting sequence to admit next: of the adapters with sequences waiting (the base
@@ -431,6 +461,18 @@ impl EngineLoop {
             .prompt_tokens
             .fetch_add(prompt_rows as u64, Ordering::Relaxed);
 
+        // Prompts completed by this step are kept for later prompts with the same prefix.
+        for (i, tokens, completes, _) in &inputs {
+            let s = &self.running[*i];
+            if *completes
+                && s.generated.is_empty()
+                && s.prefilled() == s.prompt.len()
+                && !tokens.is_empty()
+            {
+                self.keep_prefix(*i);
+            }
+        }
+        self.publish_prefixes();
         let mut masks = masks.into_iter().peekable();
         let mut ended = Vec::new();
         let mut born = Vec::new();

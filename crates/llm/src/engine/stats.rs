@@ -12,6 +12,11 @@ pub(crate) struct EngineStats {
     pub(super) steps: AtomicU64,
     pub(super) prompt_tokens: AtomicU64,
     pub(super) generated_tokens: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache, and those found there.
+    pub(super) prefix_queries: AtomicU64,
+    pub(super) prefix_hits: AtomicU64,
+    /// Bytes the prefix cache holds.
+    pub(super) prefix_bytes: AtomicU64,
     /// Set when the engine thread ends, however it ends (a panic outside a step included).
     pub(super) stopped: std::sync::atomic::AtomicBool,
     /// While set, the engine runs no step and admits nothing (requests still queue).
@@ -72,6 +77,12 @@ pub struct EngineSnapshot {
     pub prompt_tokens: u64,
     /// Tokens generated.
     pub generated_tokens: u64,
+    /// Prompt tokens looked up in the prefix cache (vLLM's `prefix_cache_queries`).
+    pub prefix_cache_queries: u64,
+    /// Of those, tokens whose KV was found there (`prefix_cache_hits`).
+    pub prefix_cache_hits: u64,
+    /// KV bytes the prefix cache holds (inside the KV budget).
+    pub prefix_cache_bytes: u64,
     /// KV bytes reserved by live sequences.
     pub kv_reserved_bytes: u64,
     /// The KV budget.

@@ -84,6 +84,8 @@ impl LoraPair {
 pub struct LoraAdapter {
     id: String,
     serial: u64,
+    /// SHA-256 of its configuration and weights files.
+    content: [u8; 32],
     /// `[layer][target]`
     layers: Vec<[Option<LoraPair>; 7]>,
     bytes: u64,
@@ -99,6 +101,8 @@ impl std::fmt::Debug for LoraAdapter {
             .finish()
     }
 }
+
+use sha2::Digest;
 
 static SERIAL: AtomicU64 = AtomicU64::new(1);
 
@@ -334,9 +338,18 @@ impl LoraAdapter {
             max_rank = max_rank.max(rank);
             layers[layer][target.index()] = Some(LoraPair { rank, a, bt });
         }
+        // What the adapter computes depends on these two files only: their digest names its
+        // content (the prefix cache's key), whatever the adapter is called.
+        let content = sha2::Sha256::new()
+            .chain_update((config.len() as u64).to_le_bytes())
+            .chain_update(config)
+            .chain_update(weights)
+            .finalize()
+            .into();
         Ok(Self {
             id: id.to_owned(),
             serial: SERIAL.fetch_add(1, Ordering::Relaxed),
+            content,
             layers,
             bytes,
             max_rank,
@@ -361,6 +374,12 @@ impl LoraAdapter {
     /// A number no other adapter loaded by this process has: identity for batching.
     pub fn serial(&self) -> u64 {
         self.serial
+    }
+
+    /// The SHA-256 of its files: the same for the same adapter loaded again, different for
+    /// other weights under the same name.
+    pub fn content_hash(&self) -> &[u8; 32] {
+        &self.content
     }
 
     pub(crate) fn pair(&self, layer: usize, target: Target) -> Option<&LoraPair> {

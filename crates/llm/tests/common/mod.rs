@@ -101,8 +101,8 @@ impl Reference {
     }
 }
 
-/// Waits (bounded) until `engine` holds no sequence and no KV memory; fails the test if it
-/// does not.
+/// Waits (bounded) until `engine` holds no sequence and no KV memory (but its prefix cache's,
+/// which is free for sequences); fails the test if it does not.
 pub async fn settled(engine: &Engine) {
     for _ in 0..200 {
         let s = engine.snapshot();

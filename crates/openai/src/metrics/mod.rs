@@ -142,6 +142,24 @@ impl MetricsSource for LlmMetrics {
                 s.generated_tokens,
             ),
             number(
+                "modelmux_llm_prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache.",
+                MetricKind::Counter,
+                s.prefix_cache_queries,
+            ),
+            number(
+                "modelmux_llm_prefix_cache_hits_total",
+                "Prompt tokens whose KV came from the prefix cache (their prefill skipped).",
+                MetricKind::Counter,
+                s.prefix_cache_hits,
+            ),
+            number(
+                "modelmux_llm_prefix_cache_bytes",
+                "KV bytes the prefix cache holds, inside the KV cache budget.",
+                MetricKind::Gauge,
+                s.prefix_cache_bytes,
+            ),
+            number(
                 "modelmux_llm_sequences_running",
                 "Sequences in the engine's batch.",
                 MetricKind::Gauge,

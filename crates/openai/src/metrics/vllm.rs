@@ -74,6 +74,18 @@ impl LlmMetrics {
                 s.prompt_tokens as f64,
             ),
             one(
+                "vllm:prefix_cache_queries_total",
+                "Prompt tokens looked up in the prefix cache (vLLM's name).",
+                MetricKind::Counter,
+                s.prefix_cache_queries as f64,
+            ),
+            one(
+                "vllm:prefix_cache_hits_total",
+                "Prompt tokens found in the prefix cache (vLLM's name).",
+                MetricKind::Counter,
+                s.prefix_cache_hits as f64,
+            ),
+            one(
                 "vllm:generation_tokens_total",
                 "Tokens generated (vLLM's name).",
                 MetricKind::Counter,
