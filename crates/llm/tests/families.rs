@@ -56,9 +56,7 @@ fn f32_tensor(values: Vec<f32>) -> QTensor {
 }
 
 fn dir() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("modelmux-families-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    common::scratch("modelmux-families")
 }
 
 fn write(name: &str, metadata: Vec<(String, Value)>, tensors: Vec<(String, QTensor)>) -> PathBuf {

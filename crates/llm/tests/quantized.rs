@@ -83,8 +83,7 @@ fn write(dtype: GgmlDType) -> PathBuf {
             tensors.push((p(name), tensor(&mut rng, &shape, 0.1, dtype)));
         }
     }
-    let dir = std::env::temp_dir().join(format!("modelmux-quantized-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = common::scratch("modelmux-quantized");
     let path = dir.join(format!("{dtype:?}.gguf"));
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();

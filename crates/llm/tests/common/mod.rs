@@ -13,6 +13,30 @@ use modelmux_llm::{
     WeightFormat,
 };
 
+/// A directory of this test process's own, `name-<pid>` under the target's scratch directory
+/// (the models written there are 200 MB); those left by test processes that are gone are
+/// removed first, so runs do not pile them up.
+pub fn scratch(name: &str) -> PathBuf {
+    let root = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let prefix = format!("{name}-");
+    for entry in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+        let file = entry.file_name();
+        let pid = file
+            .to_str()
+            .and_then(|f| f.strip_prefix(&prefix))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(pid) = pid
+            && pid != std::process::id()
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let dir = root.join(format!("{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// A variable the test command sets; its absence fails the test.
 pub fn env_path(name: &str) -> PathBuf {
     let value = std::env::var(name).unwrap_or_else(|_| {

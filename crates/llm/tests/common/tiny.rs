@@ -179,8 +179,7 @@ pub struct Tiny {
 pub fn tiny() -> &'static Tiny {
     static TINY: OnceLock<Tiny> = OnceLock::new();
     TINY.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("modelmux-tiny-llama-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = super::scratch("modelmux-tiny-llama");
         let path = dir.join("tiny.gguf");
         write(&path, &super::env_path("MODELMUX_TEST_GGUF"));
         let tokenizer = TextTokenizer::from_gguf(&GgufFile::open(&path).unwrap()).unwrap();
