@@ -195,3 +195,35 @@ async fn cached_prefixes_give_their_memory_to_sequences_and_reset_drops_them() {
         "once idle, the cache's entries hold KV memory, counted apart from sequences'"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_choices_of_an_n_request_start_from_a_cached_prefix_and_answer_as_computed_whole() {
+    let engine = runtime().engine(config(true));
+    let whole = runtime().engine(config(false));
+    let p = prompt(60, 6);
+    let request = || GenerationRequest {
+        prompt: p.clone(),
+        params: SamplingParams::greedy(5),
+        adapter: None,
+        constraint: None,
+    };
+    generate(&engine, &p, None, None).await;
+    let computed = engine.snapshot().prompt_tokens;
+    let cached = engine.submit_choices(request(), 3).unwrap();
+    let uncached = whole.submit_choices(request(), 3).unwrap();
+    for (cached, uncached) in cached.into_iter().zip(uncached) {
+        let (cached, uncached) = (
+            cached.collect().await.unwrap(),
+            uncached.collect().await.unwrap(),
+        );
+        assert_eq!(cached.tokens, uncached.tokens);
+    }
+    assert_eq!(
+        hits(&engine),
+        48,
+        "three blocks of the prompt came from the cache"
+    );
+    // Only the prompt's last 12 tokens were computed, once for the three choices.
+    assert_eq!(engine.snapshot().prompt_tokens - computed, 12);
+    common::settled(&engine).await;
+}
