@@ -254,26 +254,37 @@ fn loader_and_call_exceptions_answer_500_naming_them_and_the_replica_carries_on(
     assert_eq!(status, 200, "{body}");
 }
 
-#[test]
-fn a_killed_worker_fails_its_requests_with_503_and_comes_back() {
-    let server = serve(
-        &app_config(
-            "inferencer:entry",
-            "    deployments:\n      - name: ModelInferencer\n        num_replicas: 2\n",
-        ),
-        &[],
-    );
+/// The inferencer on two replicas, with `more` settings for its deployment.
+fn two_replicas(more: &str) -> Running {
+    let deployments =
+        format!("    deployments:\n      - name: ModelInferencer\n        num_replicas: 2\n{more}");
+    serve(&app_config("inferencer:entry", &deployments), &[])
+}
+
+/// Loads model 5, sends `path` for it, and kills the worker serving it (SIGKILL) half a second
+/// later; returns the killed worker's pid and the request's thread.
+fn kill_mid_request(
+    server: &Running,
+    path: &'static str,
+) -> (i64, std::thread::JoinHandle<(u16, String)>) {
     let (status, body) = request(&server.url, "/", "5", "");
     assert_eq!(status, 200, "{body}");
     let pid = json(&body)["pid"].as_i64().unwrap();
     let url = server.url.clone();
-    let slow = std::thread::spawn(move || request(&url, "/slow", "5", ""));
+    let in_flight = std::thread::spawn(move || request(&url, path, "5", ""));
     std::thread::sleep(Duration::from_millis(500));
     let killed = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()
         .unwrap();
     assert!(killed.success());
+    (pid, in_flight)
+}
+
+#[test]
+fn a_killed_worker_fails_its_requests_with_503_and_comes_back() {
+    let server = two_replicas("");
+    let (pid, slow) = kill_mid_request(&server, "/slow");
     let (status, body) = slow.join().unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("exited") || body.contains("closed"), "{body}");
@@ -619,24 +630,8 @@ fn a_worker_that_stops_answering_health_checks_is_replaced_and_none_outlives_a_k
 
 #[test]
 fn an_idempotent_deployments_request_whose_worker_dies_runs_again_elsewhere() {
-    let server = serve(
-        &app_config(
-            "inferencer:entry",
-            "    deployments:\n      - name: ModelInferencer\n        num_replicas: 2\n        idempotent: true\n",
-        ),
-        &[],
-    );
-    let (status, body) = request(&server.url, "/", "5", "");
-    assert_eq!(status, 200, "{body}");
-    let pid = json(&body)["pid"].as_i64().unwrap();
-    let url = server.url.clone();
-    let waiting = std::thread::spawn(move || request(&url, "/wait", "5", ""));
-    std::thread::sleep(Duration::from_millis(500));
-    let killed = std::process::Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
+    let server = two_replicas("        idempotent: true\n");
+    let (pid, waiting) = kill_mid_request(&server, "/wait");
     let (status, body) = waiting.join().unwrap();
     assert_eq!(status, 200, "{body}");
     assert_ne!(json(&body)["pid"].as_i64().unwrap(), pid);
