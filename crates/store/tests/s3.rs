@@ -92,8 +92,10 @@ impl Setup {
             .unwrap_or_else(|| panic!("fetching {model} should fail"))
     }
 
+    /// The data files of the cache (not their sidecars) and its temporary files.
     fn cache_files(&self) -> Vec<(std::path::PathBuf, u64)> {
         let mut files = files_under(&self.cache.dir().join("files"));
+        files.retain(|(p, _)| p.extension().is_none_or(|e| e != "meta"));
         files.extend(files_under(&self.cache.dir().join("tmp")));
         files
     }
@@ -360,4 +362,105 @@ async fn ids_cannot_leave_the_repository() {
         0,
         "nothing was asked of the store"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_uses_kept_files_again_only_while_their_source_and_checksum_verify() {
+    let s = setup("kept", 64 << 20, fast_retries()).await;
+    let first = blob(7, 2 << 20);
+    s.put("m", first.clone()).await;
+    s.put("other", blob(8, 1 << 20)).await;
+    s.repository.fetch(&id("m"), "model.onnx").await.unwrap();
+    s.repository
+        .fetch(&id("other"), "model.onnx")
+        .await
+        .unwrap();
+    assert_eq!(s.proxy.gets("/m/model.onnx"), 1);
+    let dir = s.cache.dir().to_path_buf();
+    // A restart: the first cache lets go of its directory, and the cache and the repository
+    // are opened again on it.
+    let Setup {
+        proxy,
+        repository,
+        cache,
+        store,
+        bucket,
+        _dir,
+    } = s;
+    drop((repository, cache));
+    let s = SetupLite {
+        proxy,
+        store,
+        bucket,
+        _dir,
+    };
+    let (cache, repository) = reopen_with(&s, &dir);
+    let file = repository.fetch(&id("m"), "model.onnx").await.unwrap();
+    assert!(
+        file.bytes().await.unwrap() == first,
+        "the kept file is the object"
+    );
+    assert_eq!(s.proxy.gets("/m/model.onnx"), 1, "used again: no download");
+    assert_eq!(cache.stats().downloads, 0);
+    drop((file, repository, cache));
+
+    // The object changed at its source: downloaded again.
+    let second = blob(9, 2 << 20);
+    upload(&s.store, "models/m/model.onnx", second.clone()).await;
+    let (cache, repository) = reopen_with(&s, &dir);
+    let file = repository.fetch(&id("m"), "model.onnx").await.unwrap();
+    assert!(file.bytes().await.unwrap() == second);
+    assert_eq!(s.proxy.gets("/m/model.onnx"), 2);
+    drop((file, repository, cache));
+
+    // The kept file was damaged on disk (same size): its checksum fails, downloaded again.
+    let kept: Vec<_> = files_under(&dir.join("files"))
+        .into_iter()
+        .filter(|(p, size)| *size == 2 << 20 && p.extension().is_none_or(|e| e != "meta"))
+        .collect();
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    let mut damaged = std::fs::read(&kept[0].0).unwrap();
+    damaged[1000] ^= 0xff;
+    std::fs::write(&kept[0].0, damaged).unwrap();
+    let (cache, repository) = reopen_with(&s, &dir);
+    let file = repository.fetch(&id("m"), "model.onnx").await.unwrap();
+    assert!(file.bytes().await.unwrap() == second);
+    assert_eq!(s.proxy.gets("/m/model.onnx"), 3);
+    assert_eq!(cache.stats().downloads, 1);
+    // A file with no sidecar is not trusted: deleted at open.
+    drop((file, repository, cache));
+    std::fs::write(dir.join("files").join("stray.bin"), b"who wrote this?").unwrap();
+    let (cache, _repository) = reopen_with(&s, &dir);
+    assert!(!dir.join("files").join("stray.bin").exists());
+    drop(cache);
+}
+
+/// What a restart keeps of a [`Setup`]: the server side.
+struct SetupLite {
+    proxy: Proxy,
+    store: Arc<dyn modelmux_store::object_store::ObjectStore>,
+    bucket: String,
+    _dir: tempfile::TempDir,
+}
+
+/// The cache and repository opened again on `dir`.
+fn reopen_with(s: &SetupLite, dir: &std::path::Path) -> (DiskCache, ModelRepository) {
+    let cache = DiskCache::open(dir, 64 << 20).unwrap();
+    let repository = ModelRepository::open(
+        &format!("s3://{}/models", s.bucket),
+        RepositoryOptions {
+            options: vec![
+                ("endpoint".into(), s.proxy.endpoint.clone()),
+                ("region".into(), "us-east-1".into()),
+                ("access_key_id".into(), "test".into()),
+                ("secret_access_key".into(), "test".into()),
+                ("allow_http".into(), "true".into()),
+            ],
+            disk_cache: Some(cache.clone()),
+            retry: fast_retries(),
+            verify_md5: true,
+        },
+    )
+    .unwrap();
+    (cache, repository)
 }

@@ -57,7 +57,8 @@ pub struct Config {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DiskCacheConfig {
-    /// Its directory: empty, or a cache directory of an earlier run; emptied at start. Default:
+    /// Its directory: empty, or a cache directory of an earlier run, whose files are used again
+    /// when their source is unchanged and their checksum verifies (the rest deleted). Default:
     /// a new directory under the system's temporary directory, removed at exit.
     #[serde(default)]
     pub path: Option<std::path::PathBuf>,

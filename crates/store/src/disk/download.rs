@@ -145,7 +145,16 @@ where
 /// One download attempt into `tmp`. The body streams to two threads at once: one writes the
 /// file, one hashes (when there is a checksum to check), so hashing, writing and receiving
 /// overlap. Then size and checksum are checked against the store's word.
-pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64, Attempt> {
+/// A verified download.
+pub(super) struct Downloaded {
+    pub(super) size: u64,
+    /// The file's MD5, as hex.
+    pub(super) md5: String,
+    /// The object's ETag when it was read.
+    pub(super) etag: Option<String>,
+}
+
+pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<Downloaded, Attempt> {
     let deadline = tokio::time::Instant::now() + object.retry.attempt_timeout;
     let get = object
         .store
@@ -155,6 +164,7 @@ pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64,
         .map_err(|_| Attempt::Timeout)?
         .map_err(Attempt::Store)?;
     let expected = result.meta.size;
+    let etag = result.meta.e_tag.clone();
     let expected_md5 = if object.etag_is_md5 {
         result.meta.e_tag.as_deref().and_then(plain_md5_etag)
     } else {
@@ -175,19 +185,18 @@ pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64,
             Ok(written)
         },
     ));
-    let (to_hasher, hasher) = match expected_md5 {
-        Some(_) => {
-            let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(64);
-            let hasher = tokio::task::spawn_blocking(move || {
-                let mut hash = Md5::new();
-                while let Some(chunk) = rx.blocking_recv() {
-                    hash.update(&chunk);
-                }
-                <[u8; 16]>::from(hash.finalize())
-            });
-            (Some(tx), Some(hasher))
-        }
-        None => (None, None),
+    // Every download is hashed: against a plain S3 ETag now, and into the sidecar that lets a
+    // later run check the file before using it again.
+    let (to_hasher, hasher) = {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+        let hasher = tokio::task::spawn_blocking(move || {
+            let mut hash = Md5::new();
+            while let Some(chunk) = rx.blocking_recv() {
+                hash.update(&chunk);
+            }
+            <[u8; 16]>::from(hash.finalize())
+        });
+        (Some(tx), hasher)
     };
     let mut stream = result.into_stream();
     let mut failed = None;
@@ -244,19 +253,19 @@ pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<u64,
             "the transfer was truncated: {size} of {expected} bytes arrived"
         )));
     }
-    if let (Some(expected_md5), Some(hasher)) = (expected_md5, hasher) {
-        let md5 = hex(&hasher
-            .await
-            .map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?);
-        if md5 != expected_md5 {
-            return Err(Attempt::Verify(format!(
-                "the transfer was corrupted: its MD5 {md5} does not match the object's ETag \
+    let md5 = hex(&hasher
+        .await
+        .map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?);
+    if let Some(expected_md5) = expected_md5
+        && md5 != expected_md5
+    {
+        return Err(Attempt::Verify(format!(
+            "the transfer was corrupted: its MD5 {md5} does not match the object's ETag \
                  {expected_md5} (objects encrypted with SSE-KMS or SSE-C have ETags that are \
                  not MD5s: set verify_md5 to false for such buckets)"
-            )));
-        }
+        )));
     }
-    Ok(size)
+    Ok(Downloaded { size, md5, etag })
 }
 
 /// The MD5 an S3 ETag stands for: only for objects uploaded in one part (multipart ETags end

@@ -14,8 +14,10 @@
 //! Each download streams into a temporary file under `tmp/`, hashing as it goes, and is renamed
 //! into `files/` only once its size (and, for S3, its MD5 against the ETag) is verified. A
 //! crash, a timeout or a short read leaves at most a temporary file, never one under a final
-//! name. The directory is emptied when the cache opens, so nothing from an earlier process is
-//! trusted; a lock file keeps two processes from sharing one directory.
+//! name. A directory of an earlier run keeps its verified files (`kept.rs`): each is used again
+//! only when its object is unchanged (size and ETag by a `HEAD`) and its bytes still hash to
+//! what was downloaded; anything else there is deleted. A lock file keeps two processes from
+//! sharing one directory.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
@@ -36,6 +38,7 @@ use crate::StoreError;
 use crate::retry::{Failure, RetryPolicy, classify};
 
 mod download;
+mod kept;
 mod progress;
 
 pub(crate) use download::head_size;
@@ -47,8 +50,20 @@ const MARKER: &str = ".modelmux-disk-cache";
 /// repository (and every replica) of a process that is given it. Cloning shares it.
 #[derive(Clone)]
 pub struct DiskCache {
+    // First, so it drops first: the files are unloaded after it says the cache is closing.
+    _lifetime: Arc<Lifetime>,
     files: Multiplexer<CachedFile>,
     shared: Arc<Shared>,
+}
+
+/// Marks the cache closing when its last handle goes: the files it still holds are then left
+/// on disk for the next run, not deleted as evicted files are.
+struct Lifetime(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Lifetime {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
 }
 
 struct Shared {
@@ -64,6 +79,15 @@ struct Shared {
     download_bytes: AtomicU64,
     /// Whether the directory goes when the cache does.
     temporary: std::sync::atomic::AtomicBool,
+    /// Files of an earlier run not used again yet.
+    kept: kept::KeptFiles,
+    /// Bytes of the files the cache holds (kept ones once used again included).
+    live_bytes: Arc<AtomicU64>,
+    /// Set once the last handle is gone.
+    closing: Arc<std::sync::atomic::AtomicBool>,
+    /// This run's mark in file names: files kept from earlier runs never share a name with
+    /// this run's downloads (keys and counters repeat across runs).
+    run: u64,
     /// Held for the cache's lifetime: the lock that keeps other processes out.
     _lock: std::fs::File,
 }
@@ -100,9 +124,9 @@ pub struct DiskCacheStats {
 impl DiskCache {
     /// Opens a cache in `dir` holding at most `max_bytes` of files.
     ///
-    /// `dir` is created if needed. It must be empty or a cache directory from an earlier run
-    /// (which is emptied: files from another process are not trusted), and no other process
-    /// may be using it. Must be called inside a Tokio runtime.
+    /// `dir` is created if needed. It must be empty or a cache directory from an earlier run,
+    /// whose verified files are kept for fetches of the same, unchanged objects (the rest is
+    /// deleted), and no other process may be using it. Must be called inside a Tokio runtime.
     pub fn open(dir: impl Into<PathBuf>, max_bytes: u64) -> Result<Self, StoreError> {
         let dir = dir.into();
         std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
@@ -118,7 +142,7 @@ impl DiskCache {
             }
             std::fs::write(
                 &marker,
-                b"modelmux disk cache: emptied when a server starts\n",
+                b"modelmux disk cache: files are checked against their source before use\n",
             )
             .map_err(|e| StoreError::io(&marker, e))?;
         }
@@ -137,13 +161,17 @@ impl DiskCache {
         })?;
         let files_dir = dir.join("files");
         let tmp_dir = dir.join("tmp");
+        match std::fs::remove_dir_all(&tmp_dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(StoreError::io(&tmp_dir, e)),
+        }
         for sub in [&files_dir, &tmp_dir] {
-            match std::fs::remove_dir_all(sub) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(StoreError::io(sub, e)),
-            }
             std::fs::create_dir_all(sub).map_err(|e| StoreError::io(sub, e))?;
+        }
+        let kept = kept::KeptFiles::scan(&files_dir, max_bytes);
+        if kept.bytes() > 0 {
+            tracing::info!(dir = %dir.display(), bytes = kept.bytes(), "disk cache: files of an earlier run kept, to be checked against their source before use");
         }
         let shared = Arc::new(Shared {
             dir,
@@ -155,6 +183,12 @@ impl DiskCache {
             downloads: AtomicU64::new(0),
             download_bytes: AtomicU64::new(0),
             temporary: std::sync::atomic::AtomicBool::new(false),
+            kept,
+            live_bytes: Arc::default(),
+            closing: Arc::default(),
+            run: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64),
             _lock: lock,
         });
         let files = Multiplexer::builder()
@@ -166,7 +200,11 @@ impl DiskCache {
             .capacity_timeout(Duration::from_secs(60))
             .failure_backoff(Duration::from_secs(1), Duration::from_secs(30))
             .build(FileLoader(shared.clone()));
-        Ok(Self { files, shared })
+        Ok(Self {
+            _lifetime: Arc::new(Lifetime(shared.closing.clone())),
+            files,
+            shared,
+        })
     }
 
     /// Checks that [`open`](Self::open) would accept `dir`, without changing anything in it:
@@ -373,6 +411,10 @@ pub struct CachedFile {
     path: PathBuf,
     size: u64,
     deleted: bool,
+    /// The cache's count of bytes held.
+    live: Arc<AtomicU64>,
+    /// Whether the cache is closing (its files stay for the next run).
+    closing: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl CachedFile {
@@ -394,6 +436,11 @@ impl Model for CachedFile {
 
     async fn unload(mut self) -> Result<(), BoxError> {
         self.deleted = true;
+        if self.closing.load(Ordering::SeqCst) {
+            // Not evicted: the cache is closing, and its files are the next run's.
+            return Ok(());
+        }
+        let _ = tokio::fs::remove_file(kept::sidecar(&self.path)).await;
         tokio::fs::remove_file(&self.path).await?;
         Ok(())
     }
@@ -401,8 +448,23 @@ impl Model for CachedFile {
 
 impl Drop for CachedFile {
     fn drop(&mut self) {
-        if !self.deleted {
-            let _ = std::fs::remove_file(&self.path);
+        self.live.fetch_sub(self.size, Ordering::Relaxed);
+        if !self.deleted && !self.closing.load(Ordering::SeqCst) {
+            kept::remove(&self.path);
+        }
+    }
+}
+
+impl Shared {
+    /// The cache's entry for the verified file at `path`.
+    fn file(&self, path: PathBuf, size: u64) -> CachedFile {
+        self.live_bytes.fetch_add(size, Ordering::Relaxed);
+        CachedFile {
+            path,
+            size,
+            deleted: false,
+            live: self.live_bytes.clone(),
+            closing: self.closing.clone(),
         }
     }
 }
@@ -423,19 +485,32 @@ impl FileLoader {
 impl Loader<CachedFile> for FileLoader {
     async fn probe(&self, key: &ModelId) -> Result<Option<u64>, BoxError> {
         let object = self.object(key)?;
-        Ok(Some(head_size(&object).await?))
+        let size = head_size(&object).await?;
+        // Files of an earlier run not used yet give way to this one within the byte bound.
+        let used = self.0.live_bytes.load(Ordering::Relaxed);
+        self.0.kept.make_room(used, size, self.0.max_bytes, &object);
+        Ok(Some(size))
     }
 
     async fn load(&self, key: &ModelId) -> Result<CachedFile, BoxError> {
         let object = self.object(key)?;
+        if let Some((path, size)) = self.0.kept.take(&object).await {
+            tracing::info!(
+                model_id = %object.id, file = %object.file, repository = %object.repository,
+                bytes = size, "Using model file kept from an earlier run (unchanged at its source, checksum verified)"
+            );
+            return Ok(self.0.file(path, size));
+        }
         let started = tokio::time::Instant::now();
         // A name of its own for each download: a reader may still hold an evicted copy of this
-        // key, whose deletion must never hit its replacement.
+        // key, whose deletion must never hit its replacement (nor may a file kept from an
+        // earlier run).
         let final_path = self.0.files_dir.join(format!(
-            "{key}.{}",
+            "{key}.{:x}.{}",
+            self.0.run,
             self.0.next_tmp.fetch_add(1, Ordering::Relaxed)
         ));
-        let size = with_retries(&object, |attempt| {
+        let downloaded = with_retries(&object, |attempt| {
             let mut tmp = TempFile {
                 path: self.0.tmp_dir.join(format!(
                     "{key}.{}.{attempt}.partial",
@@ -447,16 +522,27 @@ impl Loader<CachedFile> for FileLoader {
             let object = object.clone();
             let final_path = final_path.clone();
             async move {
-                let size = download(&object, &mut tmp).await?;
+                let downloaded = download(&object, &mut tmp).await?;
                 // Synchronous (a rename is one metadata operation), so no cancellation can come
                 // between the file taking its final name and being kept.
                 std::fs::rename(&tmp.path, &final_path)
                     .map_err(|e| Attempt::Local(StoreError::io(&final_path, e)))?;
                 tmp.keep();
-                Ok(size)
+                Ok(downloaded)
             }
         })
         .await?;
+        let size = downloaded.size;
+        kept::write_sidecar(
+            &final_path,
+            &kept::Record {
+                repository: object.repository.clone(),
+                location: object.location.as_ref().to_string(),
+                size,
+                etag: downloaded.etag,
+                md5: downloaded.md5,
+            },
+        );
         let elapsed = started.elapsed();
         self.0.downloads.fetch_add(1, Ordering::Relaxed);
         self.0.download_bytes.fetch_add(size, Ordering::Relaxed);
@@ -466,11 +552,7 @@ impl Loader<CachedFile> for FileLoader {
             mb_per_s = (size as f64 / (1 << 20) as f64 / elapsed.as_secs_f64().max(1e-9)) as u64,
             "Downloaded model file"
         );
-        Ok(CachedFile {
-            path: final_path,
-            size,
-            deleted: false,
-        })
+        Ok(self.0.file(final_path, size))
     }
 }
 
