@@ -20,7 +20,8 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Seed of the random stream; `None` draws one.
     pub seed: Option<u64>,
-    /// Most tokens to generate (at least 1).
+    /// Most tokens to generate: at least 1, or 0 with `prompt_logprobs` (the prompt's log
+    /// probabilities alone, as evaluation harnesses ask with `echo` and `max_tokens: 0`).
     pub max_tokens: usize,
     /// Stop when the generated text contains one of these (it is not part of the output).
     pub stop: Vec<String>,
@@ -97,8 +98,11 @@ impl SamplingParams {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return bad(format!("top_p must be in (0, 1], got {}", self.top_p));
         }
-        if self.max_tokens == 0 {
-            return bad("max_tokens must be at least 1".into());
+        if self.max_tokens == 0 && self.prompt_logprobs.is_none() {
+            return bad(
+                "max_tokens must be at least 1 (0 only to score the prompt: echo with logprobs)"
+                    .into(),
+            );
         }
         if self.stop.len() > MAX_STOP_STRINGS {
             return bad(format!(

@@ -293,9 +293,11 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
         }
         (_, format) => format.map(|c| (c, "response_format")),
     };
+    // 0 only to score the prompt: `echo` with `logprobs` (what evaluation harnesses send).
+    let least = i64::from(!(echo && logprobs.is_some()));
     let max_tokens = match (&b.max_completion_tokens, &b.max_tokens) {
-        (Some(n), _) => Some(whole("max_completion_tokens", n, 1)?),
-        (None, Some(n)) => Some(whole("max_tokens", n, 1)?),
+        (Some(n), _) => Some(whole("max_completion_tokens", n, least)?),
+        (None, Some(n)) => Some(whole("max_tokens", n, least)?),
         // OpenAI's default for completions; chat defaults to the rest of the context.
         (None, None) if endpoint == Endpoint::Completion => Some(16),
         (None, None) => None,

@@ -315,7 +315,14 @@ async fn collect(
                 reason,
                 rest,
                 usage,
+                prompt_logprobs,
             } => {
+                // `max_tokens: 0`: the prompt alone, scored.
+                if let Some(echo) = answer.echo.as_deref()
+                    && !echoed
+                {
+                    echo.start(&mut text, logprobs.as_mut(), prompt_logprobs);
+                }
                 text.push_str(&rest);
                 let finished = Finished {
                     text,

@@ -174,7 +174,14 @@ async fn feed(
                 reason,
                 rest,
                 usage,
+                prompt_logprobs,
             }) => {
+                // `max_tokens: 0`: the prompt alone, scored, goes out with the end.
+                if let Some(echo) = answer.echo.as_deref()
+                    && !echoed
+                {
+                    echo.start(&mut pending, logprobs.as_mut(), prompt_logprobs);
+                }
                 let calls = match splitter.take() {
                     Some(mut s) => {
                         pending.push_str(&s.push(&rest));

@@ -322,3 +322,60 @@ async fn echo_returns_the_prompt_and_its_log_probabilities() {
     assert!(answer["choices"][0]["logprobs"].is_null());
     server.shutdown().await;
 }
+
+/// `echo` with `max_tokens: 0` (how evaluation harnesses score a text): the prompt alone, its
+/// log probabilities the same as when tokens follow, streamed and not; without `echo` and
+/// `logprobs`, 0 is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_with_max_tokens_0_scores_the_prompt_alone() {
+    let server = serve(&config(json!({})), 1).await;
+    let addr = server.local_addr();
+    let prompt = "The capital of France is";
+    let scored = |max_tokens: usize, stream: bool| {
+        json!({"model": "smollm2", "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "echo": true, "logprobs": 1, "stream": stream})
+    };
+    let alone = post(addr, "/v1/completions", scored(0, false)).await.json();
+    let choice = &alone["choices"][0];
+    assert_eq!(choice["text"], prompt, "{alone}");
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(alone["usage"]["completion_tokens"], 0);
+    let with_tokens = post(addr, "/v1/completions", scored(2, false)).await.json();
+    let lp = choice["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let longer = with_tokens["choices"][0]["logprobs"]["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(lp.len() + 2, longer.len(), "{alone}");
+    assert!(lp[0].is_null());
+    for (a, b) in lp.iter().zip(&longer).skip(1) {
+        let (a, b) = (a.as_f64().unwrap(), b.as_f64().unwrap());
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+    let streamed = post(addr, "/v1/completions", scored(0, true)).await;
+    let (mut text, mut logprobs) = (String::new(), Vec::new());
+    for event in streamed.events() {
+        if event == "[DONE]" {
+            continue;
+        }
+        let v: serde_json::Value = serde_json::from_str(&event).unwrap();
+        text.push_str(v["choices"][0]["text"].as_str().unwrap_or(""));
+        if let Some(t) = v["choices"][0]["logprobs"]["token_logprobs"].as_array() {
+            logprobs.extend(t.iter().cloned());
+        }
+    }
+    assert_eq!(text, prompt);
+    assert_eq!(logprobs, lp);
+
+    for body in [
+        json!({"model": "smollm2", "prompt": prompt, "max_tokens": 0, "echo": true}),
+        json!({"model": "smollm2", "prompt": prompt, "max_tokens": 0, "logprobs": 1}),
+    ] {
+        let reply = post(addr, "/v1/completions", body).await;
+        assert_eq!(reply.status, 400);
+        assert_eq!(reply.json()["error"]["param"], "max_tokens");
+    }
+}

@@ -125,6 +125,9 @@ pub enum GenerationEvent {
         rest: String,
         /// Token counts.
         usage: Usage,
+        /// The prompt's log probabilities, when they were asked for and no token carried
+        /// them (`max_tokens: 0`).
+        prompt_logprobs: Option<Vec<crate::TokenLogprob>>,
     },
     /// The sequence failed; nothing follows.
     Error(Arc<LlmError>),
@@ -168,6 +171,7 @@ impl GenerationStream {
                     reason,
                     rest,
                     usage,
+                    ..
                 } => {
                     text.push_str(&rest);
                     return Ok(Generation {

@@ -489,6 +489,15 @@ impl EngineLoop {
                 }
                 logits.drain(..logits.len() - vocab);
             }
+            let s = &mut self.running[*i];
+            if s.params.max_tokens == 0 {
+                // The prompt scored, nothing to generate (`echo` with `max_tokens: 0`).
+                for choice in s.fork_choices() {
+                    choice.finish(super::FinishReason::Length);
+                }
+                ended.push((*i, Ok(super::FinishReason::Length)));
+                continue;
+            }
             let mask = match mask {
                 Some(Ok(mask)) => Some(mask),
                 Some(Err(e)) => {

@@ -259,10 +259,13 @@ impl Sequence {
             rest.push_str(&self.text.finish());
         }
         let usage = self.usage();
+        let prompt_logprobs = (self.params.prompt_logprobs.is_some() && !self.prompt_logprobs_sent)
+            .then(|| std::mem::take(&mut self.prompt_logprobs));
         let _ = self.events.send(GenerationEvent::Finished {
             reason,
             rest,
             usage,
+            prompt_logprobs,
         });
     }
 
