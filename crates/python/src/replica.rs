@@ -142,7 +142,6 @@ impl PythonReplica {
 
 impl Deployment for PythonReplica {
     async fn call(&self, request: Request) -> Result<Response, BoxError> {
-        let worker = supervisor::ready(&self.state, START_TIMEOUT).await?;
         let model_id = modelmux_context::multiplexed_model_id();
         let response = match (&self.models, model_id) {
             (Some(models), Some(id)) => {
@@ -159,7 +158,11 @@ impl Deployment for PythonReplica {
                 let conn = guard.worker.conn.clone();
                 crate::request::forward(&conn, request, &self.root_path, guard).await
             }
-            _ => crate::request::forward(&worker.conn, request, &self.root_path, ()).await,
+            _ => {
+                // (A multiplexed request waits for its worker in the loader instead.)
+                let worker = supervisor::ready(&self.state, START_TIMEOUT).await?;
+                crate::request::forward(&worker.conn, request, &self.root_path, ()).await
+            }
         };
         response.map_err(BoxError::from)
     }

@@ -55,6 +55,8 @@ pub(super) fn remove(path: &Path) {
 struct Kept {
     path: PathBuf,
     record: Record,
+    /// When it was written (the oldest goes first).
+    written: std::time::SystemTime,
 }
 
 /// The files kept from an earlier run, by (repository, location).
@@ -67,7 +69,7 @@ impl KeptFiles {
     /// Reads `files_dir`: keeps the files with a sidecar that matches them, the newest first,
     /// while they fit in `max_bytes`; deletes the rest.
     pub(super) fn scan(files_dir: &Path, max_bytes: u64) -> Self {
-        let mut found: Vec<(std::time::SystemTime, Kept)> = Vec::new();
+        let mut found: Vec<Kept> = Vec::new();
         let mut data_files = Vec::new();
         for entry in std::fs::read_dir(files_dir).into_iter().flatten().flatten() {
             let path = entry.path();
@@ -84,7 +86,11 @@ impl KeptFiles {
             match (record, meta) {
                 (Some(record), Some(meta)) if meta.is_file() && meta.len() == record.size => {
                     let written = meta.modified().unwrap_or(std::time::UNIX_EPOCH);
-                    found.push((written, Kept { path, record }));
+                    found.push(Kept {
+                        path,
+                        record,
+                        written,
+                    });
                 }
                 _ => remove(&path),
             }
@@ -96,10 +102,10 @@ impl KeptFiles {
                 let _ = std::fs::remove_file(&path);
             }
         }
-        found.sort_by_key(|(written, _)| std::cmp::Reverse(*written));
+        found.sort_by_key(|kept| std::cmp::Reverse(kept.written));
         let mut total = 0u64;
         let mut files = HashMap::new();
-        for (_, kept) in found {
+        for kept in found {
             let key = (kept.record.repository.clone(), kept.record.location.clone());
             if total + kept.record.size > max_bytes || files.contains_key(&key) {
                 remove(&kept.path);
@@ -139,11 +145,7 @@ impl KeptFiles {
             let oldest = files
                 .iter()
                 .filter(|(key, _)| **key != own)
-                .min_by_key(|(_, k)| {
-                    std::fs::metadata(&k.path)
-                        .and_then(|m| m.modified())
-                        .unwrap_or(std::time::UNIX_EPOCH)
-                })
+                .min_by_key(|(_, k)| k.written)
                 .map(|(key, _)| key.clone())
                 .expect("others is not empty");
             if let Some(k) = files.remove(&oldest) {
