@@ -22,7 +22,23 @@ Families: llama (q/k rows un-permuted, as above), qwen2 (q/k/v biases added afte
 qwen3 (RMSNorm over each q and k head, weights attn_q_norm / attn_k_norm, before the rotary)
 and phi3 (fused attn_qkv and gate/up ffn_up tensors, split as Hugging Face's Phi3 splits them),
 all with rows in Hugging Face's order as llama.cpp's converter leaves them; a head size from
-{arch}.attention.key_length.
+{arch}.attention.key_length. mistral3 is computed as llama.
+
+gemma2 and gemma3 as Hugging Face's Gemma2ForCausalLM / Gemma3ForCausalLM compute (the config
+fields read from the GGUF keys llama.cpp's converter writes them to):
+* Gemma's RMSNorm multiplies by (1 + weight); the converter stores weight + 1, so the reference
+  subtracts 1 at load and adds it back in the norm, as HF writes it.
+* embeddings times sqrt(hidden_size); GELU (tanh form) gating; post_attention_layernorm on the
+  attention output and pre/post_feedforward_layernorm around the MLP (GGUF ffn_norm and
+  post_ffw_norm); scores scaled by query_pre_attn_scalar^-0.5 (head_dim: the GGUF does not carry
+  it; --query-pre-attn-scalar overrides), then attn_logit_softcapping (gemma2); logits through
+  final_logit_softcapping.
+* sliding layers: gemma2 `not layer_idx % 2`; gemma3 `(layer_idx + 1) % sliding_window_pattern`
+  (6, or the GGUF's sliding_window_pattern); a query at i sees keys j with i - j < sliding_window.
+* gemma3 rotary: sliding layers rope_local_base_freq (rope.freq_base_swa, default 10000),
+  unscaled; full-attention layers rope_theta with linear rope_scaling (inv_freq / factor).
+  gemma2: one rotary for all layers (with the linear factor when given).
+* gemma3 q_norm / k_norm: Gemma's (1 + weight) RMSNorm over each head, before the rotary.
 
 Writes {"gguf", "cases": [{"name", "adapter", "prompt_ids", "last_logits", "greedy",
 "greedy_margins", "embedding"}]}: the logits at the last prompt position, the prompt's embedding
@@ -94,16 +110,39 @@ def load_model(path):
     cfg["n_head_kv"] = int(f.get(f"{arch}.attention.head_count_kv", cfg["n_head"]))
     cfg["head_dim"] = int(f.get(f"{arch}.attention.key_length", cfg["n_embd"] // cfg["n_head"]))
     cfg["rope_dim"] = int(f.get(f"{arch}.rope.dimension_count", cfg["head_dim"]))
+    cfg["arch"] = arch
+    gemma = arch in ("gemma2", "gemma3")
+    cfg["gemma"] = gemma
+    cfg["rope_factor"] = float(f.get(f"{arch}.rope.scaling.factor", 1.0)) or 1.0
+    if gemma:
+        cfg["query_pre_attn_scalar"] = cfg["head_dim"]
+        cfg["attn_softcap"] = float(f.get(f"{arch}.attn_logit_softcapping", 0.0)) or None
+        cfg["final_softcap"] = float(f.get(f"{arch}.final_logit_softcapping", 0.0)) or None
+        window = int(f.get(f"{arch}.attention.sliding_window", 0))
+        cfg["sliding_window"] = window or None
+        n = cfg["n_layer"]
+        if not window:
+            sliding = [False] * n
+        elif arch == "gemma2":
+            sliding = [not bool(i % 2) for i in range(n)]
+        else:
+            pattern = int(f.get(f"{arch}.attention.sliding_window_pattern", 6))
+            sliding = [bool((i + 1) % pattern) for i in range(n)]
+        cfg["sliding"] = sliding
+        local_base = float(f.get(f"{arch}.rope.freq_base_swa", 10000.0 if arch == "gemma3" else cfg["rope_base"]))
+        cfg["rope_local_base"] = local_base
     w = {}
     # llama.cpp permutes q/k rows only for the families it runs with interleaved rotary pairs;
     # Qwen's stay in Hugging Face's order (llama.cpp runs them with NeoX rotary).
-    permuted = arch == "llama"
+    permuted = arch in ("llama", "mistral3")
     for t in reader.tensors:
         a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
         if permuted and t.name.endswith("attn_q.weight"):
             a = unpermute(a, cfg["n_head"])
         elif permuted and t.name.endswith("attn_k.weight"):
             a = unpermute(a, cfg["n_head_kv"])
+        if gemma and t.name.endswith("norm.weight"):
+            a = a - np.float32(1.0)  # the converter's + 1 undone: HF's weight
         w[t.name] = np.ascontiguousarray(a)
     w.setdefault("output.weight", w["token_embd.weight"])  # tied embeddings
     return cfg, w
@@ -147,19 +186,43 @@ def rotate_half(x):
     return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
+def gemma_rms_norm(x, w, eps):
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight), weight as Hugging Face stores it."""
+    return (np.float32(1.0) + w) * (x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps))
+
+
+def norm(cfg, x, w):
+    return gemma_rms_norm(x, w, cfg["eps"]) if cfg.get("gemma") else rms_norm(x, w, cfg["eps"])
+
+
+def gelu_tanh(x):
+    """Hugging Face's gelu_pytorch_tanh."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2.0 / math.pi)) * (x + np.float32(0.044715) * x ** 3)))
+
+
+def soft_cap(x, cap):
+    return x if cap is None else np.tanh(x / np.float32(cap)) * np.float32(cap)
+
+
+def head(cfg, w, x):
+    """Final norm, LM head and (Gemma 2) final soft-capping of hidden states x."""
+    logits = norm(cfg, x, w["output_norm.weight"]) @ w["output.weight"].T
+    return soft_cap(logits, cfg.get("final_softcap")).astype(np.float32)
+
+
 def forward(cfg, w, ids, cache=None):
     """Logits (float32, [vocab]) at the last position of `ids`.
 
     With `cache` (a list, as HF's past_key_values: per layer the rotated keys and the values of
     the positions so far, filled in here), `ids` continue the cached sequence."""
     x = hidden_states(cfg, w, ids, cache)
-    return (rms_norm(x[-1], w["output_norm.weight"], cfg["eps"]) @ w["output.weight"].T).astype(np.float32)
+    return head(cfg, w, x[-1])
 
 
 def embedding(cfg, w, ids):
     """Mean over the positions of the last hidden states after the final norm, scaled to
     length 1 (float64 for the mean and the norm)."""
-    h = rms_norm(hidden_states(cfg, w, list(ids)), w["output_norm.weight"], cfg["eps"]).astype(np.float64)
+    h = norm(cfg, hidden_states(cfg, w, list(ids)), w["output_norm.weight"]).astype(np.float64)
     m = h.mean(axis=0)
     return (m / np.linalg.norm(m)).astype(np.float32)
 
@@ -180,24 +243,44 @@ def llama3_inv_freq(base, dim, factor, low_freq_factor, high_freq_factor, origin
 
 def hidden_states(cfg, w, ids, cache=None):
     """The residual stream after the last block ([T, d], float32), before the final norm."""
-    T, nh, nkv, hd, eps = len(ids), cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"], cfg["eps"]
+    T, nh, nkv, hd = len(ids), cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
     rd, start = cfg["rope_dim"], (cache[0][0].shape[1] if cache else 0)
-    inv_freq = cfg.get("inv_freq")
-    if inv_freq is None:
-        inv_freq = 1.0 / (cfg["rope_base"] ** (np.arange(0, rd, 2, dtype=np.float32) / rd))
-    freqs = np.outer(np.arange(start, start + T, dtype=np.float32), inv_freq)
-    emb = np.concatenate([freqs, freqs], axis=-1)
-    cos, sin = np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
 
-    def rope(x):  # x: [heads, T, hd]; HF rotary on the first rope_dim dims
+    def rotary(base, factor):  # HF's default rotary, with linear rope_scaling's inv_freq / factor
+        inv_freq = cfg.get("inv_freq")
+        if inv_freq is None:
+            inv_freq = 1.0 / (base ** (np.arange(0, rd, 2, dtype=np.float32) / rd))
+        inv_freq = inv_freq / np.float32(factor)
+        freqs = np.outer(np.arange(start, start + T, dtype=np.float32), inv_freq)
+        emb = np.concatenate([freqs, freqs], axis=-1)
+        return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+    global_rotary = rotary(cfg["rope_base"], cfg["rope_factor"])
+    if cfg["arch"] == "gemma3":  # local layers: their own base, no scaling
+        local_rotary = rotary(cfg["rope_local_base"], 1.0)
+    elif cfg["arch"] == "gemma2":
+        local_rotary = rotary(cfg["rope_local_base"], cfg["rope_factor"])
+    else:
+        local_rotary = global_rotary
+
+    def rope(x, cos, sin):  # x: [heads, T, hd]; HF rotary on the first rope_dim dims
         xr = x[..., :rd] * cos + rotate_half(x[..., :rd]) * sin
         return np.concatenate([xr, x[..., rd:]], axis=-1)
 
     mask = np.triu(np.full((T, start + T), -np.inf, dtype=np.float32), k=start + 1)  # causal
+    window_mask = mask
+    if cfg.get("sliding_window"):  # query at start + a sees key b when start + a - b < window
+        rows, cols = np.arange(start, start + T)[:, None], np.arange(start + T)[None, :]
+        window_mask = np.where(rows - cols >= cfg["sliding_window"], np.float32(-np.inf), mask)
     x = w["token_embd.weight"][np.asarray(ids)]
+    if cfg.get("gemma"):
+        x = x * np.float32(math.sqrt(cfg["n_embd"]))
+    scale = np.float32(cfg.get("query_pre_attn_scalar", hd) ** -0.5)
     for i in range(cfg["n_layer"]):
         p = f"blk.{i}."
-        h = rms_norm(x, w[p + "attn_norm.weight"], eps)
+        sliding = cfg.get("sliding", [False] * cfg["n_layer"])[i]
+        cos, sin = local_rotary if sliding else global_rotary
+        h = norm(cfg, x, w[p + "attn_norm.weight"])
 
         if p + "attn_qkv.weight" in w:  # Phi-3's fused projection: q, k and v rows stacked
             fused = np.split(h @ w[p + "attn_qkv.weight"].T, [nh * hd, (nh + nkv) * hd], axis=-1)
@@ -209,10 +292,11 @@ def hidden_states(cfg, w, ids, cache=None):
             y = linear[name] + w.get(p + name + ".bias", np.float32(0))
             y = y.reshape(T, heads, hd)
             if p + name + "_norm.weight" in w:
-                y = rms_norm(y, w[p + name + "_norm.weight"], eps)
+                y = norm(cfg, y, w[p + name + "_norm.weight"])
             return y.transpose(1, 0, 2)
 
-        q, k, v = rope(proj("attn_q", nh)), rope(proj("attn_k", nkv)), proj("attn_v", nkv)
+        q, k = rope(proj("attn_q", nh), cos, sin), rope(proj("attn_k", nkv), cos, sin)
+        v = proj("attn_v", nkv)
         if cache is not None:
             if i < len(cache):
                 k, v = np.concatenate([cache[i][0], k], axis=1), np.concatenate([cache[i][1], v], axis=1)
@@ -220,17 +304,24 @@ def hidden_states(cfg, w, ids, cache=None):
             else:
                 cache.append((k, v))
         k, v = np.repeat(k, nh // nkv, axis=0), np.repeat(v, nh // nkv, axis=0)  # HF repeat_kv
-        s = q @ k.transpose(0, 2, 1) / np.float32(math.sqrt(hd)) + mask
+        s = soft_cap(q @ k.transpose(0, 2, 1) * scale, cfg.get("attn_softcap"))
+        s = s + (window_mask if sliding else mask)
         s = np.exp(s - s.max(axis=-1, keepdims=True))
         s /= s.sum(axis=-1, keepdims=True)
-        o = (s @ v).transpose(1, 0, 2).reshape(T, nh * hd)
-        x = x + o @ w[p + "attn_output.weight"].T
-        h = rms_norm(x, w[p + "ffn_norm.weight"], eps)
+        o = (s @ v).transpose(1, 0, 2).reshape(T, nh * hd) @ w[p + "attn_output.weight"].T
+        if cfg.get("gemma"):
+            o = norm(cfg, o, w[p + "post_attention_norm.weight"])
+        x = x + o
+        h = norm(cfg, x, w[p + "ffn_norm.weight"])
         if p + "ffn_gate.weight" in w:
             g, u = h @ w[p + "ffn_gate.weight"].T, h @ w[p + "ffn_up.weight"].T
         else:  # Phi-3's fused gate_up_proj: the gate's rows, then up's (HF's chunk(2))
             g, u = np.split(h @ w[p + "ffn_up.weight"].T, 2, axis=-1)
-        x = x + ((g / (1.0 + np.exp(-g))) * u) @ w[p + "ffn_down.weight"].T
+        act = gelu_tanh(g) if cfg.get("gemma") else g / (1.0 + np.exp(-g))
+        m = (act * u) @ w[p + "ffn_down.weight"].T
+        if cfg.get("gemma"):
+            m = norm(cfg, m, w[p + "post_ffw_norm.weight"])
+        x = x + m
     return x
 
 
@@ -296,6 +387,8 @@ def main():
     ap.add_argument("--prompt-ids", help="one prompt's ids, comma-separated: write its last logits")
     ap.add_argument("--llama3", help="FACTOR,LOW,HIGH,ORIGINAL: Llama 3 rope scaling")
     ap.add_argument("--adapter", help="with --prompt-ids: a PEFT adapter directory to merge")
+    ap.add_argument("--query-pre-attn-scalar", type=float,
+                    help="Gemma's query_pre_attn_scalar (default: the head size)")
     ap.add_argument("--prompt-logprobs", type=int, metavar="K",
                     help="with --prompt-ids: also write each prompt token's log probability given "
                          "the tokens before it, and the K most likely tokens there (log-softmax in f64)")
@@ -306,6 +399,8 @@ def main():
         if args.llama3:
             factor, low, high, original = (float(x) for x in args.llama3.split(","))
             cfg["inv_freq"] = llama3_inv_freq(cfg["rope_base"], cfg["rope_dim"], factor, low, high, original)
+        if args.query_pre_attn_scalar:
+            cfg["query_pre_attn_scalar"] = args.query_pre_attn_scalar
         if args.adapter:
             w = load_adapter(args.adapter, w)
         ids = [int(x) for x in args.prompt_ids.split(",")]
@@ -313,7 +408,7 @@ def main():
         doc = {"last_logits": [float(f"{v:.7g}") for v in logits.tolist()]}
         if args.prompt_logprobs is not None:
             x = hidden_states(cfg, w, ids)
-            every = (rms_norm(x, w["output_norm.weight"], cfg["eps"]) @ w["output.weight"].T).astype(np.float64)
+            every = head(cfg, w, x).astype(np.float64)
             every = every - every.max(axis=-1, keepdims=True)
             logp = every - np.log(np.exp(every).sum(axis=-1, keepdims=True))
             doc["prompt_logprobs"] = [

@@ -184,6 +184,33 @@ fn silu_mul_body<const FMA: bool>(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `tanh(x) = 1 - 2 / (e^(2x) + 1)`, on [`exp`] so that loops over it vectorise.
+#[inline(always)]
+fn tanh<const FMA: bool>(x: f32) -> f32 {
+    1.0 - 2.0 / (exp::<FMA>(2.0 * x) + 1.0)
+}
+
+#[inline(always)]
+fn gelu_tanh_mul_body<const FMA: bool>(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    // 0.5 g (1 + tanh(u)) = g sigmoid(2u), u = sqrt(2 / pi) (g + 0.044715 g^3).
+    const TWO_SQRT_2_OVER_PI: f32 = 2.0 * 0.797_884_6;
+    for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
+        let inner = TWO_SQRT_2_OVER_PI * madd::<FMA>(0.044_715 * g * g, *g, *g);
+        *o = g / (1.0 + exp::<FMA>(-inner)) * u;
+    }
+}
+
+/// `s = cap * tanh(s / cap)` for every score, when `cap > 0`.
+#[inline(always)]
+fn soft_cap<const FMA: bool>(scores: &mut [f32], cap: f32) {
+    if cap > 0.0 {
+        let inverse = 1.0 / cap;
+        for s in scores {
+            *s = cap * tanh::<FMA>(*s * inverse);
+        }
+    }
+}
+
 #[inline(always)]
 fn exp_body<const FMA: bool>(x: f32) -> f32 {
     exp::<FMA>(x)
@@ -214,12 +241,14 @@ fn dot_fixed<const FMA: bool, const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32
 /// Attention of a group of query heads sharing one key/value head, for head size `D`: the
 /// heads go `G` at a time, so each key and value is loaded once for `G` heads.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_fixed<const FMA: bool, const D: usize>(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
     stride: usize,
     scale: f32,
+    cap: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
@@ -228,25 +257,27 @@ fn attend_fixed<const FMA: bool, const D: usize>(
     let mut scores = scores.chunks_exact_mut(4 * len);
     let mut out = out.chunks_exact_mut(4 * D);
     for ((q, s), o) in (&mut q).zip(&mut scores).zip(&mut out) {
-        heads::<FMA, D, 4>(q, keys, values, stride, scale, s, o);
+        heads::<FMA, D, 4>(q, keys, values, stride, scale, cap, s, o);
     }
     let (q, s, o) = (q.remainder(), scores.into_remainder(), out.into_remainder());
     match q.len() / D {
-        1 => heads::<FMA, D, 1>(q, keys, values, stride, scale, s, o),
-        2 => heads::<FMA, D, 2>(q, keys, values, stride, scale, s, o),
-        3 => heads::<FMA, D, 3>(q, keys, values, stride, scale, s, o),
+        1 => heads::<FMA, D, 1>(q, keys, values, stride, scale, cap, s, o),
+        2 => heads::<FMA, D, 2>(q, keys, values, stride, scale, cap, s, o),
+        3 => heads::<FMA, D, 3>(q, keys, values, stride, scale, cap, s, o),
         _ => {}
     }
 }
 
 /// `G` heads of size `D` over all positions.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn heads<const FMA: bool, const D: usize, const G: usize>(
     q: &[f32],
     keys: &[f32],
     values: &[f32],
     stride: usize,
     scale: f32,
+    cap: f32,
     scores: &mut [f32],
     out: &mut [f32],
 ) {
@@ -262,6 +293,7 @@ fn heads<const FMA: bool, const D: usize, const G: usize>(
         }
     }
     for s in scores.chunks_exact_mut(len) {
+        soft_cap::<FMA>(s, cap);
         softmax_body::<FMA>(s);
     }
     // The heads' outputs stay in registers across all positions.
@@ -291,6 +323,7 @@ fn attend_body<const FMA: bool>(
     stride: usize,
     head_dim: usize,
     scale: f32,
+    cap: f32,
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
@@ -313,14 +346,16 @@ fn attend_body<const FMA: bool>(
     );
     scores.resize(heads * len, 0.0);
     match head_dim {
-        64 => attend_fixed::<FMA, 64>(q, keys, values, stride, scale, scores, out),
-        128 => attend_fixed::<FMA, 128>(q, keys, values, stride, scale, scores, out),
+        64 => attend_fixed::<FMA, 64>(q, keys, values, stride, scale, cap, scores, out),
+        128 => attend_fixed::<FMA, 128>(q, keys, values, stride, scale, cap, scores, out),
+        256 => attend_fixed::<FMA, 256>(q, keys, values, stride, scale, cap, scores, out),
         _ => {
             for (qh, s) in q.chunks_exact(head_dim).zip(scores.chunks_exact_mut(len)) {
                 dots_body::<FMA>(qh, keys, stride, s);
                 for s in s.iter_mut() {
                     *s *= scale;
                 }
+                soft_cap::<FMA>(s, cap);
                 softmax_body::<FMA>(s);
             }
             for (o, s) in out.chunks_exact_mut(head_dim).zip(scores.chunks_exact(len)) {
@@ -336,8 +371,9 @@ multiversion! {
     /// `q` holds the heads one after another (`head_dim` values each), `keys` and `values`
     /// the positions to attend to, position `j` at `j * stride..j * stride + head_dim` (so
     /// `keys.len()` says how many there are: `(keys.len() - head_dim) / stride + 1`). Writes
-    /// `softmax(q_h · k_j * scale) · v` for each head into `out` (laid out as `q`). `scores`
-    /// is scratch.
+    /// `softmax(c(q_h · k_j * scale)) · v` for each head into `out` (laid out as `q`), where
+    /// `c(s) = cap * tanh(s / cap)` when `cap > 0` (Gemma 2's soft-capping) and `s`
+    /// otherwise. `scores` is scratch.
     ///
     /// # Panics
     /// When the shapes disagree or there is no position.
@@ -349,6 +385,7 @@ multiversion! {
         stride: usize,
         head_dim: usize,
         scale: f32,
+        cap: f32,
         scores: &mut Vec<f32>,
         out: &mut [f32]
     ) => attend_body
@@ -381,6 +418,17 @@ multiversion! {
 }
 
 multiversion! {
+    /// `out = gelu(gate) * up`, GELU with the tanh approximation
+    /// (`0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))`), over the shortest of the three.
+    pub fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) => gelu_tanh_mul_body
+}
+
+multiversion! {
+    /// `cap * tanh(x / cap)` for every `x` (soft-capping of logits).
+    pub fn soft_cap_in_place(x: &mut [f32], cap: f32) => soft_cap
+}
+
+multiversion! {
     /// `e^x` (within 2 ulp; clamped to the normal range), as the other functions compute it.
     pub fn exp_f32(x: f32) -> f32 => exp_body
 }
@@ -406,7 +454,15 @@ mod tests {
 
     #[test]
     fn attention_of_a_head_group_matches_plain_f64() {
-        for head_dim in [64, 128, 24] {
+        // Without a cap and with Gemma 2's (50, and 0.5 so that it bends every score).
+        for (head_dim, cap) in [
+            (64, 0.0),
+            (128, 0.0),
+            (24, 0.0),
+            (256, 50.0),
+            (64, 0.5),
+            (24, 0.5),
+        ] {
             let (heads, positions, stride) = (3, 37, 2 * head_dim + 8);
             let v = |n: usize, seed: usize| -> Vec<f32> {
                 (0..n)
@@ -427,6 +483,7 @@ mod tests {
                 stride,
                 head_dim,
                 scale,
+                cap,
                 &mut Vec::new(),
                 &mut out,
             );
@@ -440,6 +497,13 @@ mod tests {
                             .map(|(a, b)| *a as f64 * *b as f64)
                             .sum::<f64>()
                             * scale as f64
+                    })
+                    .map(|s| {
+                        if cap > 0.0 {
+                            cap as f64 * (s / cap as f64).tanh()
+                        } else {
+                            s
+                        }
                     })
                     .collect();
                 let m = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -494,6 +558,32 @@ mod tests {
             let g = gate[i] as f64;
             let want = g / (1.0 + (-g).exp()) * up[i] as f64;
             assert!((out[i] as f64 - want).abs() < 1e-6 * want.abs().max(1.0));
+        }
+        // GELU (tanh form) over a wide range, against its definition in f64.
+        let gate: Vec<f32> = (0..200).map(|i| (i as f32 - 100.0) * 0.09).collect();
+        let up = v(200, 0.3);
+        let mut out = vec![0.0; 200];
+        gelu_tanh_mul(&gate, &up, &mut out);
+        for i in 0..200 {
+            let g = gate[i] as f64;
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+            let want = 0.5 * g * (1.0 + inner.tanh()) * up[i] as f64;
+            assert!(
+                (out[i] as f64 - want).abs() < 1e-6 * want.abs().max(1.0),
+                "gelu({g}) * {}: {} vs {want}",
+                up[i],
+                out[i]
+            );
+        }
+        let mut capped: Vec<f32> = (0..100).map(|i| (i as f32 - 50.0) * 1.7).collect();
+        let raw = capped.clone();
+        soft_cap_in_place(&mut capped, 30.0);
+        for (c, r) in capped.iter().zip(&raw) {
+            let want = 30.0 * (*r as f64 / 30.0).tanh();
+            assert!(
+                (*c as f64 - want).abs() < 1e-5 * want.abs().max(1.0),
+                "{c} vs {want}"
+            );
         }
     }
 }

@@ -82,6 +82,27 @@ pub struct LlamaConfig {
     pub context_length: usize,
     /// The family (`general.architecture`) and what sets it apart.
     pub family: Family,
+    /// What queries are multiplied by before their dot products with keys:
+    /// `1 / sqrt(head_dim)`, or Gemma's `1 / sqrt(query_pre_attn_scalar)`.
+    pub attention_scale: f32,
+    /// Attention scores pass through `cap * tanh(s / cap)` (`attn_logit_softcapping`: Gemma 2).
+    pub attention_softcap: Option<f32>,
+    /// Logits pass through `cap * tanh(l / cap)` (`final_logit_softcapping`: Gemma 2).
+    pub final_softcap: Option<f32>,
+    /// Token embeddings are multiplied by this (`sqrt(d_model)` for Gemma, else 1).
+    pub embedding_scale: f32,
+    /// The positions a sliding-window layer attends to, itself included
+    /// (`attention.sliding_window`).
+    pub sliding_window: Option<usize>,
+    /// Which layers attend through the window (all `false` without one).
+    pub window_layers: Vec<bool>,
+    /// The rotary base of the sliding-window layers (`rope.freq_base_swa`, or the family's).
+    pub rope_base_window: f32,
+    /// Linear RoPE scaling (`rope.scaling.factor`): positions are divided by it in the
+    /// layers without a window (1: none).
+    pub rope_linear_factor: f32,
+    /// The same for the sliding-window layers (1 where the family keeps them unscaled).
+    pub rope_linear_factor_window: f32,
 }
 
 impl LlamaConfig {
@@ -94,6 +115,11 @@ impl LlamaConfig {
     /// Rows of the key (and value) projection: `n_kv_head * head_dim`.
     pub fn kv_dim(&self) -> usize {
         self.n_kv_head * self.head_dim
+    }
+
+    /// Whether layer `layer` attends through the sliding window.
+    pub fn is_window_layer(&self, layer: usize) -> bool {
+        self.window_layers.get(layer).copied().unwrap_or(false)
     }
 
     /// Bytes of KV cache one token takes in every layer (keys and values, f32).
@@ -218,10 +244,22 @@ impl GgufFile {
                 )));
             }
         }
-        self.refuse_unknown_keys(arch, head_dim)?;
-        if self.get(&key("rope.scaling.type")).is_some() {
-            let kind = self.string(&key("rope.scaling.type")).unwrap_or("");
-            if kind != "none" {
+        self.refuse_unknown_keys(family, head_dim)?;
+        let factor = self.f32_or(&key("rope.scaling.factor"), 1.0)?;
+        let factor = if factor == 0.0 { 1.0 } else { factor };
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(self.error(format!("rope.scaling.factor {factor} is not positive")));
+        }
+        match self.string(&key("rope.scaling.type")) {
+            // llama.cpp reads a missing type as linear.
+            None | Some("linear") => {}
+            Some("none") if factor == 1.0 => {}
+            Some("none") => {
+                return Err(self.error(format!(
+                    "rope.scaling.type is none but rope.scaling.factor is {factor}"
+                )));
+            }
+            Some(kind) => {
                 return Err(self.error(format!("rope scaling '{kind}' is not supported yet")));
             }
         }
@@ -242,6 +280,21 @@ impl GgufFile {
                 "token_embd.weight has width {embd}, embedding_length is {d_model}"
             )));
         }
+        let cap = |name: &str| -> Result<Option<f32>> {
+            let value = self.f32_or(&key(name), 0.0)?;
+            Ok((value > 0.0).then_some(value))
+        };
+        let attention_softcap = cap("attn_logit_softcapping")?;
+        let final_softcap = cap("final_logit_softcapping")?;
+        let (sliding_window, window_layers) = self.window_layers(family, n_layer)?;
+        let query_scalar = match family.wide_query_scale_layers {
+            Some(layers) if layers == n_layer => d_model / n_head,
+            _ => head_dim,
+        };
+        let rope_base_window = match self.get(&key("rope.freq_base_swa")) {
+            Some(_) => self.f32_or(&key("rope.freq_base_swa"), rope_base)?,
+            None => family.window_rope_base.unwrap_or(rope_base),
+        };
         Ok(LlamaConfig {
             n_layer,
             d_model,
@@ -254,14 +307,73 @@ impl GgufFile {
             rms_eps,
             context_length,
             family,
+            attention_scale: 1.0 / (query_scalar as f32).sqrt(),
+            attention_softcap,
+            final_softcap,
+            embedding_scale: if family.scaled_embeddings {
+                (d_model as f32).sqrt()
+            } else {
+                1.0
+            },
+            sliding_window,
+            window_layers,
+            rope_base_window,
+            rope_linear_factor: factor,
+            rope_linear_factor_window: if family.window_rope_base.is_some() {
+                1.0
+            } else {
+                factor
+            },
         })
+    }
+
+    /// The sliding window and which layers use it: none unless the family has such layers
+    /// and the file gives `attention.sliding_window`; then the family's pattern, or the
+    /// file's `attention.sliding_window_pattern` (a period, or one flag per layer).
+    fn window_layers(&self, family: Family, n_layer: usize) -> Result<(Option<usize>, Vec<bool>)> {
+        let key = |name: &str| format!("{}.{name}", family.name);
+        let none = Ok((None, vec![false; n_layer]));
+        let Some(default_period) = family.window_pattern else {
+            return none;
+        };
+        let window = match self.get(&key("attention.sliding_window")) {
+            None => return none,
+            Some(_) => self.u64(&key("attention.sliding_window"))? as usize,
+        };
+        if window == 0 {
+            return none;
+        }
+        let layers = match self.get(&key("attention.sliding_window_pattern")) {
+            Some(Value::Array(flags)) => {
+                let flags: Vec<bool> = flags.iter().filter_map(|v| v.to_bool().ok()).collect();
+                if flags.len() != n_layer {
+                    return Err(self.error(format!(
+                        "attention.sliding_window_pattern has {} flags for {n_layer} layers",
+                        flags.len()
+                    )));
+                }
+                flags
+            }
+            other => {
+                let period = match other {
+                    Some(_) => self.u64(&key("attention.sliding_window_pattern"))? as usize,
+                    None => default_period,
+                };
+                // As llama.cpp's `set_swa_pattern`: period 0 makes every layer windowed.
+                (0..n_layer)
+                    .map(|l| period == 0 || l % period < period - 1)
+                    .collect()
+            }
+        };
+        Ok((Some(window), layers))
     }
 
     /// Refuses `{arch}.*` metadata this engine does not implement: such a key changes the
     /// computation (soft-capping, sliding windows, a scaled logit, experts...), and running
     /// the model without it gives wrong answers with no error. Keys that only restate a shape
     /// must agree with it.
-    fn refuse_unknown_keys(&self, arch: &str, head_dim: usize) -> Result<()> {
+    fn refuse_unknown_keys(&self, family: Family, head_dim: usize) -> Result<()> {
+        let arch = family.name;
         const KNOWN: &[&str] = &[
             "block_count",
             "embedding_length",
@@ -273,8 +385,9 @@ impl GgufFile {
             "rope.dimension_count",
             "attention.layer_norm_rms_epsilon",
             "vocab_size",
-            // Checked where they are read: only "none" scaling, no experts.
+            // Checked where they are read: only linear scaling, no experts.
             "rope.scaling.type",
+            "rope.scaling.factor",
             "expert_count",
             "expert_used_count",
         ];
@@ -296,7 +409,7 @@ impl GgufFile {
                         )));
                     }
                 }
-                name if KNOWN.contains(&name) => {}
+                name if KNOWN.contains(&name) || family.keys.contains(&name) => {}
                 _ => unknown.push(key.as_str()),
             }
         }

@@ -13,8 +13,8 @@ use modelmux_kernels::Int8Rows;
 
 use crate::matmul::{Matrix, ranges};
 use crate::ops::{
-    AttentionShape, AttentionSpan, Rope, add_assign, add_bias, attention, rms_norm,
-    rms_norm_in_place, rms_norm_into, silu_mul_stacked,
+    AttentionShape, AttentionSpan, Rope, add_assign, add_bias, attention, gated_stacked, rms_norm,
+    rms_norm_in_place, rms_norm_into,
 };
 use crate::parallel;
 use crate::weights::{LlamaWeights, Target, WeightFormat};
@@ -40,6 +40,8 @@ pub struct Segment<'a> {
 pub struct LlamaModel {
     weights: LlamaWeights,
     rope: Rope,
+    /// The sliding-window layers' table, where their base or scaling differs (Gemma 3).
+    window_rope: Option<Rope>,
 }
 
 /// Rows `start..end` of the batch, all with `adapter`.
@@ -52,14 +54,27 @@ struct AdapterRun<'a> {
 impl LlamaModel {
     /// A model that runs sequences of at most `max_positions` tokens.
     pub fn new(weights: LlamaWeights, max_positions: usize) -> Self {
-        let rope = Rope::new(
-            weights.config.head_dim,
-            weights.config.family.rope,
-            weights.config.rope_base,
-            weights.rope_factors.as_deref(),
-            max_positions,
-        );
-        Self { weights, rope }
+        let config = &weights.config;
+        let table = |base: f32, linear: f32| {
+            Rope::new(
+                config.head_dim,
+                config.family.rope,
+                base,
+                weights.rope_factors.as_deref(),
+                linear,
+                max_positions,
+            )
+        };
+        let rope = table(config.rope_base, config.rope_linear_factor);
+        let window_rope = (config.window_layers.iter().any(|w| *w)
+            && (config.rope_base_window, config.rope_linear_factor_window)
+                != (config.rope_base, config.rope_linear_factor))
+            .then(|| table(config.rope_base_window, config.rope_linear_factor_window));
+        Self {
+            weights,
+            rope,
+            window_rope,
+        }
     }
 
     /// The model's shape.
@@ -176,10 +191,17 @@ impl LlamaModel {
         if rows == 0 {
             return Ok(Vec::new());
         }
-        let shape = AttentionShape {
+        let global_shape = AttentionShape {
             n_head: config.n_head,
             n_kv_head: config.n_kv_head,
             head_dim: config.head_dim,
+            scale: config.attention_scale,
+            softcap: config.attention_softcap,
+            window: None,
+        };
+        let window_shape = AttentionShape {
+            window: config.sliding_window,
+            ..global_shape
         };
         let ffn = config.ffn_dim;
         let [q_columns, k_columns, v_columns] = ranges([q_dim, kv_dim, kv_dim]);
@@ -205,7 +227,17 @@ impl LlamaModel {
         let mut gate_up = vec![0.0; rows * 2 * ffn];
         let mut gated = vec![0.0; rows * ffn];
         let mut x = self.weights.embed(&tokens)?;
+        if config.embedding_scale != 1.0 {
+            x.iter_mut().for_each(|v| *v *= config.embedding_scale);
+        }
+        let activation = config.family.activation;
         for (layer, block) in self.weights.blocks.iter().enumerate() {
+            let windowed = config.is_window_layer(layer);
+            let (shape, rope) = match (windowed, &self.window_rope) {
+                (true, Some(rope)) => (window_shape, rope),
+                (true, None) => (window_shape, &self.rope),
+                (false, _) => (global_shape, &self.rope),
+            };
             rms_norm_into(&x, &block.attn_norm, config.rms_eps, &mut h);
             self.project(
                 &block.qkv,
@@ -229,8 +261,8 @@ impl LlamaModel {
                 rms_norm_in_place(&mut q, q_norm, config.rms_eps);
                 rms_norm_in_place(&mut k, k_norm, config.rms_eps);
             }
-            self.rope.apply(&mut q, &positions, q_dim);
-            self.rope.apply(&mut k, &positions, kv_dim);
+            rope.apply(&mut q, &positions, q_dim);
+            rope.apply(&mut k, &positions, kv_dim);
             let mut row = 0;
             for s in segments.iter_mut() {
                 let n = s.tokens.len();
@@ -269,6 +301,9 @@ impl LlamaModel {
                 &runs,
                 &mut scratch,
             )?;
+            if let Some((attn_post, _)) = &block.post_norms {
+                rms_norm_in_place(o, attn_post, config.rms_eps);
+            }
             add_assign(&mut x, o);
             rms_norm_into(&x, &block.ffn_norm, config.rms_eps, &mut h);
             let gu = &mut gate_up;
@@ -281,7 +316,7 @@ impl LlamaModel {
                 &runs,
                 &mut scratch,
             )?;
-            silu_mul_stacked(gu, ffn, &mut gated);
+            gated_stacked(activation, gu, ffn, &mut gated);
             let down = &mut projected;
             self.project(
                 &block.down,
@@ -292,6 +327,9 @@ impl LlamaModel {
                 &runs,
                 &mut scratch,
             )?;
+            if let Some((_, ffn_post)) = &block.post_norms {
+                rms_norm_in_place(down, ffn_post, config.rms_eps);
+            }
             add_assign(&mut x, down);
         }
         if embed {
@@ -315,6 +353,9 @@ impl LlamaModel {
             self.weights
                 .lm_head
                 .forward(&h, &mut logits, &mut scratch)?;
+            if let Some(cap) = config.final_softcap {
+                modelmux_kernels::vector::soft_cap_in_place(&mut logits, cap);
+            }
         }
         let mut out = Vec::with_capacity(segments.len());
         let mut taken = 0;

@@ -7,7 +7,7 @@
 
 use modelmux_kernels::vector;
 
-use crate::family::RopeStyle;
+use crate::family::{Activation, RopeStyle};
 use crate::parallel;
 
 /// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
@@ -50,8 +50,9 @@ pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
 
 /// Rotary position embeddings: pair `i` of each head (dimensions `(2i, 2i+1)` in GGUF's
 /// interleaved layout, `(i, i + head_dim/2)` in NeoX's) rotated by
-/// `position * base^(-2i / head_dim) / factors[i]`, the factors being `rope_freqs.weight`
-/// where the model has one (as llama.cpp applies Llama 3's RoPE scaling), applied in place to
+/// `position * base^(-2i / head_dim) / factors[i] / linear`, the factors being
+/// `rope_freqs.weight` where the model has one (as llama.cpp applies Llama 3's RoPE scaling)
+/// and `linear` the linear scaling factor (1 for none), applied in place to
 /// `rows x (heads * head_dim)` values, each row at its own position.
 pub(crate) struct Rope {
     head_dim: usize,
@@ -67,6 +68,7 @@ impl Rope {
         style: RopeStyle,
         base: f32,
         factors: Option<&[f32]>,
+        linear: f32,
         max_positions: usize,
     ) -> Self {
         let half = head_dim / 2;
@@ -75,7 +77,9 @@ impl Rope {
         let inv_freq: Vec<f64> = (0..half)
             .map(|i| {
                 let divisor = factors.map_or(1.0, |f| f64::from(f[i]));
-                1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64) / divisor
+                1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64)
+                    / divisor
+                    / f64::from(linear)
             })
             .collect();
         for p in 0..max_positions {
@@ -125,15 +129,23 @@ impl Rope {
     }
 }
 
-/// `out = silu(gate) * up` for rows of `gate_up` that hold `gate` then `up`, each `width`
+/// `out = act(gate) * up` for rows of `gate_up` that hold `gate` then `up`, each `width`
 /// values, into rows of `width` values of `out`.
-pub(crate) fn silu_mul_stacked(gate_up: &[f32], width: usize, out: &mut [f32]) {
+pub(crate) fn gated_stacked(
+    activation: Activation,
+    gate_up: &[f32],
+    width: usize,
+    out: &mut [f32],
+) {
     for (row, out) in gate_up
         .chunks_exact(2 * width)
         .zip(out.chunks_exact_mut(width))
     {
         let (gate, up) = row.split_at(width);
-        vector::silu_mul(gate, up, out);
+        match activation {
+            Activation::Silu => vector::silu_mul(gate, up, out),
+            Activation::GeluTanh => vector::gelu_tanh_mul(gate, up, out),
+        }
     }
 }
 
@@ -144,12 +156,19 @@ pub(crate) fn add_assign(acc: &mut [f32], x: &[f32]) {
     }
 }
 
-/// The shape of attention: query heads, key/value heads, head size.
+/// The shape of attention: query heads, key/value heads, head size; and how scores are
+/// made: the queries' scale, a soft cap, a sliding window.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct AttentionShape {
     pub(crate) n_head: usize,
     pub(crate) n_kv_head: usize,
     pub(crate) head_dim: usize,
+    /// Scores are `q · k * scale`.
+    pub(crate) scale: f32,
+    /// Scores pass through `cap * tanh(s / cap)` (Gemma 2).
+    pub(crate) softcap: Option<f32>,
+    /// A row attends to the last `window` positions only, its own included.
+    pub(crate) window: Option<usize>,
 }
 
 /// One sequence's rows in a step: queries `rows` of the batch, at positions
@@ -168,7 +187,11 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
         n_head,
         n_kv_head,
         head_dim,
+        scale,
+        softcap,
+        window,
     } = shape;
+    let cap = softcap.unwrap_or(0.0);
     let width = n_head * head_dim;
     let mut out = vec![0.0; q.len()];
     // The step's rows: (span, row within span).
@@ -177,10 +200,9 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
     for (s, span) in spans.iter().enumerate() {
         for i in 0..span.rows {
             items.push((s, i));
-            work += span.start + i + 1;
+            work += window.map_or(span.start + i + 1, |w| w.min(span.start + i + 1));
         }
     }
-    let scale = 1.0 / (head_dim as f32).sqrt();
     let group = n_head / n_kv_head;
     let kv_width = n_kv_head * head_dim;
     // One work item per (row, key/value head): the `group` query heads of one key/value
@@ -192,11 +214,12 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
         let span = &spans[s];
         let row = span.first_row + i;
         let len = span.start + i + 1;
+        let first = window.map_or(0, |w| len.saturating_sub(w));
         let q = &q[row * width + kvh * group_width..][..group_width];
-        let at = kvh * head_dim;
-        let end = (len - 1) * kv_width + at + head_dim;
+        let at = first * kv_width + kvh * head_dim;
+        let end = (len - 1) * kv_width + kvh * head_dim + head_dim;
         let (keys, values) = (&span.keys[at..end], &span.values[at..end]);
-        vector::attend(q, keys, values, kv_width, head_dim, scale, scores, out);
+        vector::attend(q, keys, values, kv_width, head_dim, scale, cap, scores, out);
     };
     // Decode steps of a few short sequences are cheaper on one thread than a fork-join.
     let count = items.len() * n_kv_head;
@@ -238,6 +261,9 @@ mod tests {
             n_head,
             n_kv_head,
             head_dim,
+            scale,
+            softcap,
+            window,
         } = shape;
         let total = start + rows;
         let mut out = vec![0.0f32; rows * n_head * head_dim];
@@ -247,13 +273,17 @@ mod tests {
                 let qv = &q[(i * n_head + h) * head_dim..][..head_dim];
                 let mut w = vec![f64::NEG_INFINITY; total];
                 for (j, wj) in w.iter_mut().enumerate().take(start + i + 1) {
+                    if window.is_some_and(|window| start + i - j >= window) {
+                        continue;
+                    }
                     let k = &keys[(j * n_kv_head + kvh) * head_dim..][..head_dim];
-                    *wj = qv
+                    let s = qv
                         .iter()
                         .zip(k)
                         .map(|(a, b)| *a as f64 * *b as f64)
                         .sum::<f64>()
-                        / (head_dim as f64).sqrt();
+                        * scale as f64;
+                    *wj = softcap.map_or(s, |c| c as f64 * (s / c as f64).tanh());
                 }
                 let m = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = w.iter().map(|x| (x - m).exp()).sum();
@@ -272,11 +302,26 @@ mod tests {
 
     #[test]
     fn attention_matches_the_textbook_form_for_mixed_spans() {
-        let shape = AttentionShape {
+        let plain = AttentionShape {
             n_head: 6,
             n_kv_head: 2,
             head_dim: 16,
+            scale: 0.25,
+            softcap: None,
+            window: None,
         };
+        // Gemma's: another scale, soft-capped scores, a window shorter than most spans.
+        let gemma = AttentionShape {
+            scale: 0.4,
+            softcap: Some(2.0),
+            window: Some(7),
+            ..plain
+        };
+        attention_matches_for(plain);
+        attention_matches_for(gemma);
+    }
+
+    fn attention_matches_for(shape: AttentionShape) {
         let width = shape.n_head * shape.head_dim;
         let kv_width = shape.n_kv_head * shape.head_dim;
         let mut seed = 7;
@@ -321,7 +366,7 @@ mod tests {
 
     #[test]
     fn rope_rotates_pairs_by_position() {
-        let rope = Rope::new(4, RopeStyle::Interleaved, 10_000.0, None, 16);
+        let rope = Rope::new(4, RopeStyle::Interleaved, 10_000.0, None, 1.0, 16);
         let mut x = vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
         rope.apply(&mut x, &[0, 3], 4);
         assert_eq!(&x[..4], &[1.0, 0.0, 1.0, 0.0]);

@@ -145,8 +145,10 @@ pub(crate) struct Block {
     pub(crate) qkv: Matrix,
     /// Biases of q, k and v, stacked as their outputs (Qwen2).
     pub(crate) qkv_bias: Option<Vec<f32>>,
-    /// RMSNorm weights of each q head and each k head, `head_dim` each (Qwen3).
+    /// RMSNorm weights of each q head and each k head, `head_dim` each (Qwen3, Gemma 3).
     pub(crate) qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// RMSNorm weights of the attention's and the MLP's outputs (Gemma 2 and 3).
+    pub(crate) post_norms: Option<(Vec<f32>, Vec<f32>)>,
     pub(crate) o: Matrix,
     /// gate and up stacked: `2 * ffn_dim` outputs.
     pub(crate) gate_up: Matrix,
@@ -280,6 +282,14 @@ impl LlamaWeights {
             } else {
                 None
             };
+            let post_norms = if family.post_norms {
+                let attn = vector(file, &format!("blk.{layer}.post_attention_norm.weight"), d)?;
+                let ffn = vector(file, &format!("blk.{layer}.post_ffw_norm.weight"), d)?;
+                bytes += 8 * d as u64;
+                Some((attn, ffn))
+            } else {
+                None
+            };
             // Fused projections (Phi-3) are already stacked as the engine stacks them:
             // q, k, v rows, and gate rows then up rows.
             let fused_qkv = format!("blk.{layer}.attn_qkv.weight");
@@ -305,6 +315,7 @@ impl LlamaWeights {
                 qkv,
                 qkv_bias,
                 qk_norm,
+                post_norms,
                 o: matrix(file, &[part(layer, Target::O)], format)?,
                 gate_up,
                 down: matrix(file, &[part(layer, Target::Down)], format)?,

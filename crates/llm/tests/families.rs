@@ -233,14 +233,72 @@ fn metadata_that_changes_the_computation_is_refused_by_name() {
     LlamaWeights::load(&agreeing, WeightFormat::F32).unwrap();
 }
 
-/// A tiny model of `arch`: d 64, 4 query heads and 2 KV heads of `head_dim`, 2 layers, with
-/// the family's extra tensors (random q/k/v biases, random-around-1 q/k norms).
-/// With Phi-3's fused `attn_qkv` and gate/up `ffn_up` when `fused`.
+/// A tiny model of a family: d 64, 4 query heads and 2 KV heads of `head_dim`, with the
+/// family's extra tensors and keys.
+struct Spec<'a> {
+    arch: &'a str,
+    head_dim: usize,
+    layers: usize,
+    /// Random q/k/v biases (Qwen2).
+    bias: bool,
+    /// Random-around-1 q/k norms (Qwen3, Gemma 3).
+    qk_norm: bool,
+    /// Phi-3's fused `attn_qkv` and gate/up `ffn_up`.
+    fused: bool,
+    /// Gemma's post-attention and post-MLP norms, and norms that are not all ones.
+    gemma: bool,
+    /// More `{arch}.*` keys (names after the prefix).
+    keys: Vec<(&'a str, Value)>,
+}
+
+impl<'a> Spec<'a> {
+    fn new(arch: &'a str, head_dim: usize) -> Self {
+        Spec {
+            arch,
+            head_dim,
+            layers: 2,
+            bias: false,
+            qk_norm: false,
+            fused: false,
+            gemma: false,
+            keys: Vec::new(),
+        }
+    }
+}
+
+/// Norm weights around 1 (as Gemma's converter stores them: 1 + Hugging Face's weight).
+fn around_one(n: usize, seed: usize) -> QTensor {
+    f32_tensor(
+        (0..n)
+            .map(|i| 0.5 + ((i + seed) * 7 % 11) as f32 / 10.0)
+            .collect(),
+    )
+}
+
 fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool, fused: bool) -> PathBuf {
+    write_spec(&Spec {
+        bias,
+        qk_norm,
+        fused,
+        ..Spec::new(arch, head_dim)
+    })
+}
+
+fn write_spec(spec: &Spec<'_>) -> PathBuf {
     const D: usize = 64;
     const FFN: usize = 128;
     const HEADS: usize = 4;
     const KV_HEADS: usize = 2;
+    let Spec {
+        arch,
+        head_dim,
+        layers,
+        bias,
+        qk_norm,
+        fused,
+        gemma,
+        ..
+    } = *spec;
     let (q_dim, kv_dim) = (HEADS * head_dim, KV_HEADS * head_dim);
     let u32v = |v: usize| Value::U32(v as u32);
     let key = |k: &str| format!("{arch}.{k}");
@@ -249,7 +307,7 @@ fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool, fused: b
             "general.architecture".to_owned(),
             Value::String(arch.into()),
         ),
-        (key("block_count"), u32v(2)),
+        (key("block_count"), u32v(layers)),
         (key("context_length"), u32v(512)),
         (key("embedding_length"), u32v(D)),
         (key("feed_forward_length"), u32v(FFN)),
@@ -262,19 +320,28 @@ fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool, fused: b
         metadata.push((key("attention.key_length"), u32v(head_dim)));
         metadata.push((key("attention.value_length"), u32v(head_dim)));
     }
+    for (k, v) in &spec.keys {
+        metadata.retain(|(name, _)| *name != key(k));
+        metadata.push((key(k), v.clone()));
+    }
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(arch.len() as u64 * 31 + head_dim as u64);
     let vocab = 49152;
+    let norm = |n: usize, seed: usize| if gemma { around_one(n, seed) } else { ones(n) };
     let mut tensors: Vec<(String, QTensor)> = vec![
         (
             "token_embd.weight".into(),
-            random(&mut rng, &[vocab, D], 1.0),
+            random(&mut rng, &[vocab, D], if gemma { 0.2 } else { 1.0 }),
         ),
-        ("output_norm.weight".into(), ones(D)),
+        ("output_norm.weight".into(), norm(D, 1)),
     ];
-    for l in 0..2 {
+    for l in 0..layers {
         let p = |n: &str| format!("blk.{l}.{n}");
-        tensors.push((p("attn_norm.weight"), ones(D)));
-        tensors.push((p("ffn_norm.weight"), ones(D)));
+        tensors.push((p("attn_norm.weight"), norm(D, 2 + l)));
+        tensors.push((p("ffn_norm.weight"), norm(D, 3 + l)));
+        if gemma {
+            tensors.push((p("post_attention_norm.weight"), around_one(D, 4 + l)));
+            tensors.push((p("post_ffw_norm.weight"), around_one(D, 5 + l)));
+        }
         if fused {
             let rows = q_dim + 2 * kv_dim;
             tensors.push((p("attn_qkv.weight"), random(&mut rng, &[rows, D], 0.2)));
@@ -305,7 +372,11 @@ fn write_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool, fused: b
             }
         }
     }
-    let path = dir().join(format!("{arch}-{head_dim}-{fused}.gguf"));
+    let keys: Vec<&str> = spec.keys.iter().map(|(k, _)| *k).collect();
+    let path = dir().join(format!(
+        "{arch}-{head_dim}-{fused}-{layers}-{}.gguf",
+        keys.join("-").replace('.', "_")
+    ));
     // The tokenizer's metadata from SmolLM2; the model's keys and tensors replace the tiny
     // llama's (whose `llama.*` keys are dropped for another family).
     write_family_file(&path, arch, metadata, tensors);
@@ -334,6 +405,11 @@ fn write_family_file(
 /// A random rank-4 PEFT adapter on q, k, v, o and down for a tiny family model, in `dir`.
 /// With `fused`, on Phi-3's modules instead: qkv_proj, o_proj and gate_up_proj.
 fn write_adapter(name: &str, head_dim: usize, fused: bool) -> PathBuf {
+    write_adapter_for(name, head_dim, fused, 2)
+}
+
+/// [`write_adapter`] for a model of `layers` blocks.
+fn write_adapter_for(name: &str, head_dim: usize, fused: bool, layers: usize) -> PathBuf {
     let (d, ffn, q_dim, kv_dim) = (64, 128, 4 * head_dim, 2 * head_dim);
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(99 + head_dim as u64);
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
@@ -352,7 +428,7 @@ fn write_adapter(name: &str, head_dim: usize, fused: bool) -> PathBuf {
             ("down_proj", "mlp", ffn, d),
         ]
     };
-    for l in 0..2 {
+    for l in 0..layers {
         for &(module, parent, inp, out) in modules {
             for (ab, shape) in [("A", [4, inp]), ("B", [out, 4])] {
                 let data: Vec<u8> = (0..shape[0] * shape[1])
@@ -395,9 +471,26 @@ fn check_family(arch: &str, head_dim: usize, bias: bool, qk_norm: bool) {
 }
 
 fn check_family_fused(arch: &str, head_dim: usize, bias: bool, qk_norm: bool, fused: bool) {
+    check_spec(&Spec {
+        bias,
+        qk_norm,
+        fused,
+        ..Spec::new(arch, head_dim)
+    });
+}
+
+/// Engine against reference for the model `spec` describes, base and adapted; returns the
+/// base model's file.
+fn check_spec(spec: &Spec<'_>) -> PathBuf {
     const BOUND: f32 = 2e-3;
-    let path = write_family(arch, head_dim, bias, qk_norm, fused);
-    let adapter = write_adapter(&format!("{arch}-{head_dim}-adapter"), head_dim, fused);
+    let (arch, head_dim) = (spec.arch, spec.head_dim);
+    let path = write_spec(spec);
+    let adapter = write_adapter_for(
+        &format!("{arch}-{head_dim}-{}-adapter", spec.layers),
+        head_dim,
+        spec.fused,
+        spec.layers,
+    );
     let base_want = reference_logits(&path, false);
     let base_got = engine_logits(&path);
     let adapted_want = reference_logits_with(&path, false, Some(&adapter));
@@ -422,6 +515,86 @@ fn check_family_fused(arch: &str, head_dim: usize, bias: bool, qk_norm: bool, fu
         adapter_effect > 20.0 * BOUND,
         "{arch}: the adapter changes too little to tell"
     );
+    path
+}
+
+/// Gemma 2: GELU gating, post-norms, scaled embeddings, soft-capped scores and logits, and
+/// a sliding window (layer 0 of 2) shorter than the prompt; caps small enough to bend.
+#[test]
+fn gemma2_with_soft_caps_and_a_sliding_window_matches_the_reference() {
+    let spec = Spec {
+        gemma: true,
+        keys: vec![
+            ("attn_logit_softcapping", Value::F32(0.5)),
+            ("final_logit_softcapping", Value::F32(3.0)),
+            ("attention.sliding_window", Value::U32(8)),
+        ],
+        ..Spec::new("gemma2", 16)
+    };
+    let path = check_spec(&spec);
+    let logits = engine_logits(&path);
+    assert!(logits.iter().all(|l| l.abs() < 3.0), "final soft cap");
+    // Each of these changes the answer: an engine that ignored one would fail above.
+    for (name, key) in [
+        ("no attention cap", "attn_logit_softcapping"),
+        ("no window", "attention.sliding_window"),
+    ] {
+        let without = Spec {
+            keys: spec
+                .keys
+                .iter()
+                .filter(|(k, _)| *k != key)
+                .cloned()
+                .collect(),
+            gemma: true,
+            ..Spec::new("gemma2", 16)
+        };
+        let changed = max_difference(&reference_logits(&write_spec(&without), false), &logits);
+        eprintln!("gemma2 {name}: logits move by {changed:.3}");
+        assert!(changed > 0.04, "{name}: moves the logits by only {changed}");
+    }
+}
+
+/// Gemma 3: q/k norms, heads of 256 (q wider than d_model), six layers of which the sixth
+/// is global (the default pattern) with linear RoPE scaling and base 10^6, the others local
+/// at base 10 000 with a window of 8.
+#[test]
+fn gemma3_with_local_and_global_layers_matches_the_reference() {
+    check_spec(&Spec {
+        gemma: true,
+        qk_norm: true,
+        layers: 6,
+        keys: vec![
+            ("attention.sliding_window", Value::U32(8)),
+            ("rope.freq_base", Value::F32(1_000_000.0)),
+            ("rope.scaling.type", Value::String("linear".into())),
+            ("rope.scaling.factor", Value::F32(8.0)),
+        ],
+        ..Spec::new("gemma3", 256)
+    });
+    // A pattern from the file: every other layer global.
+    check_spec(&Spec {
+        gemma: true,
+        qk_norm: true,
+        keys: vec![
+            ("attention.sliding_window", Value::U32(8)),
+            ("attention.sliding_window_pattern", Value::U32(2)),
+            ("final_logit_softcapping", Value::F32(4.0)),
+        ],
+        ..Spec::new("gemma3", 32)
+    });
+}
+
+/// Mistral 3 as llama.cpp writes it is computed as Llama (q/k rows permuted by the
+/// converter, interleaved rotary); its YaRN scaling is refused by name.
+#[test]
+fn mistral3_without_yarn_is_computed_as_llama() {
+    check_family("mistral3", 16, false, false);
+    let yarn = write_spec(&Spec {
+        keys: vec![("rope.scaling.type", Value::String("yarn".into()))],
+        ..Spec::new("mistral3", 16)
+    });
+    assert!(load_error(&yarn).contains("yarn"));
 }
 
 #[test]

@@ -71,7 +71,7 @@ pub(super) struct AdapterConfig {
     pub(super) base_model: Option<String>,
 }
 
-/// The GGUF architecture a Hugging Face model name or path belongs to, when it names a family
+/// The lineage (see `Family::lineage`) a Hugging Face model name or path belongs to, when it names a family
 /// (`Qwen/Qwen2.5-0.5B-Instruct` is `qwen2`, `HuggingFaceTB/SmolLM2-135M` is `llama`); `None`
 /// when it names none this knows.
 pub(super) fn architecture_named(name: &str) -> Option<&'static str> {
@@ -79,6 +79,8 @@ pub(super) fn architecture_named(name: &str) -> Option<&'static str> {
     const FAMILIES: &[(&[&str], &str)] = &[
         (&["qwen3"], "qwen3"),
         (&["qwen"], "qwen2"),
+        (&["gemma-3", "gemma3"], "gemma3"),
+        (&["gemma-2", "gemma2"], "gemma2"),
         (&["gemma"], "gemma"),
         (&["phi-3", "phi3", "phi-4", "phi4"], "phi3"),
         (&["llama", "smollm", "mistral", "mixtral"], "llama"),
@@ -289,7 +291,9 @@ mod tests {
             ("HuggingFaceTB/SmolLM2-135M-Instruct", Some("llama")),
             ("meta-llama/Llama-3.2-1B", Some("llama")),
             ("mistralai/Mistral-7B-v0.3", Some("llama")),
-            ("google/gemma-2-2b", Some("gemma")),
+            ("google/gemma-2-2b", Some("gemma2")),
+            ("google/gemma-3-1b-it", Some("gemma3")),
+            ("google/gemma-7b", Some("gemma")),
             ("microsoft/Phi-3-mini-4k-instruct", Some("phi3")),
             ("/data/models/my-base", None),
         ] {

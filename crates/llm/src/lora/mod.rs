@@ -205,7 +205,7 @@ impl LoraAdapter {
         // Made for another family: refused even when the shapes happen to agree.
         if let Some(name) = &cfg.base_model
             && let Some(arch) = config::architecture_named(name)
-            && arch != base.family.name
+            && arch != base.family.lineage
         {
             return Err(LlmError::adapter(
                 id,
