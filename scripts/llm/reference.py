@@ -22,7 +22,9 @@ Families: llama (q/k rows un-permuted, as above), qwen2 (q/k/v biases added afte
 qwen3 (RMSNorm over each q and k head, weights attn_q_norm / attn_k_norm, before the rotary)
 and phi3 (fused attn_qkv and gate/up ffn_up tensors, split as Hugging Face's Phi3 splits them),
 all with rows in Hugging Face's order as llama.cpp's converter leaves them; a head size from
-{arch}.attention.key_length. mistral3 is computed as llama.
+{arch}.attention.key_length. mistral3 is computed as llama, with YaRN (HF's rope_type "yarn") and
+Ministral 3's llama_4_scaling_beta query scaling from the GGUF's rope.scaling.* and
+attention.temperature_scale keys.
 
 gemma2 and gemma3 as Hugging Face's Gemma2ForCausalLM / Gemma3ForCausalLM compute (the config
 fields read from the GGUF keys llama.cpp's converter writes them to):
@@ -114,6 +116,14 @@ def load_model(path):
     gemma = arch in ("gemma2", "gemma3")
     cfg["gemma"] = gemma
     cfg["rope_factor"] = float(f.get(f"{arch}.rope.scaling.factor", 1.0)) or 1.0
+    if f.get(f"{arch}.rope.scaling.type") == "yarn":  # HF rope_type "yarn", as the converter maps it
+        original = int(f.get(f"{arch}.rope.scaling.original_context_length", f[f"{arch}.context_length"]))
+        cfg["yarn"] = dict(factor=cfg["rope_factor"], original_max_position_embeddings=original,
+                           beta_fast=float(f.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+                           beta_slow=float(f.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+                           mscale_all_dim=f.get(f"{arch}.rope.scaling.yarn_log_multiplier"))
+        if f.get(f"{arch}.attention.temperature_scale") is not None:  # Ministral 3's llama_4_scaling_beta
+            cfg["llama_4_scaling_beta"] = float(f[f"{arch}.attention.temperature_scale"])
     if gemma:
         cfg["query_pre_attn_scalar"] = cfg["head_dim"]
         cfg["attn_softcap"] = float(f.get(f"{arch}.attn_logit_softcapping", 0.0)) or None
@@ -241,21 +251,51 @@ def llama3_inv_freq(base, dim, factor, low_freq_factor, high_freq_factor, origin
     return np.where(medium, smoothed, scaled).astype(np.float32)
 
 
+def yarn_inv_freq(base, dim, factor, original_max_position_embeddings, beta_fast, beta_slow, mscale_all_dim):
+    """Hugging Face's _compute_yarn_parameters (mscale = 1; mscale_all_dim from the GGUF's
+    yarn_log_multiplier): -> (inv_freq, attention_factor)."""
+    def get_mscale(scale, mscale=1.0):
+        return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+    if mscale_all_dim:
+        attention_factor = get_mscale(factor, 1.0) / get_mscale(factor, mscale_all_dim)
+    else:
+        attention_factor = get_mscale(factor)
+
+    def correction_dim(rotations):
+        return (dim * math.log(original_max_position_embeddings / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low = max(math.floor(correction_dim(beta_fast)), 0)
+    high = min(math.ceil(correction_dim(beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(dim // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (np.arange(0, dim, 2, dtype=np.float32) / dim)
+    extrapolation, interpolation = 1.0 / pos_freqs, 1.0 / (factor * pos_freqs)
+    keep = 1 - ramp  # inv_freq_extrapolation_factor
+    return (interpolation * (1 - keep) + extrapolation * keep).astype(np.float32), attention_factor
+
+
 def hidden_states(cfg, w, ids, cache=None):
     """The residual stream after the last block ([T, d], float32), before the final norm."""
     T, nh, nkv, hd = len(ids), cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]
     rd, start = cfg["rope_dim"], (cache[0][0].shape[1] if cache else 0)
 
-    def rotary(base, factor):  # HF's default rotary, with linear rope_scaling's inv_freq / factor
+    def rotary(base, factor, yarn=None):  # HF's default rotary; linear rope_scaling's inv_freq / factor
         inv_freq = cfg.get("inv_freq")
         if inv_freq is None:
             inv_freq = 1.0 / (base ** (np.arange(0, rd, 2, dtype=np.float32) / rd))
-        inv_freq = inv_freq / np.float32(factor)
+        attention_factor = 1.0
+        if yarn:
+            inv_freq, attention_factor = yarn_inv_freq(base, rd, **yarn)
+        else:
+            inv_freq = inv_freq / np.float32(factor)
         freqs = np.outer(np.arange(start, start + T, dtype=np.float32), inv_freq)
         emb = np.concatenate([freqs, freqs], axis=-1)
-        return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+        return ((np.cos(emb) * attention_factor).astype(np.float32),
+                (np.sin(emb) * attention_factor).astype(np.float32))
 
-    global_rotary = rotary(cfg["rope_base"], cfg["rope_factor"])
+    global_rotary = rotary(cfg["rope_base"], cfg["rope_factor"], cfg.get("yarn"))
     if cfg["arch"] == "gemma3":  # local layers: their own base, no scaling
         local_rotary = rotary(cfg["rope_local_base"], 1.0)
     elif cfg["arch"] == "gemma2":
@@ -297,6 +337,10 @@ def hidden_states(cfg, w, ids, cache=None):
 
         q, k = rope(proj("attn_q", nh), cos, sin), rope(proj("attn_k", nkv), cos, sin)
         v = proj("attn_v", nkv)
+        if "llama_4_scaling_beta" in cfg:  # Ministral 3: 1 + beta * log(1 + floor(pos / original))
+            positions = np.arange(start, start + T, dtype=np.float64)
+            original = cfg["yarn"]["original_max_position_embeddings"]
+            q = q * (1 + cfg["llama_4_scaling_beta"] * np.log(1 + np.floor(positions / original)))[None, :, None].astype(np.float32)
         if cache is not None:
             if i < len(cache):
                 k, v = np.concatenate([cache[i][0], k], axis=1), np.concatenate([cache[i][1], v], axis=1)

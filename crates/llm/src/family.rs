@@ -83,10 +83,11 @@ const GEMMA_KEYS: &[&str] = &[
 
 const FAMILIES: &[Family] = &[
     LLAMA,
-    // Mistral 3 (Ministral, Mistral Small 3.x) as llama.cpp writes it: Llama's computation;
-    // its YaRN scaling and attention temperature keys are refused until implemented.
+    // Mistral 3 (Ministral 3, Mistral Small 3.x) as llama.cpp writes it: Llama's computation
+    // with YaRN and Llama 4's attention temperature.
     Family {
         name: "mistral3",
+        keys: &["attention.temperature_scale"],
         ..LLAMA
     },
     Family {

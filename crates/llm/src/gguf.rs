@@ -98,11 +98,53 @@ pub struct LlamaConfig {
     pub window_layers: Vec<bool>,
     /// The rotary base of the sliding-window layers (`rope.freq_base_swa`, or the family's).
     pub rope_base_window: f32,
-    /// Linear RoPE scaling (`rope.scaling.factor`): positions are divided by it in the
-    /// layers without a window (1: none).
-    pub rope_linear_factor: f32,
-    /// The same for the sliding-window layers (1 where the family keeps them unscaled).
-    pub rope_linear_factor_window: f32,
+    /// RoPE scaling (`rope.scaling.*`) of the layers without a window.
+    pub rope_scaling: RopeScaling,
+    /// RoPE scaling of the sliding-window layers (none where the family keeps them unscaled).
+    pub rope_scaling_window: RopeScaling,
+    /// Llama 4's attention temperature (`attention.temperature_scale`: Mistral 3): queries at
+    /// position `p` are multiplied by `1 + scale * ln(1 + floor(p / floor))`.
+    pub attention_temperature: Option<AttentionTemperature>,
+}
+
+/// How rotary frequencies are stretched for contexts longer than the model was trained on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Positions divided by the factor (`rope.scaling.type = linear`; 1 is none).
+    Linear(f32),
+    /// YaRN (`rope.scaling.type = yarn`): frequencies above the `beta_fast` rotations in the
+    /// original context are kept, those below `beta_slow` divided by `factor`, a ramp
+    /// between; cos and sin multiplied by `attention_factor`.
+    Yarn {
+        /// `rope.scaling.factor`.
+        factor: f32,
+        /// `rope.scaling.original_context_length`.
+        original_context: usize,
+        /// `rope.scaling.yarn_beta_fast` (32 when absent).
+        beta_fast: f32,
+        /// `rope.scaling.yarn_beta_slow` (1 when absent).
+        beta_slow: f32,
+        /// Hugging Face's `attention_factor`: `mscale(factor, 1) / mscale(factor, m)` with
+        /// `m = rope.scaling.yarn_log_multiplier` when given, else `mscale(factor, 1)`, where
+        /// `mscale(s, m) = 0.1 m ln(s) + 1`.
+        attention_factor: f32,
+    },
+}
+
+/// See [`LlamaConfig::attention_temperature`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionTemperature {
+    /// `attention.temperature_scale` (Hugging Face's `llama_4_scaling_beta`).
+    pub scale: f32,
+    /// Positions per step (`rope.scaling.original_context_length`).
+    pub floor: usize,
+}
+
+impl AttentionTemperature {
+    /// The factor of queries at `position`.
+    pub fn at(&self, position: usize) -> f32 {
+        1.0 + self.scale * ((position / self.floor) as f32 + 1.0).ln()
+    }
 }
 
 impl LlamaConfig {
@@ -245,24 +287,25 @@ impl GgufFile {
             }
         }
         self.refuse_unknown_keys(family, head_dim)?;
-        let factor = self.f32_or(&key("rope.scaling.factor"), 1.0)?;
-        let factor = if factor == 0.0 { 1.0 } else { factor };
-        if !(factor.is_finite() && factor > 0.0) {
-            return Err(self.error(format!("rope.scaling.factor {factor} is not positive")));
-        }
-        match self.string(&key("rope.scaling.type")) {
-            // llama.cpp reads a missing type as linear.
-            None | Some("linear") => {}
-            Some("none") if factor == 1.0 => {}
-            Some("none") => {
-                return Err(self.error(format!(
-                    "rope.scaling.type is none but rope.scaling.factor is {factor}"
-                )));
+        let rope_scaling = self.rope_scaling(arch)?;
+        let attention_temperature = match self.get(&key("attention.temperature_scale")) {
+            None => None,
+            Some(_) => {
+                let scale = self.f32_or(&key("attention.temperature_scale"), 0.0)?;
+                let floor = match rope_scaling {
+                    RopeScaling::Yarn {
+                        original_context, ..
+                    } => original_context,
+                    RopeScaling::Linear(_) => 0,
+                };
+                if floor == 0 && scale != 0.0 {
+                    return Err(self.error(
+                        "attention.temperature_scale needs rope.scaling.original_context_length",
+                    ));
+                }
+                (scale != 0.0).then_some(AttentionTemperature { scale, floor })
             }
-            Some(kind) => {
-                return Err(self.error(format!("rope scaling '{kind}' is not supported yet")));
-            }
-        }
+        };
         if self.get(&key("expert_count")).is_some() {
             return Err(self.error("mixture-of-experts models are not supported"));
         }
@@ -318,13 +361,60 @@ impl GgufFile {
             sliding_window,
             window_layers,
             rope_base_window,
-            rope_linear_factor: factor,
-            rope_linear_factor_window: if family.window_rope_base.is_some() {
-                1.0
+            rope_scaling,
+            rope_scaling_window: if family.window_rope_base.is_some() {
+                RopeScaling::Linear(1.0)
             } else {
-                factor
+                rope_scaling
             },
+            attention_temperature,
         })
+    }
+
+    /// `rope.scaling.*`, as llama.cpp reads it: a missing type is linear, a factor of 0 or
+    /// none is 1.
+    fn rope_scaling(&self, arch: &str) -> Result<RopeScaling> {
+        let key = |name: &str| format!("{arch}.rope.scaling.{name}");
+        let factor = self.f32_or(&key("factor"), 1.0)?;
+        let factor = if factor == 0.0 { 1.0 } else { factor };
+        if !(factor.is_finite() && factor > 0.0) {
+            return Err(self.error(format!("rope.scaling.factor {factor} is not positive")));
+        }
+        match self.string(&key("type")) {
+            None | Some("linear") => Ok(RopeScaling::Linear(factor)),
+            Some("none") if factor == 1.0 => Ok(RopeScaling::Linear(1.0)),
+            Some("none") => Err(self.error(format!(
+                "rope.scaling.type is none but rope.scaling.factor is {factor}"
+            ))),
+            Some("yarn") => {
+                let original_context = match self.get(&key("original_context_length")) {
+                    Some(_) => self.u64(&key("original_context_length"))? as usize,
+                    None => self.u64(&format!("{arch}.context_length"))? as usize,
+                };
+                let mscale = |m: f32| {
+                    if factor <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * factor.ln() + 1.0
+                    }
+                };
+                let attention_factor = match self.get(&key("yarn_log_multiplier")) {
+                    Some(_) => mscale(1.0) / mscale(self.f32_or(&key("yarn_log_multiplier"), 0.0)?),
+                    None => mscale(1.0),
+                };
+                if original_context == 0 {
+                    return Err(self.error("rope.scaling.original_context_length is 0"));
+                }
+                Ok(RopeScaling::Yarn {
+                    factor,
+                    original_context,
+                    beta_fast: self.f32_or(&key("yarn_beta_fast"), 32.0)?,
+                    beta_slow: self.f32_or(&key("yarn_beta_slow"), 1.0)?,
+                    attention_factor,
+                })
+            }
+            Some(kind) => Err(self.error(format!("rope scaling '{kind}' is not supported yet"))),
+        }
     }
 
     /// The sliding window and which layers use it: none unless the family has such layers
@@ -385,9 +475,13 @@ impl GgufFile {
             "rope.dimension_count",
             "attention.layer_norm_rms_epsilon",
             "vocab_size",
-            // Checked where they are read: only linear scaling, no experts.
+            // Checked where they are read: linear or YaRN scaling, no experts.
             "rope.scaling.type",
             "rope.scaling.factor",
+            "rope.scaling.original_context_length",
+            "rope.scaling.yarn_beta_fast",
+            "rope.scaling.yarn_beta_slow",
+            "rope.scaling.yarn_log_multiplier",
             "expert_count",
             "expert_used_count",
         ];

@@ -38,8 +38,8 @@ pub use engine::{
     TokenConstraint, Usage,
 };
 pub use error::{ErrorKind, LlmError, Result};
-pub use family::{Family, RopeStyle};
-pub use gguf::{GgufFile, LlamaConfig};
+pub use family::{Activation, Family, RopeStyle};
+pub use gguf::{AttentionTemperature, GgufFile, LlamaConfig, RopeScaling};
 pub use kv::{KvBudget, KvCache, KvReservation};
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, token_logprob};
 pub use lora::{

@@ -55,21 +55,21 @@ impl LlamaModel {
     /// A model that runs sequences of at most `max_positions` tokens.
     pub fn new(weights: LlamaWeights, max_positions: usize) -> Self {
         let config = &weights.config;
-        let table = |base: f32, linear: f32| {
+        let table = |base: f32, scaling| {
             Rope::new(
                 config.head_dim,
                 config.family.rope,
                 base,
                 weights.rope_factors.as_deref(),
-                linear,
+                scaling,
                 max_positions,
             )
         };
-        let rope = table(config.rope_base, config.rope_linear_factor);
+        let rope = table(config.rope_base, config.rope_scaling);
         let window_rope = (config.window_layers.iter().any(|w| *w)
-            && (config.rope_base_window, config.rope_linear_factor_window)
-                != (config.rope_base, config.rope_linear_factor))
-            .then(|| table(config.rope_base_window, config.rope_linear_factor_window));
+            && (config.rope_base_window, config.rope_scaling_window)
+                != (config.rope_base, config.rope_scaling))
+            .then(|| table(config.rope_base_window, config.rope_scaling_window));
         Self {
             weights,
             rope,
@@ -263,6 +263,12 @@ impl LlamaModel {
             }
             rope.apply(&mut q, &positions, q_dim);
             rope.apply(&mut k, &positions, kv_dim);
+            if let Some(temperature) = &config.attention_temperature {
+                for (row, &p) in q.chunks_exact_mut(q_dim).zip(&positions) {
+                    let t = temperature.at(p);
+                    row.iter_mut().for_each(|v| *v *= t);
+                }
+            }
             let mut row = 0;
             for s in segments.iter_mut() {
                 let n = s.tokens.len();

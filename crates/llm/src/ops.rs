@@ -8,6 +8,7 @@
 use modelmux_kernels::vector;
 
 use crate::family::{Activation, RopeStyle};
+use crate::gguf::RopeScaling;
 use crate::parallel;
 
 /// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
@@ -50,10 +51,10 @@ pub(crate) fn add_bias(x: &mut [f32], bias: &[f32]) {
 
 /// Rotary position embeddings: pair `i` of each head (dimensions `(2i, 2i+1)` in GGUF's
 /// interleaved layout, `(i, i + head_dim/2)` in NeoX's) rotated by
-/// `position * base^(-2i / head_dim) / factors[i] / linear`, the factors being
-/// `rope_freqs.weight` where the model has one (as llama.cpp applies Llama 3's RoPE scaling)
-/// and `linear` the linear scaling factor (1 for none), applied in place to
-/// `rows x (heads * head_dim)` values, each row at its own position.
+/// `position * base^(-2i / head_dim) / factors[i]`, the factors being `rope_freqs.weight`
+/// where the model has one (as llama.cpp applies Llama 3's RoPE scaling), then stretched by
+/// the [`RopeScaling`], applied in place to `rows x (heads * head_dim)` values, each row at
+/// its own position.
 pub(crate) struct Rope {
     head_dim: usize,
     style: RopeStyle,
@@ -68,25 +69,59 @@ impl Rope {
         style: RopeStyle,
         base: f32,
         factors: Option<&[f32]>,
-        linear: f32,
+        scaling: RopeScaling,
         max_positions: usize,
     ) -> Self {
         let half = head_dim / 2;
         let mut cos = Vec::with_capacity(max_positions * half);
         let mut sin = Vec::with_capacity(max_positions * half);
-        let inv_freq: Vec<f64> = (0..half)
-            .map(|i| {
-                let divisor = factors.map_or(1.0, |f| f64::from(f[i]));
-                1.0 / (base as f64).powf(2.0 * i as f64 / head_dim as f64)
-                    / divisor
-                    / f64::from(linear)
-            })
-            .collect();
+        let base = f64::from(base);
+        let (inv_freq, magnitude) = match scaling {
+            RopeScaling::Linear(factor) => {
+                let f: Vec<f64> = (0..half)
+                    .map(|i| {
+                        let divisor = factors.map_or(1.0, |f| f64::from(f[i]));
+                        base.powf(-2.0 * i as f64 / head_dim as f64) / divisor / f64::from(factor)
+                    })
+                    .collect();
+                (f, 1.0)
+            }
+            RopeScaling::Yarn {
+                factor,
+                original_context,
+                beta_fast,
+                beta_slow,
+                attention_factor,
+            } => {
+                // The pairs turning more than `beta_fast` times over the original context
+                // keep their frequency, fewer than `beta_slow` are interpolated (divided by
+                // the factor), and a linear ramp mixes the two between (ggml's rope_yarn).
+                let dims = head_dim as f64;
+                let correction = |rotations: f32| {
+                    dims * (original_context as f64
+                        / (f64::from(rotations) * 2.0 * std::f64::consts::PI))
+                        .ln()
+                        / (2.0 * base.ln())
+                };
+                let low = correction(beta_fast).floor().max(0.0);
+                let high = correction(beta_slow).ceil().min(dims - 1.0);
+                let f: Vec<f64> = (0..half)
+                    .map(|i| {
+                        let divisor = factors.map_or(1.0, |f| f64::from(f[i]));
+                        let extrapolated = base.powf(-2.0 * i as f64 / dims) / divisor;
+                        let ramp = ((i as f64 - low) / (high - low).max(0.001)).clamp(0.0, 1.0);
+                        let keep = 1.0 - ramp;
+                        extrapolated / f64::from(factor) * (1.0 - keep) + extrapolated * keep
+                    })
+                    .collect();
+                (f, f64::from(attention_factor))
+            }
+        };
         for p in 0..max_positions {
             for f in &inv_freq {
                 let angle = p as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
+                cos.push((angle.cos() * magnitude) as f32);
+                sin.push((angle.sin() * magnitude) as f32);
             }
         }
         Self {
@@ -366,7 +401,14 @@ mod tests {
 
     #[test]
     fn rope_rotates_pairs_by_position() {
-        let rope = Rope::new(4, RopeStyle::Interleaved, 10_000.0, None, 1.0, 16);
+        let rope = Rope::new(
+            4,
+            RopeStyle::Interleaved,
+            10_000.0,
+            None,
+            RopeScaling::Linear(1.0),
+            16,
+        );
         let mut x = vec![1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
         rope.apply(&mut x, &[0, 3], 4);
         assert_eq!(&x[..4], &[1.0, 0.0, 1.0, 0.0]);

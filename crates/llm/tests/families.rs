@@ -586,15 +586,52 @@ fn gemma3_with_local_and_global_layers_matches_the_reference() {
 }
 
 /// Mistral 3 as llama.cpp writes it is computed as Llama (q/k rows permuted by the
-/// converter, interleaved rotary); its YaRN scaling is refused by name.
+/// converter, interleaved rotary).
 #[test]
 fn mistral3_without_yarn_is_computed_as_llama() {
     check_family("mistral3", 16, false, false);
-    let yarn = write_spec(&Spec {
-        keys: vec![("rope.scaling.type", Value::String("yarn".into()))],
+}
+
+/// Ministral 3 as converted: YaRN (factor 4 over an original context of 32, so that the
+/// prompt of 96 crosses it and every band of the ramp is used) with `yarn_log_multiplier`,
+/// and Llama 4's attention temperature, whose factor steps at positions 32 and 64.
+#[test]
+fn mistral3_with_yarn_and_attention_temperature_matches_the_reference() {
+    let yarn = |extra: Vec<(&'static str, Value)>| {
+        let mut keys = vec![
+            ("rope.scaling.type", Value::String("yarn".into())),
+            ("rope.scaling.factor", Value::F32(4.0)),
+            ("rope.scaling.original_context_length", Value::U32(32)),
+            ("rope.scaling.yarn_beta_fast", Value::F32(32.0)),
+            ("rope.scaling.yarn_beta_slow", Value::F32(1.0)),
+        ];
+        keys.extend(extra);
+        Spec {
+            keys,
+            ..Spec::new("mistral3", 16)
+        }
+    };
+    let plain = check_spec(&yarn(Vec::new()));
+    let tempered = check_spec(&yarn(vec![
+        ("rope.scaling.yarn_log_multiplier", Value::F32(0.5)),
+        ("attention.temperature_scale", Value::F32(0.5)),
+    ]));
+    let unscaled = reference_logits(&write_family("mistral3", 16, false, false, false), false);
+    let moved = max_difference(&reference_logits(&plain, false), &unscaled);
+    let tempered_moved = max_difference(
+        &reference_logits(&tempered, false),
+        &reference_logits(&plain, false),
+    );
+    eprintln!(
+        "yarn moves the logits by {moved:.3}; the temperature and log multiplier by {tempered_moved:.3}"
+    );
+    assert!(moved > 0.04 && tempered_moved > 0.04);
+    // Not implemented: refused by name.
+    let longrope = write_spec(&Spec {
+        keys: vec![("rope.scaling.type", Value::String("longrope".into()))],
         ..Spec::new("mistral3", 16)
     });
-    assert!(load_error(&yarn).contains("yarn"));
+    assert!(load_error(&longrope).contains("longrope"));
 }
 
 #[test]
