@@ -2,7 +2,7 @@
 //!
 //! | method and path | what |
 //! |---|---|
-//! | `GET /-/healthz`, `GET /health` | 200 when every deployment has a replica taking requests, else 503 (`/health` is the name vLLM and most probes use) |
+//! | `GET /-/healthz`, `GET /health` | 200 when every deployment has a replica taking requests, else 503 saying why (`loading` lists the deployments still starting while the port is open early; `/health` is the name vLLM and most probes use) |
 //! | `GET /-/routes` | route prefix → application, as Ray Serve's `/-/routes` |
 //! | `GET /-/models` | per application, deployment and replica: loaded and loading models |
 //! | `POST /-/models/{deployment}/{model_id}/load[?pin=true]` | prewarm (and pin) a model |
@@ -203,6 +203,9 @@ fn healthz(state: &FrontState) -> Response {
     match state.controller.health() {
         Health::Ready => json_response(StatusCode::OK, &json!({"status": "ok"})),
         Health::Draining => unavailable(json!({"status": "draining"})),
+        Health::Loading(deployments) => {
+            unavailable(json!({"status": "loading", "loading": deployments}))
+        }
         Health::NotReady(reason) => unavailable(json!({"status": "not_ready", "reason": reason})),
         Health::Unavailable(deployments) => unavailable(
             json!({"status": "unavailable", "deployments_without_replicas": deployments}),

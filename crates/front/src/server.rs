@@ -1,5 +1,6 @@
-//! The server: the controller's applications behind the HTTP front. Starts the replicas (the
-//! controller), listens (the front), and shuts down gracefully in that order reversed.
+//! The server: the controller's applications behind the HTTP front. Listens (the front, with
+//! readiness failing while models load), starts the replicas (the controller), and shuts
+//! down gracefully: replicas drain, then connections close.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,6 +24,7 @@ pub struct ServerBuilder {
     apps: Vec<Application>,
     metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
     access_log: Option<AccessLog>,
+    on_listening: Option<Box<dyn FnOnce(SocketAddr) + Send>>,
 }
 
 impl ServerBuilder {
@@ -109,9 +111,18 @@ impl ServerBuilder {
         self
     }
 
-    /// Starts every replica, then listens. Fails if any replica fails to start.
+    /// Listens, then starts every replica, and returns when they have all started. Fails
+    /// (having stopped listening) if any replica fails to start.
     pub async fn start(self) -> Result<Server, StartError> {
-        Server::start(self.config, self.apps, self.metric_sources, self.access_log).await
+        Server::start(self).await
+    }
+
+    /// Calls `f` with the address as soon as the server listens: before the replicas have
+    /// started (which [`start`](Self::start) waits for), while `/-/healthz` answers 503
+    /// `loading`.
+    pub fn on_listening(mut self, f: impl FnOnce(SocketAddr) + Send + 'static) -> Self {
+        self.on_listening = Some(Box::new(f));
+        self
     }
 }
 
@@ -132,20 +143,25 @@ impl Server {
         ServerBuilder::default()
     }
 
-    async fn start(
-        config: ServerConfig,
-        apps: Vec<Application>,
-        metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
-        access_log: Option<AccessLog>,
-    ) -> Result<Server, StartError> {
+    async fn start(builder: ServerBuilder) -> Result<Server, StartError> {
+        let ServerBuilder {
+            config,
+            apps,
+            metric_sources,
+            access_log,
+            on_listening,
+        } = builder;
         Controller::validate(&apps)?;
         config
             .http
             .validate()
             .map_err(|message| StartError::InvalidConfig { message })?;
         config.admin.check_exposure(config.bind)?;
-        let controller =
-            Arc::new(Controller::start(apps, config.node_id.clone(), config.run_replicas).await?);
+        let controller = Arc::new(Controller::new(
+            apps,
+            config.node_id.clone(),
+            config.run_replicas,
+        )?);
         let listener = TcpListener::bind(config.bind)
             .await
             .map_err(|source| StartError::Bind {
@@ -168,8 +184,23 @@ impl Server {
             state.clone(),
             stopped.clone(),
         ));
+        // Listening while the replicas start: `/-/healthz` says which deployments are still
+        // loading (a GGUF download can take minutes), and requests wait for their replicas
+        // or are refused as unavailable.
+        let loading = controller.loading();
+        tracing::info!(%local_addr, ?loading, "modelmux listening; starting replicas");
+        if let Some(listening) = on_listening {
+            listening(local_addr);
+        }
+        if let Err(e) = controller.start_replicas().await {
+            let _ = stop.send(true);
+            accept.abort();
+            controller.begin_drain();
+            controller.stop().await;
+            return Err(e);
+        }
         let health = controller.watch_health(&stopped);
-        tracing::info!(%local_addr, "modelmux listening");
+        tracing::info!(%local_addr, "modelmux ready");
         Ok(Server {
             local_addr,
             state,

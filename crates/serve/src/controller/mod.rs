@@ -97,6 +97,11 @@ pub struct Controller {
     pub(crate) changes: Arc<Notify>,
     /// An extra readiness condition (the cluster layer's: etcd reachable lately).
     readiness: parking_lot::RwLock<Option<Readiness>>,
+    /// Whether this node runs replicas (a router-only node forwards everything).
+    run_replicas: bool,
+    /// Deployments (`app/deployment`) whose first replicas are still starting: readiness
+    /// fails, naming them, until [`start_replicas`](Controller::start_replicas) ends.
+    starting: parking_lot::Mutex<Vec<String>>,
 }
 
 /// An extra condition for readiness: `Err(reason)` makes the applications not ready.
@@ -129,7 +134,21 @@ impl Controller {
 
     /// Starts every replica of every application (none when `run_replicas` is false: a
     /// router that forwards everything to other nodes). Fails if any replica fails to start.
+    /// [`new`](Self::new) then [`start_replicas`](Self::start_replicas).
     pub async fn start(
+        apps: Vec<Application>,
+        node_id: Option<String>,
+        run_replicas: bool,
+    ) -> Result<Self, StartError> {
+        let controller = Self::new(apps, node_id, run_replicas)?;
+        controller.start_replicas().await?;
+        Ok(controller)
+    }
+
+    /// The applications with their routers and handles, no replica started yet: readiness
+    /// reports every deployment as loading until [`start_replicas`](Self::start_replicas)
+    /// has run. Lets the HTTP front listen (and answer health checks) while models load.
+    pub fn new(
         apps: Vec<Application>,
         node_id: Option<String>,
         run_replicas: bool,
@@ -172,6 +191,7 @@ impl Controller {
                 })
                 .collect(),
         );
+        let mut starting = Vec::new();
         for (app, routers) in apps.into_iter().zip(routers) {
             let name: Arc<str> = app.name.as_str().into();
             let handles = HandleDirectory::new(&app.name, directory.clone());
@@ -181,30 +201,10 @@ impl Controller {
                 .unwrap_or_else(|| app.deployments[0].config.name.clone());
             let mut deployments = Vec::new();
             for spec in app.deployments {
-                let router = routers[&spec.config.name].clone();
-                let replicas = if run_replicas {
-                    spec.config.num_replicas
-                } else {
-                    0
-                };
-                let starts = (0..replicas).map(|_| {
-                    Replica::start(
-                        &spec,
-                        &name,
-                        node_id.as_deref(),
-                        handles.clone(),
-                        router.waker(),
-                    )
-                });
-                let replicas =
-                    futures_util::future::try_join_all(starts)
-                        .await
-                        .map_err(|source| StartError::Replica {
-                            deployment: spec.config.name.clone(),
-                            source,
-                        })?;
-                router.set_replicas(replicas.into_iter().map(Arc::new).collect());
-                deployments.push((router, spec));
+                if run_replicas && spec.config.num_replicas > 0 {
+                    starting.push(format!("{name}/{}", spec.config.name));
+                }
+                deployments.push((routers[&spec.config.name].clone(), spec));
             }
             states.push(AppState {
                 ingress: routers[&ingress_name].clone(),
@@ -221,7 +221,51 @@ impl Controller {
             retiring: parking_lot::Mutex::default(),
             changes,
             readiness: parking_lot::RwLock::default(),
+            run_replicas,
+            starting: parking_lot::Mutex::new(starting),
         })
+    }
+
+    /// Starts each deployment's replicas (`num_replicas` of them, at once; none on a
+    /// router-only node), one deployment after another in the order the applications
+    /// declare them (a constructor may call the deployments declared before its own); a
+    /// deployment leaves the loading list when all of its replicas have started. Fails with
+    /// the first replica that fails to start (the others keep running until
+    /// [`stop`](Self::stop)).
+    pub async fn start_replicas(&self) -> Result<(), StartError> {
+        if !self.run_replicas {
+            return Ok(());
+        }
+        let node_id = self.node_id.as_deref();
+        for app in &self.apps {
+            for (router, spec) in &app.deployments {
+                let starts = (0..spec.config.num_replicas).map(|_| {
+                    Replica::start(
+                        spec,
+                        &app.name,
+                        node_id,
+                        app.handles.clone(),
+                        router.waker(),
+                    )
+                });
+                let replicas =
+                    futures_util::future::try_join_all(starts)
+                        .await
+                        .map_err(|source| StartError::Replica {
+                            deployment: spec.config.name.clone(),
+                            source,
+                        })?;
+                router.set_replicas(replicas.into_iter().map(Arc::new).collect());
+                let name = format!("{}/{}", app.name, spec.config.name);
+                self.starting.lock().retain(|d| *d != name);
+            }
+        }
+        Ok(())
+    }
+
+    /// Deployments whose first replicas are still starting (`app/deployment`).
+    pub fn loading(&self) -> Vec<String> {
+        self.starting.lock().clone()
     }
 
     /// Starts checking every replica's health each period, until `stopped` turns true.

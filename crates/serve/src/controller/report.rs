@@ -23,6 +23,9 @@ pub enum Health {
     Ready,
     /// Shutdown has begun.
     Draining,
+    /// These deployments (`app/deployment`) are still starting their first replicas
+    /// (loading their models); the port is open meanwhile.
+    Loading(Vec<String>),
     /// An extra condition failed (the cluster layer's: etcd has not answered lately).
     NotReady(String),
     /// These deployments (`app/deployment`) have no replica taking requests.
@@ -161,6 +164,10 @@ impl Controller {
     pub fn health(&self) -> Health {
         if self.is_draining() {
             return Health::Draining;
+        }
+        let loading = self.loading();
+        if !loading.is_empty() {
+            return Health::Loading(loading);
         }
         if let Some(check) = self.readiness.read().clone()
             && let Err(reason) = check()
