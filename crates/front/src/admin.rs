@@ -2,6 +2,7 @@
 //!
 //! | method and path | what |
 //! |---|---|
+//! | `GET /-/dashboard` | the dashboard page (`dashboard/`); `GET /-/dashboard/state` its data, behind the token as `/-/models` |
 //! | `GET /-/healthz`, `GET /health` | 200 when every deployment has a replica taking requests, else 503 saying why (`loading` lists the deployments still starting while the port is open early; `/health` is the name vLLM and most probes use) |
 //! | `GET /-/routes` | route prefix → application, as Ray Serve's `/-/routes` |
 //! | `GET /-/models` | per application, deployment and replica: loaded and loading models |
@@ -33,11 +34,19 @@ use modelmux_serve::Health;
 use modelmux_serve::{Body, ServeError};
 
 pub(crate) async fn handle(
-    state: &FrontState,
+    state: &std::sync::Arc<FrontState>,
     request: http::Request<Incoming>,
     request_id: &RequestId,
 ) -> Response {
-    let result = if let Some((deployment, method)) = deployment_path(&request, "/call/") {
+    let dashboard = crate::dashboard::route(
+        state,
+        request.method(),
+        request.uri().path(),
+        request.headers(),
+    );
+    let result = if let Some(answer) = dashboard {
+        answer
+    } else if let Some((deployment, method)) = deployment_path(&request, "/call/") {
         call(state, request, &deployment, &method).await
     } else if let Some((deployment, name)) = deployment_path(&request, "/controls/") {
         control(state, request, &deployment, &name).await
@@ -234,6 +243,8 @@ async fn models(
     let (deployment, rest) = rest.split_once('/').ok_or_else(|| ServeError::BadRequest {
         message: "expected /-/models/{deployment}/{model_id}[/load|/unpin]".into(),
     })?;
+    // Decoded as the model id is (the dashboard encodes both).
+    let deployment = &percent_decode(deployment)?;
     let (id, action) = match (method, rest.rsplit_once('/')) {
         (&Method::POST, Some((id, "load"))) => (id, Action::Load),
         (&Method::POST, Some((id, "unpin"))) => (id, Action::Unpin),

@@ -6,7 +6,8 @@
 //!   `serve_multiplexed_model_id` header, the application by route prefix, and the
 //!   application's ingress deployment reached through [`Dispatch`](modelmux_serve::Dispatch).
 //! - The admin API under `/-/` (and `/health`), and `/metrics` in the Prometheus text format,
-//!   rendered from what the serve layer's [`Controller`](modelmux_serve::Controller) reports.
+//!   rendered from what the serve layer's [`Controller`](modelmux_serve::Controller) reports;
+//!   the dashboard at `/-/dashboard`, a page embedded in the binary fed by a ring of samples.
 //! - One access line per application request (admin and `/metrics` requests have none),
 //!   formatted on its task.
 //!
@@ -16,6 +17,7 @@
 mod access_log;
 mod admin;
 mod connection;
+mod dashboard;
 mod ingress;
 mod metrics;
 mod options;

@@ -26,6 +26,8 @@ pub(crate) struct FrontState {
     pub(crate) metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
     /// Where access lines go when not through `tracing`.
     pub(crate) access_log: Option<AccessLog>,
+    /// The dashboard's ring of samples (empty until the dashboard is first read).
+    pub(crate) dashboard: crate::dashboard::Samples,
 }
 
 /// Counts a connection as open for as long as it lives.
@@ -56,6 +58,7 @@ impl FrontState {
             connection_closed: Notify::new(),
             metric_sources,
             access_log,
+            dashboard: crate::dashboard::Samples::default(),
         }
     }
 

@@ -1,0 +1,357 @@
+#!/usr/bin/env python3
+"""Checks the built-in dashboard (/-/dashboard) in a real browser, end to end.
+
+Needs a running `modelmux serve` with an admin token whose deployment DEPLOYMENT serves
+multiplexed models, Debian's `chromium` and `chromium-driver`, and Selenium 4:
+
+    apt-get install -y chromium chromium-driver && .venv/bin/pip install selenium
+    MODELMUX_ADMIN_TOKEN=t target/debug/modelmux serve &
+    .venv/bin/python scripts/dashboard/browser_check.py --url http://127.0.0.1:8000 \
+        --token t --deployment Classifier --model customer-1 --screenshot /tmp/dashboard.png
+
+Steps (each fails with a message and exit status 1):
+  a. open the page headless without a token: it must ask for the token (the state answered
+     401); enter the token into #admin-token; the deployment must appear;
+  b. send one request for MODEL (header serve_multiplexed_model_id), note the replica that
+     answered (x-modelmux-replica, else /-/models), and wait for
+     [data-replica=R] [data-model=MODEL]: within 2 s of the response;
+  c. click its pin button: /-/models must show it pinned within 2 s, and the row
+     data-pinned="true";
+  d. clear the token (input and sessionStorage), click unpin: the server must refuse (401),
+     #action-status must show the refusal, and /-/models must still show the model pinned;
+  e. the browser console must hold no SEVERE (or WARNING) entries but the two 401s the
+     steps cause on purpose (see `expected_console_error`);
+  f. enter the token again, save a screenshot of the whole page to PATH (also on failure),
+     and unpin the model with the API (unless --keep-pinned), leaving the server as it was.
+Before step b, a model already loaded is evicted (with the API) so that step b measures a
+fresh load and the check can run again on the same server.
+"""
+
+import argparse
+import base64
+import json
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+
+APPEAR_LIMIT_S = 2.0
+PIN_LIMIT_S = 2.0
+
+
+class CheckFailed(Exception):
+    pass
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--token", required=True, help="the server's admin token")
+    p.add_argument("--deployment", required=True, help="a deployment serving multiplexed models")
+    p.add_argument("--model", required=True, help="a model id that deployment can load")
+    p.add_argument("--screenshot", required=True, help="where to save a PNG of the page")
+    p.add_argument("--request-path", default="/", help="the application path to send the request to")
+    p.add_argument("--request-body", default='{"inputs": [[0.5, -1.2, 3.3, 0.1]]}',
+                   help="the JSON body of that request")
+    p.add_argument("--keep-pinned", action="store_true",
+                   help="leave the model pinned at the end (default: unpin it with the API)")
+    p.add_argument("--chromium", default="/usr/bin/chromium")
+    p.add_argument("--chromedriver", default="/usr/bin/chromedriver")
+    return p.parse_args()
+
+
+# ---- the server's API, with urllib ---------------------------------------------------------
+
+def http(method, url, headers=None, body=None, timeout=30):
+    """(status, headers, parsed JSON or text) of one call; never raises for an HTTP status."""
+    data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            status, hdrs, raw = r.status, r.headers, r.read()
+    except urllib.error.HTTPError as e:
+        status, hdrs, raw = e.code, e.headers, e.read()
+    except (urllib.error.URLError, OSError) as e:
+        raise CheckFailed(f"cannot reach {url}: {e}") from e
+    text = raw.decode(errors="replace")
+    try:
+        return status, hdrs, json.loads(text)
+    except ValueError:
+        return status, hdrs, text
+
+
+class Api:
+    def __init__(self, base, token, deployment):
+        self.base, self.token, self.deployment = base, token, deployment
+
+    def call(self, method, path, token=True):
+        headers = {"Content-Type": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        body = None if method == "GET" else "{}"
+        return http(method, self.base + path, headers, body)
+
+    def model_path(self, model):
+        return f"/-/models/{urllib.parse.quote(self.deployment, safe='')}/{urllib.parse.quote(model, safe='')}"
+
+    def holdings(self, model):
+        """[(replica id, loaded entry)] of `model` in the deployment, from GET /-/models."""
+        status, _, body = self.call("GET", "/-/models")
+        if status != 200:
+            raise CheckFailed(f"GET /-/models with the token answered {status}: {body}")
+        found, deployments = [], []
+        for app in body.get("applications", []):
+            for dep in app.get("deployments", []):
+                deployments.append(dep["name"])
+                if dep["name"] != self.deployment:
+                    continue
+                for rep in dep.get("replicas", []):
+                    for m in rep.get("loaded", []):
+                        if m.get("id") == model:
+                            found.append((rep["id"], m))
+        if self.deployment not in deployments:
+            raise CheckFailed(f"/-/models has no deployment '{self.deployment}' (it has {deployments})")
+        return found
+
+
+# ---- the browser ---------------------------------------------------------------------------
+
+def css_string(s):
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\a ") + '"'
+
+
+def wait_for(what, predicate, limit, step=0.02):
+    """Calls `predicate` until it returns something truthy; that, and the seconds it took."""
+    start = time.monotonic()
+    while True:
+        try:
+            value = predicate()
+        except StaleElementReferenceException:
+            value = None
+        elapsed = time.monotonic() - start
+        if value:
+            return value, elapsed
+        if elapsed > limit:
+            raise CheckFailed(f"{what}: not within {limit:g} s")
+        time.sleep(step)
+
+
+def first(driver, selector):
+    found = driver.find_elements(By.CSS_SELECTOR, selector)
+    return found[0] if found else None
+
+
+def start_browser(args):
+    options = webdriver.ChromeOptions()
+    options.binary_location = args.chromium
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    try:
+        return webdriver.Chrome(options=options, service=Service(args.chromedriver))
+    except WebDriverException as e:
+        raise CheckFailed(f"cannot start {args.chromium} with {args.chromedriver}: {e.msg}") from e
+
+
+def set_token(driver, value):
+    box = driver.find_element(By.CSS_SELECTOR, "#admin-token")
+    box.clear()
+    if value:
+        box.send_keys(value)
+    else:
+        driver.execute_script("sessionStorage.clear();")
+    # `clear()` alone may fire no event: tell the page the way typing does.
+    driver.execute_script("arguments[0].dispatchEvent(new Event('input', {bubbles: true}));", box)
+
+
+def screenshot(driver, path):
+    """The whole page, not only the window (Chrome's DevTools protocol)."""
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    shot = driver.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}})
+    try:
+        with open(path, "wb") as f:
+            f.write(base64.b64decode(shot["data"]))
+    except OSError as e:
+        raise CheckFailed(f"could not save the screenshot to {path}: {e}") from e
+
+
+def expected_console_error(entry, state_401_before, action_path):
+    """The two SEVERE entries the steps cause on purpose (Chrome logs every 4xx response of a
+    fetch as "Failed to load resource: ... 401"):
+    - step a opens the page before the token is entered, so its first GET /-/dashboard/state
+      is refused (that is the 401 the page must turn into its "enter the token" message);
+      only that one, logged before the token was entered (the page then waits for a token
+      instead of asking again);
+    - step d's unpin without the token, refused on purpose: exactly that one call.
+    Everything else SEVERE is an error of the page."""
+    msg = entry.get("message", "")
+    if "status of 401" not in msg:
+        return None
+    if "/-/dashboard/state" in msg and entry.get("timestamp", 0) <= state_401_before:
+        return "state"
+    if action_path in msg:
+        return "action"
+    return None
+
+
+# ---- the steps -----------------------------------------------------------------------------
+
+def run(args, driver, api, report):
+    base = args.url.rstrip("/")
+    dep, model = args.deployment, args.model
+    card = f"[data-deployment-card={css_string(dep)}]"
+
+    # Start from a clean slate: not loaded (so that step b sees a fresh load), not pinned.
+    if api.holdings(model):
+        if any(m.get("pinned") for _, m in api.holdings(model)):
+            api.call("POST", api.model_path(model) + "/unpin")
+        status, _, body = api.call("DELETE", api.model_path(model))
+        if status != 200:
+            raise CheckFailed(f"setup: could not evict '{model}' first ({status}: {body})")
+        print(f"setup: '{model}' was loaded already; evicted it first")
+
+    # a. Open the page without a token: it must say it needs one; then enter it.
+    driver.get(base + "/-/dashboard")
+    if not first(driver, "#admin-token"):
+        raise CheckFailed(f"a: {base}/-/dashboard has no #admin-token input")
+    wait_for("a: the page asking for the admin token (#poll-status data-state=auth) after the state's 401",
+             lambda: first(driver, '#poll-status[data-state="auth"]'), 5)
+    asked = driver.find_element(By.CSS_SELECTOR, "#poll-status").text
+    report["state_401_before"] = time.time() * 1000
+    set_token(driver, args.token)
+    if driver.execute_script("return sessionStorage.length;") < 1:
+        raise CheckFailed("a: the token was not kept in sessionStorage")
+    parts = urllib.parse.urlsplit(driver.current_url)
+    if parts.query or parts.fragment:
+        raise CheckFailed(f"a: the page's URL changed to {driver.current_url} (the token must never be in it)")
+    wait_for("a: the state polled with the token (#poll-status data-state=ok)",
+             lambda: first(driver, '#poll-status[data-state="ok"]'), 5)
+    wait_for(f"a: the deployment '{dep}' on the page ({card})", lambda: first(driver, card), 3)
+    print(f"a. page asked for the token ({asked!r}); with it, shows deployment '{dep}'")
+
+    # b. One request for the model; its row must appear on the replica that answered.
+    start = time.monotonic()
+    status, headers, body = http("POST", base + args.request_path, {
+        "Content-Type": "application/json", "serve_multiplexed_model_id": model}, args.request_body, 120)
+    answered = time.monotonic()
+    if status != 200:
+        raise CheckFailed(f"b: the request for '{model}' to {args.request_path} answered {status}: {body}")
+    replica = headers.get("x-modelmux-replica")
+    source = "x-modelmux-replica"
+    if not replica:
+        held = api.holdings(model)
+        if not held:
+            raise CheckFailed(f"b: after the request, /-/models shows '{model}' on no replica of '{dep}'")
+        replica, source = held[0][0], "/-/models"
+    row_sel = f"[data-replica={css_string(replica)}][data-deployment={css_string(dep)}] [data-model={css_string(model)}]"
+    row, appeared = wait_for(f"b: {row_sel} after the request", lambda: first(driver, row_sel), APPEAR_LIMIT_S)
+    state = row.get_attribute("data-state")
+    report["appeared"] = appeared
+    print(f"b. request answered in {answered - start:.2f} s by replica {replica} ({source}); "
+          f"its row appeared {appeared:.2f} s after the response (limit {APPEAR_LIMIT_S:g} s), data-state={state}")
+
+    # c. Pin it from the page.
+    pin = wait_for("c: the row's pin button", lambda: first(driver, row_sel + ' [data-action="pin"]'), 3)[0]
+    clicked = time.monotonic()
+    pin.click()
+
+    def pinned_on_server():
+        return [r for r, m in api.holdings(model) if m.get("pinned") is True]
+    on = wait_for(f"c: /-/models showing '{model}' \"pinned\": true after the click",
+                  pinned_on_server, PIN_LIMIT_S, 0.05)[0]
+    t_server = time.monotonic() - clicked
+    pinned_sel = f"[data-deployment={css_string(dep)}] [data-model={css_string(model)}][data-pinned=\"true\"]"
+    wait_for(f"c: {pinned_sel}", lambda: first(driver, pinned_sel), PIN_LIMIT_S)
+    t_page = time.monotonic() - clicked
+    status_text = driver.find_element(By.CSS_SELECTOR, "#action-status").text
+    report["pinned"], report["pinned_page"] = t_server, t_page
+    print(f"c. pinned on {', '.join(on)}: /-/models said so {t_server:.2f} s after the click, "
+          f"the row had data-pinned=\"true\" after {t_page:.2f} s (limit {PIN_LIMIT_S:g} s); "
+          f"#action-status: {status_text!r}")
+
+    # d. Without the token, unpin must be refused, and the page must say so.
+    set_token(driver, "")
+    left = driver.execute_script("return [document.querySelector('#admin-token').value, sessionStorage.length];")
+    if left != ["", 0]:
+        raise CheckFailed(f"d: the token is still there after clearing it (input, sessionStorage) = {left}")
+    unpin_sel = f"[data-deployment={css_string(dep)}] [data-model={css_string(model)}] [data-action=\"unpin\"]"
+    unpin = wait_for("d: the row's unpin button", lambda: first(driver, unpin_sel), 3)[0]
+    unpin.click()
+    refusal = wait_for("d: #action-status showing the refusal (data-result=error)",
+                       lambda: first(driver, '#action-status[data-result="error"]'), 5)[0].text
+    if "401" not in refusal:
+        raise CheckFailed(f"d: #action-status does not show the 401: {refusal!r}")
+    still = pinned_on_server()
+    if not still:
+        raise CheckFailed(f"d: after the refused unpin, /-/models no longer shows '{model}' pinned")
+    report["action_path"] = api.model_path(model) + "/unpin"
+    print(f"d. unpin without the token refused; #action-status: {refusal!r}; still pinned on {', '.join(still)}")
+
+    # f. The screenshot, with the token entered again (the live page, the refusal still shown).
+    set_token(driver, args.token)
+    wait_for("f: the state polled again with the token", lambda: first(driver, '#poll-status[data-state="ok"]'), 5)
+    screenshot(driver, args.screenshot)
+    report["screenshot"] = args.screenshot
+    print(f"f. screenshot saved to {args.screenshot}")
+
+    # e. The console: nothing but the two 401s caused on purpose.
+    entries = driver.get_log("browser")
+    bad, filtered = [], []
+    for entry in entries:
+        if entry.get("level") not in ("SEVERE", "WARNING"):
+            continue
+        kind = expected_console_error(entry, report["state_401_before"], report["action_path"])
+        if entry.get("level") == "SEVERE" and kind and kind not in filtered:
+            filtered.append(kind)
+        else:
+            bad.append(f"{entry.get('level')}: {entry.get('message')}")
+    if bad:
+        raise CheckFailed("e: the browser console has errors or warnings:\n  " + "\n  ".join(bad))
+    report["console"] = (len(entries), filtered)
+    print(f"e. console: {len(entries)} entries, no errors or warnings but the expected 401s ({', '.join(filtered) or 'none'})")
+
+
+def main():
+    args = parse_args()
+    api = Api(args.url.rstrip("/"), args.token, args.deployment)
+    report, driver, failed = {}, None, None
+    try:
+        status = http("GET", args.url.rstrip("/") + "/-/dashboard/state")[0]
+        if status != 401:
+            raise CheckFailed(f"the server must have an admin token: /-/dashboard/state without it answered {status}")
+        driver = start_browser(args)
+        run(args, driver, api, report)
+    except CheckFailed as e:
+        failed = str(e)
+    finally:
+        if driver is not None:
+            if failed and "screenshot" not in report:
+                try:
+                    screenshot(driver, args.screenshot)
+                    print(f"(screenshot of the failure saved to {args.screenshot})", file=sys.stderr)
+                except (CheckFailed, WebDriverException):
+                    pass
+            driver.quit()
+        if not args.keep_pinned and "pinned" in report:
+            status = api.call("POST", api.model_path(args.model) + "/unpin")[0]
+            print(f"cleanup: unpinned '{args.model}' with the API ({status})")
+    if failed:
+        print(f"FAIL {failed}", file=sys.stderr)
+        return 1
+    n, filtered = report["console"]
+    print(f"OK dashboard: '{args.model}' appeared on the page {report['appeared']:.2f} s after its response, "
+          f"pinned in {report['pinned']:.2f} s (page {report['pinned_page']:.2f} s), unpin without token refused "
+          f"and shown, console clean ({n} entries, {len(filtered)} expected 401s), screenshot {args.screenshot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
