@@ -197,6 +197,33 @@ pub async fn http_get(
     Ok((status, response.into_body().collect().await?.to_bytes()))
 }
 
+/// `POST {url}{path}` with `body` as JSON (and the bearer `token`): the status and body.
+pub async fn http_post_json(
+    url: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &serde_json::Value,
+) -> Result<(u16, Bytes), CliError> {
+    let addr = parse_url(url)?;
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(conn);
+    let mut request = hyper::Request::post(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let bytes = Bytes::from(serde_json::to_vec(body).map_err(|e| e.to_string())?);
+    let response = sender
+        .send_request(request.body(http_body_util::Full::new(bytes))?)
+        .await?;
+    let status = response.status().as_u16();
+    Ok((status, response.into_body().collect().await?.to_bytes()))
+}
+
 /// Sums every series of each named metric in a Prometheus text page.
 fn metric_sums(page: &str, names: &[&str]) -> Vec<f64> {
     names

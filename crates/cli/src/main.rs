@@ -73,6 +73,19 @@ enum Command {
         #[command(flatten)]
         flags: ServerFlags,
     },
+    /// Apply a new configuration to a running server: deployments that did not change keep
+    /// their replicas and warm models, `num_replicas` changes scale in place, other changes
+    /// roll the deployment; a configuration that does not validate is refused whole.
+    Deploy {
+        /// The new configuration.
+        config: PathBuf,
+        /// The server.
+        #[arg(long, env = "MODELMUX_URL", default_value = "http://127.0.0.1:8000")]
+        url: String,
+        /// Admin bearer token, if the server requires one.
+        #[arg(long, env = "MODELMUX_ADMIN_TOKEN")]
+        token: Option<String>,
+    },
     /// Show the models each replica of a running server holds.
     Status {
         /// The server.
@@ -166,6 +179,9 @@ fn main() -> ExitCode {
                 serve(source, flags, ClusterFlags::default(), false).await
             }
             Command::Status { url, token } => status::run(&url, token.as_deref()).await,
+            Command::Deploy { config, url, token } => {
+                status::deploy(&url, token.as_deref(), &config).await
+            }
             Command::Bench(args) => bench::run(args).await,
             Command::HelloServer { port } => hello::run(port).await,
         }
@@ -250,10 +266,23 @@ async fn serve(
         say(format_args!("{source}: configuration is valid"));
         return Ok(());
     }
-    let mut builder = config
-        .server()
+    let (mut builder, disk_cache) = config
+        .server_and_cache()
         .await
         .map_err(|e| format!("{source}: {e}"))?;
+    // `modelmux deploy`, `POST /-/deploy` and SIGHUP change this running configuration.
+    let base_dir = path
+        .as_deref()
+        .and_then(|p| p.parent())
+        .filter(|d| !d.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), PathBuf::from);
+    let reloader = std::sync::Arc::new(config::Reloader::new(
+        text.clone(),
+        base_dir,
+        disk_cache,
+        config.http_options.admin(),
+    ));
+    builder = builder.deployer(reloader.clone());
     if let Some(cluster) = &cluster {
         builder = builder.node_id(&cluster.node_id);
         if !cluster.role.runs_replicas() {
@@ -274,6 +303,10 @@ async fn serve(
     // line must stop the server gracefully, not kill it.
     let stop = shutdown_signal();
     let server = builder.start().await?;
+    reloader.attach(server.controller());
+    if let Some(path) = path.clone() {
+        tokio::spawn(reload_on_hangup(path, reloader.clone()));
+    }
     let addr = server.local_addr();
     let member = match cluster {
         Some(mut options) => {
@@ -330,6 +363,30 @@ fn say(line: std::fmt::Arguments<'_>) {
 
 /// Registers for SIGTERM (what Kubernetes and systemd send) and SIGINT (Ctrl-C) now, so no
 /// signal is missed; the returned future completes at the first of them.
+/// Re-reads `path` and applies it on every SIGHUP (as `modelmux deploy` would).
+async fn reload_on_hangup(path: PathBuf, reloader: std::sync::Arc<config::Reloader>) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            let text = match std::fs::read_to_string(&path) {
+                Ok(text) => text,
+                Err(e) => {
+                    tracing::error!("SIGHUP: cannot read {}: {e}", path.display());
+                    continue;
+                }
+            };
+            match reloader.apply(&text).await {
+                Ok(answer) => tracing::info!(%answer, "SIGHUP: applied {}", path.display()),
+                Err(e) => tracing::error!("SIGHUP: {}: {e}", path.display()),
+            }
+        }
+    }
+}
+
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {

@@ -3,7 +3,7 @@
 use serde_json::Value;
 
 use crate::CliError;
-use crate::bench::http_get;
+use crate::bench::{http_get, http_post_json};
 
 /// Prints the table of what each replica of the server at `url` holds.
 pub async fn run(url: &str, token: Option<&str>) -> Result<(), CliError> {
@@ -91,6 +91,44 @@ fn render(models: &Value) -> String {
         }
     }
     out
+}
+
+/// `modelmux deploy`: sends the configuration at `path` to the server at `url` and prints
+/// what changed per deployment.
+pub async fn deploy(
+    url: &str,
+    token: Option<&str>,
+    path: &std::path::Path,
+) -> Result<(), CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let body = serde_json::json!({ "config": text });
+    let (status, answer) = http_post_json(url, "/-/deploy", token, &body).await?;
+    let answer: Value = serde_json::from_slice(&answer).map_err(|_| {
+        format!(
+            "{url}/-/deploy answered {status}: {}",
+            String::from_utf8_lossy(&answer)
+        )
+    })?;
+    if status != 200 {
+        let message = answer["error"]["message"]
+            .as_str()
+            .map_or_else(|| answer.to_string(), str::to_owned);
+        return Err(format!("{url} refused {}: {message}", path.display()).into());
+    }
+    for d in answer["deployments"].as_array().into_iter().flatten() {
+        println!(
+            "{}/{}: {}",
+            d["application"].as_str().unwrap_or_default(),
+            d["deployment"].as_str().unwrap_or_default(),
+            d["change"].as_str().unwrap_or_default()
+        );
+    }
+    println!(
+        "applied in {:.1} ms",
+        answer["took_ms"].as_f64().unwrap_or_default()
+    );
+    Ok(())
 }
 
 #[cfg(test)]

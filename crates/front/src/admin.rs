@@ -2,6 +2,7 @@
 //!
 //! | method and path | what |
 //! |---|---|
+//! | `POST /-/deploy` | applies a new configuration (`{"config": "..."}`) to the running server: what did not change keeps its replicas and models (state-changing: token or JSON) |
 //! | `GET /-/dashboard` | the dashboard page (`dashboard/`); `GET /-/dashboard/state` its data, behind the token as `/-/models` |
 //! | `GET /-/healthz`, `GET /health` | 200 when every deployment has a replica taking requests, else 503 saying why (`loading` lists the deployments still starting while the port is open early; `/health` is the name vLLM and most probes use) |
 //! | `GET /-/routes` | route prefix → application, as Ray Serve's `/-/routes` |
@@ -46,6 +47,8 @@ pub(crate) async fn handle(
     );
     let result = if let Some(answer) = dashboard {
         answer
+    } else if request.uri().path() == "/-/deploy" {
+        deploy(state, request).await
     } else if let Some((deployment, method)) = deployment_path(&request, "/call/") {
         call(state, request, &deployment, &method).await
     } else if let Some((deployment, name)) = deployment_path(&request, "/controls/") {
@@ -107,6 +110,34 @@ async fn call(
         .controller
         .call(app.as_deref(), deployment, method, model_id, body)
         .await
+}
+
+/// `POST /-/deploy` with `{"config": "<the whole configuration>"}`: the server's
+/// [`Deployer`](crate::Deployer) applies what changed, or refuses the whole of it.
+async fn deploy(
+    state: &FrontState,
+    request: http::Request<Incoming>,
+) -> Result<Response, ServeError> {
+    if request.method() != Method::POST {
+        return Err(ServeError::MethodNotAllowed {
+            message: "use POST /-/deploy with {\"config\": \"...\"}".into(),
+        });
+    }
+    state.config.admin.authorize(request.headers(), true)?;
+    let Some(deployer) = state.deployer.clone() else {
+        return Err(ServeError::NotImplemented {
+            what: "POST /-/deploy on a server not started from a configuration".into(),
+        });
+    };
+    let body = read_body(state, request).await?;
+    let config = serde_json::from_slice::<Value>(&body)
+        .ok()
+        .and_then(|v| v.get("config").and_then(Value::as_str).map(str::to_owned))
+        .ok_or_else(|| ServeError::BadRequest {
+            message: "expected a JSON body {\"config\": \"<the configuration's YAML>\"}".into(),
+        })?;
+    let answer = deployer.deploy(config).await?;
+    Ok(json_response(StatusCode::OK, &answer))
 }
 
 /// The body of an admin call, within the server's `max_body_bytes`.

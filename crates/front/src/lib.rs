@@ -27,7 +27,7 @@ mod state;
 pub use access_log::{AccessFormat, AccessSink};
 pub use ingress::{MODEL_ID_HEADER, MODEL_ID_HEADER_DASHED, REPLICA_HEADER, REQUEST_ID_HEADER};
 pub use options::{HttpOptions, MAX_BUF_BYTES, ServerConfig};
-pub use server::{Server, ServerBuilder};
+pub use server::{Deployer, Server, ServerBuilder};
 
 /// A response of the server (the serve layer's body type).
 type Response = modelmux_serve::Response;

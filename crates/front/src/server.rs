@@ -25,6 +25,21 @@ pub struct ServerBuilder {
     metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
     access_log: Option<AccessLog>,
     on_listening: Option<Box<dyn FnOnce(SocketAddr) + Send>>,
+    deployer: Option<Arc<dyn Deployer>>,
+}
+
+/// Applies a new configuration to a running server (`POST /-/deploy`, and the CLI's
+/// `SIGHUP`): whoever knows the configuration's format (the CLI) implements it.
+pub trait Deployer: Send + Sync + 'static {
+    /// Applies `config`, the whole new configuration's text, to the server whose controller
+    /// [`Server::controller`] gives: answers what changed, or refuses the whole of it (then
+    /// nothing changed).
+    fn deploy(
+        self: Arc<Self>,
+        config: String,
+    ) -> std::pin::Pin<
+        Box<dyn Future<Output = Result<serde_json::Value, modelmux_serve::ServeError>> + Send>,
+    >;
 }
 
 impl ServerBuilder {
@@ -117,6 +132,12 @@ impl ServerBuilder {
         Server::start(self).await
     }
 
+    /// Lets `POST /-/deploy` change the running server through `deployer`.
+    pub fn deployer(mut self, deployer: Arc<dyn Deployer>) -> Self {
+        self.deployer = Some(deployer);
+        self
+    }
+
     /// Calls `f` with the address as soon as the server listens: before the replicas have
     /// started (which [`start`](Self::start) waits for), while `/-/healthz` answers 503
     /// `loading`.
@@ -150,6 +171,7 @@ impl Server {
             metric_sources,
             access_log,
             on_listening,
+            deployer,
         } = builder;
         Controller::validate(&apps)?;
         config
@@ -177,6 +199,7 @@ impl Server {
             controller.clone(),
             metric_sources,
             access_log,
+            deployer,
         ));
         let (stop, stopped) = watch::channel(false);
         let accept = tokio::spawn(crate::connection::accept_loop(
@@ -208,6 +231,11 @@ impl Server {
             accept,
             health,
         })
+    }
+
+    /// The controller of its applications (to change them while they run).
+    pub fn controller(&self) -> Arc<Controller> {
+        self.state.controller.clone()
     }
 
     /// A handle for the cluster layer.

@@ -28,6 +28,8 @@ pub(crate) struct FrontState {
     pub(crate) access_log: Option<AccessLog>,
     /// The dashboard's ring of samples (empty until the dashboard is first read).
     pub(crate) dashboard: crate::dashboard::Samples,
+    /// What applies `POST /-/deploy`, when the server was started from a configuration.
+    pub(crate) deployer: Option<Arc<dyn crate::Deployer>>,
 }
 
 /// Counts a connection as open for as long as it lives.
@@ -46,6 +48,7 @@ impl FrontState {
         controller: Arc<Controller>,
         metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
         access_log: Option<AccessLog>,
+        deployer: Option<Arc<dyn crate::Deployer>>,
     ) -> Self {
         let body_kib = config.http.max_inflight_body_bytes.div_ceil(1024);
         Self {
@@ -59,6 +62,7 @@ impl FrontState {
             metric_sources,
             access_log,
             dashboard: crate::dashboard::Samples::default(),
+            deployer,
         }
     }
 

@@ -13,6 +13,7 @@ mod explain;
 mod kinds;
 mod paths;
 mod python;
+mod reload;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -22,8 +23,9 @@ pub use cluster::{ClusterConfig, ClusterFlags};
 use kinds::BuildContext;
 pub use kinds::ModelSpec;
 use modelmux_front::ServerBuilder;
-use modelmux_serve::Application;
+use modelmux_serve::{Application, DeploymentSpec};
 use modelmux_store::DiskCache;
+pub use reload::Reloader;
 use serde::Deserialize;
 pub use values::*;
 
@@ -459,6 +461,14 @@ impl Config {
     /// directory or a malformed S3 option is an error now, not at the first request) and, if
     /// any is remote, the disk cache.
     pub async fn server(&self) -> Result<ServerBuilder, ConfigError> {
+        self.build(false).await.map(|(builder, _)| builder)
+    }
+
+    /// [`server`](Self::server), and the disk cache it opened (which a reconfiguration of the
+    /// running server builds its deployments with).
+    pub async fn server_and_cache(
+        &self,
+    ) -> Result<(ServerBuilder, Option<DiskCache>), ConfigError> {
         self.build(false).await
     }
 
@@ -468,7 +478,10 @@ impl Config {
         self.build(true).await.map(drop)
     }
 
-    async fn build(&self, check_only: bool) -> Result<ServerBuilder, ConfigError> {
+    async fn build(
+        &self,
+        check_only: bool,
+    ) -> Result<(ServerBuilder, Option<DiskCache>), ConfigError> {
         let remote = self
             .applications
             .iter()
@@ -504,22 +517,10 @@ impl Config {
                 route_prefix: &app.route_prefix,
             };
             for (j, d) in app.deployments.iter().enumerate() {
-                let model = d
-                    .model
-                    .as_ref()
-                    .expect("validated: a deployment names its model");
-                let built = model
-                    .build(&d.name, cache_settings(d, None), &context)
-                    .await
-                    .map_err(|e| {
-                        ConfigError::Invalid(format!(
-                            "applications[{i}].deployments[{j}].model: {e}"
-                        ))
-                    })?;
-                let served = settings(built.served, d, built.default_max_ongoing);
+                let (served, front) = build_deployment(i, j, d, &context).await?;
                 // The deployment named as the application's ingress takes its HTTP requests:
                 // through the kind's own front deployment when it has one.
-                application = match (built.front, d.name == ingress) {
+                application = match (front, d.name == ingress) {
                     (Some(front), true) => application.ingress(front).deployment(served),
                     (Some(front), false) => application.deployment(front).deployment(served),
                     (None, true) => application.ingress(served),
@@ -528,8 +529,30 @@ impl Config {
             }
             builder = builder.application(application);
         }
-        Ok(builder)
+        Ok((builder, disk_cache))
     }
+}
+
+/// The deployment `applications[i].deployments[j]` (`d`) as the serve layer runs it, and the
+/// kind's own front deployment when it has one (an LLM's OpenAI ingress).
+async fn build_deployment(
+    i: usize,
+    j: usize,
+    d: &DeploymentConfig,
+    context: &BuildContext<'_>,
+) -> Result<(DeploymentSpec, Option<DeploymentSpec>), ConfigError> {
+    let model = d
+        .model
+        .as_ref()
+        .expect("validated: a deployment names its model");
+    let built = model
+        .build(&d.name, cache_settings(d, None), context)
+        .await
+        .map_err(|e| {
+            ConfigError::Invalid(format!("applications[{i}].deployments[{j}].model: {e}"))
+        })?;
+    let served = settings(built.served, d, built.default_max_ongoing);
+    Ok((served, built.front))
 }
 
 /// The replicas' model cache for `d`: its caps, eviction policy and load limits; `code_cap`

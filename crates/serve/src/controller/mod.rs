@@ -21,6 +21,7 @@ use crate::replica::Replica;
 mod cluster;
 mod node;
 mod operate;
+mod reconfigure;
 mod report;
 
 pub use node::NodeHandle;
@@ -79,9 +80,14 @@ pub struct AppState {
     pub(crate) name: Arc<str>,
     pub(crate) route_prefix: String,
     pub(crate) ingress: Arc<DeploymentRouter>,
-    pub(crate) deployments: Vec<(Arc<DeploymentRouter>, DeploymentSpec)>,
+    /// Each deployment's router and spec (swapped when a reconfiguration rolls it).
+    pub(crate) deployments: Vec<(Arc<DeploymentRouter>, SpecCell)>,
     handles: HandleDirectory,
 }
+
+/// A deployment's current spec: what new replicas (scaling up, replacing a sick one) are
+/// built from.
+pub(crate) type SpecCell = Arc<parking_lot::RwLock<DeploymentSpec>>;
 
 /// The applications of a process, running: what the HTTP front serves and the cluster layer
 /// publishes. Every request reaches them through [`Dispatch`](crate::Dispatch).
@@ -204,7 +210,8 @@ impl Controller {
                 if run_replicas && spec.config.num_replicas > 0 {
                     starting.push(format!("{name}/{}", spec.config.name));
                 }
-                deployments.push((routers[&spec.config.name].clone(), spec));
+                let router = routers[&spec.config.name].clone();
+                deployments.push((router, Arc::new(parking_lot::RwLock::new(spec))));
             }
             states.push(AppState {
                 ingress: routers[&ingress_name].clone(),
@@ -239,9 +246,10 @@ impl Controller {
         let node_id = self.node_id.as_deref();
         for app in &self.apps {
             for (router, spec) in &app.deployments {
+                let spec = spec.read().clone();
                 let starts = (0..spec.config.num_replicas).map(|_| {
                     Replica::start(
-                        spec,
+                        &spec,
                         &app.name,
                         node_id,
                         app.handles.clone(),
@@ -422,7 +430,7 @@ fn validate(apps: &[Application]) -> Result<(), StartError> {
 }
 
 /// Waits until `replica` has no request in progress, or `deadline`.
-async fn drain(replica: &Replica, deadline: Instant) {
+pub(crate) async fn drain(replica: &Replica, deadline: Instant) {
     replica.slot.set_available(false);
     while replica.slot.inside() > 0 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -434,11 +442,12 @@ async fn health_loop(
     controller: Arc<Controller>,
     app: Arc<str>,
     router: Arc<DeploymentRouter>,
-    spec: DeploymentSpec,
+    cell: SpecCell,
     handles: HandleDirectory,
     mut stopped: watch::Receiver<bool>,
 ) {
     loop {
+        let spec = cell.read().clone();
         tokio::select! {
             _ = stopped.changed() => return,
             _ = tokio::time::sleep(spec.config.health_check_period) => {}

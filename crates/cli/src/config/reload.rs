@@ -1,0 +1,248 @@
+//! Changing a running server's configuration (`modelmux deploy`, `POST /-/deploy`, `SIGHUP`)
+//! without losing what did not change. The new configuration is compared with the running
+//! one deployment by deployment, as YAML values:
+//!
+//! - the same: kept (its replicas and their warm models stay);
+//! - only `num_replicas` differs: scaled in place (`Controller::scale`: up starts replicas;
+//!   down drains the replicas cheapest to lose, after loading their recently used models
+//!   elsewhere);
+//! - anything else differs (model source, kind, caps, limits): rolled (`Controller::roll`:
+//!   new replicas start and take traffic before the old ones drain).
+//!
+//! A configuration that does not parse or validate, whose models cannot be opened, or that
+//! changes what needs a restart (the listener, logging, the cluster, the disk cache, the set
+//! of applications and deployments, a Python application) is refused whole: nothing changes.
+//! Deploys are applied one at a time.
+
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+use modelmux_front::Deployer;
+use modelmux_serve::{AdminAccess, Controller, DeploymentSpec, ServeError};
+use modelmux_store::DiskCache;
+use serde_json::{Value as Json, json};
+use serde_yaml_ng::Value;
+use tokio::time::Instant;
+
+use super::kinds::BuildContext;
+use super::{Config, build_deployment};
+
+/// What a deploy does to one deployment.
+enum Change {
+    Keep,
+    Scale(usize),
+    /// The served deployment and the kind's front deployment, if it has one.
+    Roll(Box<(DeploymentSpec, Option<DeploymentSpec>)>),
+}
+
+/// The configuration a server runs, and how to change it.
+pub struct Reloader {
+    /// The running configuration's text; the lock makes deploys one at a time.
+    running: tokio::sync::Mutex<String>,
+    /// Relative paths in a new configuration are resolved against this directory (the
+    /// started configuration's).
+    base_dir: PathBuf,
+    disk_cache: Option<DiskCache>,
+    admin: AdminAccess,
+    controller: OnceLock<Arc<Controller>>,
+}
+
+impl Reloader {
+    /// A reloader for a server started from `text` (paths relative to `base_dir`), with the
+    /// disk cache it opened.
+    pub fn new(
+        text: String,
+        base_dir: PathBuf,
+        disk_cache: Option<DiskCache>,
+        admin: AdminAccess,
+    ) -> Self {
+        Self {
+            running: tokio::sync::Mutex::new(text),
+            base_dir,
+            disk_cache,
+            admin,
+            controller: OnceLock::new(),
+        }
+    }
+
+    /// The server's controller, once it has started.
+    pub fn attach(&self, controller: Arc<Controller>) {
+        let _ = self.controller.set(controller);
+    }
+
+    /// Applies `text` as the new configuration; answers what changed per deployment.
+    pub async fn apply(&self, text: &str) -> Result<Json, ServeError> {
+        let started = Instant::now();
+        let controller = self
+            .controller
+            .get()
+            .ok_or(ServeError::ShuttingDown)?
+            .clone();
+        let mut running = self.running.lock().await;
+        let refuse = |message: String| ServeError::BadRequest {
+            message: format!("the new configuration is refused, nothing changed: {message}"),
+        };
+        let mut next = Config::parse(text).map_err(|e| refuse(e.to_string()))?;
+        next.resolve_paths(&self.base_dir);
+        let (old, new) = (yaml(&running)?, yaml(text)?);
+        needs_no_restart(&old, &new).map_err(refuse)?;
+        // Build every rolled deployment before changing anything: a model that cannot be
+        // opened refuses the whole configuration.
+        let mut plan = Vec::new();
+        for (i, app) in next.applications.iter().enumerate() {
+            let context = BuildContext {
+                disk_cache: self.disk_cache.as_ref(),
+                admin: &self.admin,
+                route_prefix: &app.route_prefix,
+            };
+            for (j, d) in app.deployments.iter().enumerate() {
+                let (before, after) = (
+                    &old["applications"][i]["deployments"][j],
+                    &new["applications"][i]["deployments"][j],
+                );
+                let change = if before == after {
+                    Change::Keep
+                } else if without_replicas(before) == without_replicas(after) {
+                    Change::Scale(d.num_replicas.map_or(1, std::num::NonZeroUsize::get))
+                } else {
+                    if d.model
+                        .as_ref()
+                        .is_some_and(super::ModelSpec::needs_disk_cache)
+                        && self.disk_cache.is_none()
+                    {
+                        return Err(refuse(format!(
+                            "deployment '{}' now reads from a remote store, which needs the disk cache: restart the server",
+                            d.name
+                        )));
+                    }
+                    let (served, front) = build_deployment(i, j, d, &context)
+                        .await
+                        .map_err(|e| refuse(e.to_string()))?;
+                    Change::Roll(Box::new((served, front)))
+                };
+                plan.push((app.name.clone(), d.name.clone(), change));
+            }
+        }
+        let mut report = Vec::new();
+        for (app, deployment, change) in plan {
+            let what = match change {
+                Change::Keep => json!("kept"),
+                Change::Scale(n) => {
+                    controller.scale(&app, &deployment, n).await?;
+                    json!(format!("scaled to {n}"))
+                }
+                Change::Roll(specs) => {
+                    let (served, front) = *specs;
+                    controller.roll(&app, served).await?;
+                    if let Some(front) = front {
+                        controller.roll(&app, front).await?;
+                    }
+                    json!("rolled")
+                }
+            };
+            report.push(json!({"application": app, "deployment": deployment, "change": what}));
+        }
+        *running = text.to_owned();
+        Ok(json!({
+            "deployments": report,
+            "took_ms": started.elapsed().as_secs_f64() * 1e3,
+        }))
+    }
+}
+
+impl Deployer for Reloader {
+    fn deploy(
+        self: Arc<Self>,
+        config: String,
+    ) -> std::pin::Pin<Box<dyn Future<Output = Result<Json, ServeError>> + Send>> {
+        Box::pin(async move { self.apply(&config).await })
+    }
+}
+
+fn yaml(text: &str) -> Result<Value, ServeError> {
+    serde_yaml_ng::from_str(text).map_err(|e| ServeError::BadRequest {
+        message: format!("the new configuration is refused, nothing changed: {e}"),
+    })
+}
+
+/// A deployment's settings without its replica count.
+fn without_replicas(deployment: &Value) -> Value {
+    let mut d = deployment.clone();
+    if let Value::Mapping(m) = &mut d {
+        m.remove("num_replicas");
+    }
+    d
+}
+
+/// Refuses changes a running server cannot make: anything outside `applications`, another
+/// set or order of applications or deployments, an application's own settings, a Python
+/// application.
+fn needs_no_restart(old: &Value, new: &Value) -> Result<(), String> {
+    let keys = |v: &Value| -> Vec<String> {
+        match v {
+            Value::Mapping(m) => m
+                .keys()
+                .filter_map(|k| k.as_str().map(str::to_owned))
+                .filter(|k| k != "applications")
+                .collect(),
+            _ => Vec::new(),
+        }
+    };
+    let mut top = keys(old);
+    top.extend(keys(new));
+    top.sort();
+    top.dedup();
+    for key in top {
+        if old.get(&key) != new.get(&key) {
+            return Err(format!("'{key}' changed: that needs a restart"));
+        }
+    }
+    let apps = |v: &Value| v["applications"].as_sequence().cloned().unwrap_or_default();
+    let (old_apps, new_apps) = (apps(old), apps(new));
+    let names = |apps: &[Value], key: &str| -> Vec<String> {
+        apps.iter()
+            .map(|a| a[key].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    if names(&old_apps, "name") != names(&new_apps, "name") {
+        return Err(format!(
+            "the applications changed ({:?} to {:?}): adding, removing or reordering them needs a restart",
+            names(&old_apps, "name"),
+            names(&new_apps, "name")
+        ));
+    }
+    for (a, b) in old_apps.iter().zip(&new_apps) {
+        let name = a["name"].as_str().unwrap_or_default();
+        let settings = |app: &Value| {
+            let mut app = app.clone();
+            if let Value::Mapping(m) = &mut app {
+                m.remove("deployments");
+            }
+            app
+        };
+        if settings(a) != settings(b) {
+            return Err(format!(
+                "application '{name}': its own settings changed (route prefix, ingress, import path, ...): that needs a restart"
+            ));
+        }
+        if !a["import_path"].is_null() && a != b {
+            return Err(format!(
+                "application '{name}' is a Python application: changing it needs a restart"
+            ));
+        }
+        let deployments = |app: &Value| {
+            app["deployments"]
+                .as_sequence()
+                .map(|d| names(d, "name"))
+                .unwrap_or_default()
+        };
+        if deployments(a) != deployments(b) {
+            return Err(format!(
+                "application '{name}': its deployments changed ({:?} to {:?}): adding, removing or reordering them needs a restart",
+                deployments(a),
+                deployments(b)
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! Changing a running deployment without a restart: its replica count (up: new replicas take
+//! traffic once started; down: the replicas cheapest to lose leave routing at once, the
+//! models only they held that were used in the last minute are loaded on the survivors, then
+//! they drain) and its spec (a roll: new replicas start and take traffic before the old ones
+//! drain). Other deployments are not touched: their replicas and warm models stay.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use modelmux_cache::{ModelId, ModelStatus};
+use tokio::time::Instant;
+
+use super::{Controller, SpecCell, drain};
+use crate::deployment::{DeploymentConfig, DeploymentSpec};
+use crate::dispatch::DeploymentRouter;
+use crate::error::{ServeError, StartError};
+use crate::replica::Replica;
+
+/// A model used this recently on a replica that leaves is loaded on a survivor first.
+const RECENT: Duration = Duration::from_secs(60);
+
+impl Controller {
+    /// The settings deployment `deployment` of application `app` runs with.
+    pub fn deployment_config(&self, app: &str, deployment: &str) -> Option<DeploymentConfig> {
+        self.spec_cell(app, deployment)
+            .map(|(_, cell)| cell.read().config.clone())
+    }
+
+    fn spec_cell(&self, app: &str, deployment: &str) -> Option<(Arc<DeploymentRouter>, SpecCell)> {
+        let found = self.apps.iter().find(|a| &*a.name == app)?;
+        found
+            .deployments
+            .iter()
+            .find(|(r, _)| r.name() == deployment)
+            .map(|(r, cell)| (r.clone(), cell.clone()))
+    }
+
+    fn unknown(app: &str, deployment: &str) -> ServeError {
+        ServeError::NotFound {
+            what: format!("no deployment '{deployment}' in application '{app}'"),
+        }
+    }
+
+    /// Runs `replicas` replicas of `deployment` (at least one). Returns once the new ones
+    /// have started (scaling up) or the leaving ones have left routing (scaling down: their
+    /// draining goes on in the background, and shutdown waits for it).
+    pub async fn scale(
+        &self,
+        app: &str,
+        deployment: &str,
+        replicas: usize,
+    ) -> Result<(), ServeError> {
+        let (router, cell) = self
+            .spec_cell(app, deployment)
+            .ok_or_else(|| Self::unknown(app, deployment))?;
+        let replicas = replicas.max(1);
+        cell.write().config.num_replicas = replicas;
+        if !self.run_replicas {
+            return Ok(());
+        }
+        let spec = cell.read().clone();
+        let running = router.replicas().to_vec();
+        if replicas > running.len() {
+            let fresh = self
+                .start_many(&spec, app, &router, replicas - running.len())
+                .await?;
+            let mut next = router.replicas().to_vec();
+            next.extend(fresh);
+            router.set_replicas(next);
+            tracing::info!(app, deployment, replicas, "scaled up");
+        } else if replicas < running.len() {
+            let leaving = cheapest_to_lose(&running, running.len() - replicas);
+            let staying: Vec<Arc<Replica>> = running
+                .iter()
+                .filter(|r| !leaving.iter().any(|l| Arc::ptr_eq(l, r)))
+                .cloned()
+                .collect();
+            router.set_replicas(staying);
+            // Warm the survivors with what only the leavers held and was used lately.
+            let held: HashSet<String> = router
+                .replicas()
+                .iter()
+                .flat_map(|r| loaded(r).into_iter().map(|(id, _)| id))
+                .collect();
+            let hot: HashSet<String> = leaving
+                .iter()
+                .flat_map(|r| loaded(r))
+                .filter(|(id, idle)| *idle < RECENT && !held.contains(id))
+                .map(|(id, _)| id)
+                .collect();
+            for id in hot {
+                if let Ok(id) = ModelId::new(id)
+                    && let Err(e) = self.load_into(&router, &id).await
+                {
+                    tracing::warn!(app, deployment, model = %id, error = %e, "could not move a model off a replica scaled away");
+                }
+            }
+            for old in leaving {
+                self.retire(old, spec.config.graceful_shutdown_timeout);
+            }
+            tracing::info!(app, deployment, replicas, "scaled down");
+        }
+        Ok(())
+    }
+
+    /// Replaces `spec`'s deployment (same name) with `spec`: its replicas start, take traffic
+    /// once all have started, and the old replicas drain. If one fails to start, the old ones
+    /// keep serving and the error is returned.
+    pub async fn roll(&self, app: &str, spec: DeploymentSpec) -> Result<(), ServeError> {
+        let deployment = spec.config.name.clone();
+        let (router, cell) = self
+            .spec_cell(app, &deployment)
+            .ok_or_else(|| Self::unknown(app, &deployment))?;
+        if self.run_replicas {
+            let fresh = self
+                .start_many(&spec, app, &router, spec.config.num_replicas)
+                .await?;
+            let old = router.replicas().to_vec();
+            router.set_replicas(fresh);
+            let grace = cell.read().config.graceful_shutdown_timeout;
+            for replica in old {
+                self.retire(replica, grace);
+            }
+        }
+        *cell.write() = spec;
+        tracing::info!(app, deployment, "rolled");
+        Ok(())
+    }
+
+    async fn start_many(
+        &self,
+        spec: &DeploymentSpec,
+        app: &str,
+        router: &Arc<DeploymentRouter>,
+        n: usize,
+    ) -> Result<Vec<Arc<Replica>>, ServeError> {
+        let state = self
+            .apps
+            .iter()
+            .find(|a| &*a.name == app)
+            .ok_or_else(|| Self::unknown(app, &spec.config.name))?;
+        let starts = (0..n).map(|_| {
+            Replica::start(
+                spec,
+                &state.name,
+                self.node_id.as_deref(),
+                state.handles.clone(),
+                router.waker(),
+            )
+        });
+        let started = futures_util::future::try_join_all(starts)
+            .await
+            .map_err(|source| {
+                let e = StartError::Replica {
+                    deployment: spec.config.name.clone(),
+                    source,
+                };
+                ServeError::BadRequest {
+                    message: e.to_string(),
+                }
+            })?;
+        self.changes.notify_one();
+        Ok(started.into_iter().map(Arc::new).collect())
+    }
+
+    /// Loads `id` where a first request for it would go.
+    async fn load_into(&self, router: &DeploymentRouter, id: &ModelId) -> Result<(), ServeError> {
+        let replicas = router.replicas();
+        let Some(index) = crate::router::place(&replicas, id, Instant::now()) else {
+            return Ok(());
+        };
+        if let Some(cache) = replicas[index].caches.first() {
+            cache.load(id.as_str(), false).await?;
+        }
+        Ok(())
+    }
+
+    /// Drains `replica` (out of routing already) and unloads its models, in the background;
+    /// shutdown waits for it.
+    pub(crate) fn retire(&self, replica: Arc<Replica>, grace: Duration) {
+        let deadline = Instant::now() + grace;
+        let task = tokio::spawn(async move {
+            drain(&replica, deadline).await;
+            replica
+                .shutdown(deadline.saturating_duration_since(Instant::now()))
+                .await;
+        });
+        let mut retiring = self.retiring.lock();
+        retiring.retain(|t| !t.is_finished());
+        retiring.push(task);
+        self.changes.notify_one();
+    }
+}
+
+/// Each loaded model of `replica` and how long it has been idle.
+fn loaded(replica: &Replica) -> Vec<(String, Duration)> {
+    replica
+        .caches
+        .iter()
+        .flat_map(|c| c.models())
+        .filter(|m| m.status == ModelStatus::Loaded)
+        .map(|m| (m.id.to_string(), m.idle_for))
+        .collect()
+}
+
+/// The `n` replicas whose leaving loses least: fewest models held nowhere else, then fewest
+/// requests in flight, then the longest idle.
+fn cheapest_to_lose(replicas: &[Arc<Replica>], n: usize) -> Vec<Arc<Replica>> {
+    let models: Vec<Vec<(String, Duration)>> = replicas.iter().map(|r| loaded(r)).collect();
+    let mut cost: Vec<(usize, usize, Duration, usize)> = replicas
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let only_here = models[i]
+                .iter()
+                .filter(|(id, _)| {
+                    !models
+                        .iter()
+                        .enumerate()
+                        .any(|(j, other)| j != i && other.iter().any(|(o, _)| o == id))
+                })
+                .count();
+            let most_recent = models[i]
+                .iter()
+                .map(|(_, idle)| *idle)
+                .min()
+                .unwrap_or(Duration::MAX);
+            (only_here, r.slot.inside(), Duration::MAX - most_recent, i)
+        })
+        .collect();
+    cost.sort();
+    cost.into_iter()
+        .take(n)
+        .map(|(_, _, _, i)| replicas[i].clone())
+        .collect()
+}
