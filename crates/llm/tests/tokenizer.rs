@@ -18,12 +18,10 @@ struct Case {
     ids_special: Vec<u32>,
 }
 
-#[test]
-fn token_ids_equal_llama_cpp_on_the_fixture() {
-    let fixture: Fixture =
-        serde_json::from_str(include_str!("fixtures/tokenizer-smollm2.json")).unwrap();
+/// Every case's ids (special parsing off and on) and decoding against the fixture.
+fn check_fixture(tokenizer: &modelmux_llm::TextTokenizer, fixture: &str, name: &str) {
+    let fixture: Fixture = serde_json::from_str(fixture).unwrap();
     assert!(fixture.cases.len() >= 200);
-    let tokenizer = &common::runtime().tokenizer;
     let mut failures = Vec::new();
     for case in &fixture.cases {
         let plain = tokenizer.encode(&case.text, false).unwrap();
@@ -37,17 +35,59 @@ fn token_ids_equal_llama_cpp_on_the_fixture() {
         assert_eq!(
             tokenizer.decode(&case.ids),
             case.text,
-            "decoding {:?}",
+            "{name}: decoding {:?}",
             case.text
         );
     }
     assert!(
         failures.is_empty(),
-        "{} of {} cases differ from llama.cpp:\n{}",
+        "{name}: {} of {} cases differ from llama.cpp:\n{}",
         failures.len(),
         fixture.cases.len(),
         failures.join("\n")
     );
+}
+
+#[test]
+fn token_ids_equal_llama_cpp_on_the_fixture() {
+    check_fixture(
+        &common::runtime().tokenizer,
+        include_str!("fixtures/tokenizer-smollm2.json"),
+        "smollm",
+    );
+}
+
+/// Each pre-tokenizer's splitting rules against llama.cpp's on the same strings: SmolLM2's
+/// vocabulary and merges with `tokenizer.ggml.pre` replaced (llama.cpp splits by the name,
+/// whatever the vocabulary), as `scripts/llm/tokenizer-fixture.py --pre` made the fixtures.
+#[test]
+fn each_pre_tokenizer_splits_as_llama_cpp_does() {
+    use candle_core::quantized::gguf_file::{self, Value};
+    let fixtures = [
+        ("gpt-2", include_str!("fixtures/tokenizer-pre-gpt-2.json")),
+        (
+            "llama-bpe",
+            include_str!("fixtures/tokenizer-pre-llama-bpe.json"),
+        ),
+        ("qwen2", include_str!("fixtures/tokenizer-pre-qwen2.json")),
+        (
+            "command-r",
+            include_str!("fixtures/tokenizer-pre-command-r.json"),
+        ),
+    ];
+    let dir = common::scratch("modelmux-pre-tokenizers");
+    for (pre, fixture) in fixtures {
+        let mut metadata =
+            common::tiny::tokenizer_metadata(&common::env_path("MODELMUX_TEST_GGUF"));
+        metadata.retain(|(k, _)| k != "tokenizer.ggml.pre");
+        metadata.push(("tokenizer.ggml.pre".into(), Value::String(pre.into())));
+        let path = dir.join(format!("vocab-{pre}.gguf"));
+        let refs: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        gguf_file::write(&mut std::fs::File::create(&path).unwrap(), &refs, &[]).unwrap();
+        let file = modelmux_llm::GgufFile::open(&path).unwrap();
+        let tokenizer = modelmux_llm::TextTokenizer::from_gguf(&file).unwrap();
+        check_fixture(&tokenizer, fixture, pre);
+    }
 }
 
 /// Special tokens written inside message contents are text: a user cannot forge a turn (or a
