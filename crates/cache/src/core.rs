@@ -32,8 +32,42 @@ use crate::{Config, Error, EvictionPolicy, Model, ModelId, ModelInfo};
 
 pub(crate) type Index<M> = HashMap<ModelId, Arc<Resident<M>>, foldhash::fast::RandomState>;
 
+/// The caps, changeable while the cache runs ([`Multiplexer::set_caps`](crate::Multiplexer::set_caps)).
+pub(crate) struct Caps {
+    /// `max_models`; `usize::MAX`: none.
+    models: std::sync::atomic::AtomicUsize,
+    /// `max_bytes`; `u64::MAX`: none.
+    bytes: AtomicU64,
+}
+
+impl Caps {
+    fn new(models: Option<usize>, bytes: Option<u64>) -> Self {
+        Self {
+            models: std::sync::atomic::AtomicUsize::new(models.unwrap_or(usize::MAX)),
+            bytes: AtomicU64::new(bytes.unwrap_or(u64::MAX)),
+        }
+    }
+
+    pub(crate) fn models(&self) -> Option<usize> {
+        Some(self.models.load(Ordering::Relaxed)).filter(|m| *m != usize::MAX)
+    }
+
+    pub(crate) fn bytes(&self) -> Option<u64> {
+        Some(self.bytes.load(Ordering::Relaxed)).filter(|b| *b != u64::MAX)
+    }
+
+    pub(crate) fn set(&self, models: Option<usize>, bytes: Option<u64>) {
+        self.models
+            .store(models.unwrap_or(usize::MAX), Ordering::Relaxed);
+        self.bytes
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+}
+
 pub(crate) struct Core<M: Model> {
     pub(crate) config: Config,
+    /// `config`'s caps as they are now (set again while running).
+    pub(crate) caps: Caps,
     pub(crate) loader: Box<dyn DynLoader<M>>,
     index: ArcSwap<Index<M>>,
     pub(crate) state: Mutex<State<M>>,
@@ -101,6 +135,7 @@ impl<M: Model> Core<M> {
         Arc::new_cyclic(|weak_self| Core {
             load_permits: Semaphore::new(config.max_concurrent_loads),
             events: broadcast::channel(config.event_capacity).0,
+            caps: Caps::new(config.max_models, config.max_bytes),
             config,
             loader,
             index: ArcSwap::from_pointee(Index::default()),
@@ -190,8 +225,8 @@ impl<M: Model> Core<M> {
     }
 
     pub(crate) fn fits(&self, slots: usize, bytes: u64) -> bool {
-        self.config.max_models.is_none_or(|max| slots <= max)
-            && self.config.max_bytes.is_none_or(|max| bytes <= max)
+        self.caps.models().is_none_or(|max| slots <= max)
+            && self.caps.bytes().is_none_or(|max| bytes <= max)
     }
 
     /// Decides whether `slots` more slots and `bytes` more bytes fit, evicting idle models
@@ -252,6 +287,60 @@ impl<M: Model> Core<M> {
         Room::Wait
     }
 
+    /// Evicts idle models, in the policy's order, until what is held fits the caps (models
+    /// already unloading counted as gone); models in use or pinned stay. Returns whether it
+    /// fits now.
+    pub(crate) fn shrink_locked(&self, st: &mut State<M>) -> bool {
+        if self.fits(st.used_slots, st.used_bytes) {
+            return true;
+        }
+        let (soon_slots, soon_bytes) = st
+            .draining
+            .iter()
+            .filter(|d| d.unloading())
+            .fold((0, 0), |(n, b), d| (n + 1, b + d.size));
+        let mut after_slots = st.used_slots - soon_slots;
+        let mut after_bytes = st.used_bytes - soon_bytes;
+        let index = self.index.load();
+        let mut idle: Vec<&Arc<Resident<M>>> = index
+            .values()
+            .filter(|r| r.is_idle() && !r.pinned.load(Ordering::Relaxed))
+            .collect();
+        match self.config.eviction {
+            EvictionPolicy::Lru => {
+                idle.sort_unstable_by_key(|r| r.last_used_tick.load(Ordering::Relaxed))
+            }
+            EvictionPolicy::Gdsf => {
+                idle.sort_unstable_by(|a, b| a.gdsf_priority().total_cmp(&b.gdsf_priority()))
+            }
+        }
+        let mut victims = Vec::new();
+        for r in idle {
+            if self.fits(after_slots, after_bytes) {
+                break;
+            }
+            after_slots -= 1;
+            after_bytes -= r.charged;
+            victims.push(r.id.clone());
+        }
+        if !victims.is_empty() {
+            self.metrics
+                .evictions
+                .fetch_add(victims.len() as u64, Ordering::Relaxed);
+            self.evict_locked(st, &victims, EvictReason::Capacity);
+        }
+        self.fits(after_slots, after_bytes)
+    }
+
+    /// Whether a model that is neither pinned nor idle is loaded: one that [`shrink_locked`]
+    /// may evict once its requests are done.
+    pub(crate) fn busy_unpinned(&self) -> bool {
+        self.index
+            .load()
+            .values()
+            .any(|r| !r.is_idle() && !r.pinned.load(Ordering::Relaxed))
+    }
+
     /// Waits until `slots` and `bytes` fit, then reserves them. Gives up at `deadline` with
     /// [`Error::CapacityExhausted`].
     pub(crate) async fn reserve(
@@ -294,8 +383,8 @@ impl<M: Model> Core<M> {
             resident: self.index.load().len(),
             loading: st.loading.len().saturating_sub(1),
             draining: st.draining.len(),
-            max_models: show(self.config.max_models.map(|m| m as u64)),
-            max_bytes: show(self.config.max_bytes),
+            max_models: show(self.caps.models().map(|m| m as u64)),
+            max_bytes: show(self.caps.bytes()),
         }
     }
 

@@ -183,7 +183,7 @@ impl<M: Model> Core<M> {
             Ok(size) => size,
             Err(e) => return Err(ticket.fail(e)),
         };
-        if let (Some(size), Some(max_bytes)) = (size, self.config.max_bytes)
+        if let (Some(size), Some(max_bytes)) = (size, self.caps.bytes())
             && size > max_bytes
         {
             return Err(ticket.fail(Error::ModelTooLarge {
@@ -220,7 +220,7 @@ impl<M: Model> Core<M> {
     /// any model admitted so far, or the whole cap for the first (so loads of unknown size
     /// never overcommit it; the charge is settled when the model reports its size).
     fn estimate(&self, probed: Option<u64>) -> u64 {
-        match (probed, self.config.max_bytes) {
+        match (probed, self.caps.bytes()) {
             (Some(size), _) => size,
             (None, Some(max_bytes)) => match self.largest_charge.load(Ordering::Relaxed) {
                 0 => max_bytes,
@@ -352,7 +352,7 @@ impl<M: Model> Core<M> {
             Ok(size) => (size, None),
             Err(panic) => (None, Some(panic_message(&*panic))),
         };
-        if reported_size.is_none() && self.config.max_bytes.is_some() {
+        if reported_size.is_none() && self.caps.bytes().is_some() {
             tracing::warn!(model_id = %id, charged = estimate, "model '{id}' reports no size (Model::size_bytes): it is charged its reservation of {estimate} bytes against max_bytes");
         }
         let charged = reported_size.unwrap_or(estimate);
@@ -370,7 +370,7 @@ impl<M: Model> Core<M> {
         let mut st = self.state.lock();
         st.loading.remove(id);
         st.used_bytes = st.used_bytes - estimate + size;
-        let refusal = match self.config.max_bytes {
+        let refusal = match self.caps.bytes() {
             _ if size_panic.is_some() => Some(Error::LoadPanicked {
                 id: id.clone(),
                 message: format!("size_bytes() panicked: {}", size_panic.unwrap_or_default()),

@@ -327,9 +327,49 @@ impl<M: Model> Multiplexer<M> {
         self.core.gauges(&self.core.state.lock())
     }
 
-    /// The configuration it was built with.
+    /// The configuration it was built with (its caps as built: [`caps`](Self::caps) gives
+    /// them as they are now).
     pub fn config(&self) -> &Config {
         &self.core.config
+    }
+
+    /// `(max_models, max_bytes)` now (`None`: no limit).
+    pub fn caps(&self) -> (Option<usize>, Option<u64>) {
+        (self.core.caps.models(), self.core.caps.bytes())
+    }
+
+    /// Changes the caps while the cache runs. Raising them makes room at once. Lowering them
+    /// evicts idle models now, in the eviction policy's order; models in use finish first (each
+    /// is evicted when its last request is done, if the cache is still over), and pinned
+    /// models stay (counted, so new loads wait for room). Loads in progress keep the room they
+    /// reserved.
+    ///
+    /// # Panics
+    /// If `max_models` is `Some(0)`.
+    pub fn set_caps(&self, max_models: Option<usize>, max_bytes: Option<u64>) {
+        assert!(max_models != Some(0), "max_models must be at least 1");
+        self.core.caps.set(max_models, max_bytes);
+        let fits = {
+            let mut st = self.core.state.lock();
+            self.core.shrink_locked(&mut st)
+        };
+        self.core.room.wake();
+        if fits {
+            return;
+        }
+        // Over the new caps with models in use: evict each as it becomes idle.
+        let core = Arc::downgrade(&self.core);
+        self.core.runtime.spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let Some(core) = core.upgrade() else { return };
+                let mut st = core.state.lock();
+                // Done when it fits, or when only pinned models keep it over.
+                if st.shutting_down || core.shrink_locked(&mut st) || !core.busy_unpinned() {
+                    return;
+                }
+            }
+        });
     }
 
     /// Stops taking work and unloads everything: loads in progress are cancelled, every model

@@ -1,5 +1,6 @@
 //! `modelmux deploy` against a running server under steady traffic: a deploy that changes
-//! only another deployment causes no failed request and no load in the untouched one;
+//! only another deployment's caps causes no failed request and no load in the untouched one
+//! (and keeps the changed one's replica);
 //! raising and lowering `num_replicas` loses no request; a changed model setting rolls the
 //! deployment; an invalid configuration is refused whole and the old one keeps serving;
 //! SIGHUP re-reads the file.
@@ -82,6 +83,23 @@ fn deploy(url: &str, text: &str) -> (bool, String) {
     (out.status.success(), said)
 }
 
+fn replica_ids(url: &str, deployment: &str) -> Vec<String> {
+    let request = hyper::Request::builder()
+        .uri("/-/models")
+        .header("authorization", "Bearer deploy-token");
+    let (_, body) = common::send(url, request, Vec::new());
+    let models: serde_json::Value = serde_json::from_str(&body).unwrap();
+    models["applications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| a["deployments"].as_array().unwrap().iter())
+        .filter(|d| d["name"] == deployment)
+        .flat_map(|d| d["replicas"].as_array().unwrap().iter())
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
 fn replicas_of(url: &str, deployment: &str) -> usize {
     let request = hyper::Request::builder()
         .uri("/-/models")
@@ -160,11 +178,13 @@ fn deploys_change_only_what_changed_and_lose_no_request() {
     std::thread::sleep(Duration::from_millis(300));
     let a_loads = loads(&url, "A");
 
-    // Only B changes (its cap): A keeps its replicas and warm models.
+    // Only B changes (its cap, in place): A keeps its replicas and warm models; B keeps its
+    // replica.
+    let b_replica = replica_ids(&url, "B");
     let (ok, said) = deploy(&url, &config(2, 2));
     assert!(ok, "{said}");
     assert!(
-        said.contains("a/A: kept") && said.contains("b/B: rolled"),
+        said.contains("a/A: kept") && said.contains("b/B: caps changed in place (max_models 2"),
         "{said}"
     );
     std::thread::sleep(Duration::from_millis(300));
@@ -173,6 +193,18 @@ fn deploys_change_only_what_changed_and_lose_no_request() {
         a_loads,
         "the untouched deployment loaded models"
     );
+    assert_eq!(replica_ids(&url, "B"), b_replica, "B was restarted");
+
+    // Another setting of B changes: B rolls to a new replica, and back.
+    let other = config(2, 2).replace(
+        "        max_models_per_replica: 2",
+        "        max_ongoing_requests: 7\n        max_models_per_replica: 2",
+    );
+    let (ok, said) = deploy(&url, &other);
+    assert!(ok && said.contains("b/B: rolled"), "{said}");
+    assert_ne!(replica_ids(&url, "B"), b_replica, "B was not rolled");
+    let (ok, said) = deploy(&url, &config(2, 2));
+    assert!(ok && said.contains("b/B: rolled"), "{said}");
 
     // A scales up, then down: no request is lost.
     let (ok, said) = deploy(&url, &config(3, 2));

@@ -14,6 +14,7 @@ pub(crate) trait ModelCache: Send + Sync + 'static {
     fn metrics(&self) -> MetricsSnapshot;
     fn max_models(&self) -> Option<usize>;
     fn max_bytes(&self) -> Option<u64>;
+    fn set_caps(&self, max_models: Option<usize>, max_bytes: Option<u64>);
     fn subscribe(&self) -> Subscription;
     fn load(&self, id: &str, pin: bool) -> BoxFuture<'_, Result<(), modelmux_cache::Error>>;
     fn evict(&self, id: &str) -> bool;
@@ -29,10 +30,13 @@ impl<M: Model> ModelCache for Multiplexer<M> {
         Multiplexer::metrics(self)
     }
     fn max_models(&self) -> Option<usize> {
-        self.config().max_models
+        self.caps().0
     }
     fn max_bytes(&self) -> Option<u64> {
-        self.config().max_bytes
+        self.caps().1
+    }
+    fn set_caps(&self, max_models: Option<usize>, max_bytes: Option<u64>) {
+        Multiplexer::set_caps(self, max_models, max_bytes);
     }
     fn subscribe(&self) -> Subscription {
         Multiplexer::subscribe(self)

@@ -204,6 +204,18 @@ impl Replica {
         }
     }
 
+    /// Sets the caps of each of its model caches (a lower one evicts idle models now and
+    /// models in use when they are done), and what placement counts against.
+    pub(crate) fn set_caps(&self, max_models: Option<usize>, max_bytes: Option<u64>) {
+        for cache in &self.caches {
+            cache.set_caps(max_models, max_bytes);
+        }
+        let n = self.caches.len();
+        let total_models = max_models.map(|m| m.saturating_mul(n));
+        let total_bytes = max_bytes.map(|b| b.saturating_mul(n as u64));
+        self.slot.set_capacity(total_models, total_bytes);
+    }
+
     /// Unloads every model (after in-flight requests are done: the caller drains first).
     pub(crate) async fn shutdown(&self, timeout: Duration) {
         self.slot.set_available(false);

@@ -6,6 +6,9 @@
 //! - only `num_replicas` differs: scaled in place (`Controller::scale`: up starts replicas;
 //!   down drains the replicas cheapest to lose, after loading their recently used models
 //!   elsewhere);
+//! - only the caps differ (`max_models_per_replica`, `max_bytes_per_replica`, and maybe
+//!   `num_replicas`): set in place (`Controller::set_caps`: a lower cap evicts idle models in
+//!   policy order, models in use when they are done; the other models stay warm);
 //! - anything else differs (model source, kind, caps, limits): rolled (`Controller::roll`:
 //!   new replicas start and take traffic before the old ones drain).
 //!
@@ -31,6 +34,8 @@ use super::{Config, build_deployment};
 enum Change {
     Keep,
     Scale(usize),
+    /// New caps (and replica count), in place; the new spec for replicas started later.
+    Caps(Box<DeploymentSpec>, Option<usize>, Option<u64>, usize),
     /// The served deployment and the kind's front deployment, if it has one.
     Roll(Box<(DeploymentSpec, Option<DeploymentSpec>)>),
 }
@@ -100,10 +105,18 @@ impl Reloader {
                     &old["applications"][i]["deployments"][j],
                     &new["applications"][i]["deployments"][j],
                 );
+                let replicas = d.num_replicas.map_or(1, std::num::NonZeroUsize::get);
                 let change = if before == after {
                     Change::Keep
-                } else if without_replicas(before) == without_replicas(after) {
-                    Change::Scale(d.num_replicas.map_or(1, std::num::NonZeroUsize::get))
+                } else if without(before, SCALE) == without(after, SCALE) {
+                    Change::Scale(replicas)
+                } else if without(before, CAPS) == without(after, CAPS) {
+                    let (served, _) = build_deployment(i, j, d, &context)
+                        .await
+                        .map_err(|e| refuse(e.to_string()))?;
+                    let caps = super::cache_settings(d, None);
+                    let (models, bytes) = (caps.config().max_models, caps.config().max_bytes);
+                    Change::Caps(Box::new(served), models, bytes, replicas)
                 } else {
                     if d.model
                         .as_ref()
@@ -130,6 +143,20 @@ impl Reloader {
                 Change::Scale(n) => {
                     controller.scale(&app, &deployment, n).await?;
                     json!(format!("scaled to {n}"))
+                }
+                Change::Caps(spec, models, bytes, n) => {
+                    controller.set_caps(&app, *spec, models, bytes)?;
+                    let show = |c: Option<String>| c.unwrap_or_else(|| "unbounded".into());
+                    let mut what = format!(
+                        "caps changed in place (max_models {}, max_bytes {})",
+                        show(models.map(|m| m.to_string())),
+                        show(bytes.map(|b| b.to_string()))
+                    );
+                    if replicas_differ(&old, &new, &app, &deployment) {
+                        controller.scale(&app, &deployment, n).await?;
+                        what.push_str(&format!(", scaled to {n}"));
+                    }
+                    json!(what)
                 }
                 Change::Roll(specs) => {
                     let (served, front) = *specs;
@@ -165,13 +192,39 @@ fn yaml(text: &str) -> Result<Value, ServeError> {
     })
 }
 
-/// A deployment's settings without its replica count.
-fn without_replicas(deployment: &Value) -> Value {
+/// The settings a change of only these is a scaling.
+const SCALE: &[&str] = &["num_replicas"];
+/// The settings a change of only these (and the replica count) is made in place.
+const CAPS: &[&str] = &[
+    "num_replicas",
+    "max_models_per_replica",
+    "max_bytes_per_replica",
+];
+
+/// A deployment's settings without `keys`.
+fn without(deployment: &Value, keys: &[&str]) -> Value {
     let mut d = deployment.clone();
     if let Value::Mapping(m) = &mut d {
-        m.remove("num_replicas");
+        for key in keys {
+            m.remove(*key);
+        }
     }
     d
+}
+
+/// Whether `app`'s `deployment` has another `num_replicas` in `new` than in `old`.
+fn replicas_differ(old: &Value, new: &Value, app: &str, deployment: &str) -> bool {
+    let find = |v: &Value| -> Option<Value> {
+        v["applications"]
+            .as_sequence()?
+            .iter()
+            .find(|a| a["name"].as_str() == Some(app))?["deployments"]
+            .as_sequence()?
+            .iter()
+            .find(|d| d["name"].as_str() == Some(deployment))
+            .map(|d| d["num_replicas"].clone())
+    };
+    find(old) != find(new)
 }
 
 /// Refuses changes a running server cannot make: anything outside `applications`, another

@@ -1,8 +1,8 @@
 //! Changing a running deployment without a restart: its replica count (up: new replicas take
 //! traffic once started; down: the replicas cheapest to lose leave routing at once, the
 //! models only they held that were used in the last minute are loaded on the survivors, then
-//! they drain) and its spec (a roll: new replicas start and take traffic before the old ones
-//! drain). Other deployments are not touched: their replicas and warm models stay.
+//! they drain), its caches' caps (in place) and its spec (a roll: new replicas start and take
+//! traffic before the old ones drain). Other deployments are not touched: their replicas and warm models stay.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -125,6 +125,36 @@ impl Controller {
         }
         *cell.write() = spec;
         tracing::info!(app, deployment, "rolled");
+        Ok(())
+    }
+
+    /// Changes `spec`'s deployment in place: its replicas' model caches get the caps
+    /// `max_models` / `max_bytes` (a lower cap evicts idle models first, in policy order;
+    /// models in use finish first), and replicas started from now on (scaling up, replacing a
+    /// sick one) are built from `spec`. Its replicas and their other models stay.
+    pub fn set_caps(
+        &self,
+        app: &str,
+        spec: DeploymentSpec,
+        max_models: Option<usize>,
+        max_bytes: Option<u64>,
+    ) -> Result<(), ServeError> {
+        let deployment = spec.config.name.clone();
+        let (router, cell) = self
+            .spec_cell(app, &deployment)
+            .ok_or_else(|| Self::unknown(app, &deployment))?;
+        for replica in router.replicas().iter() {
+            replica.set_caps(max_models, max_bytes);
+        }
+        *cell.write() = spec;
+        self.changes.notify_one();
+        tracing::info!(
+            app,
+            deployment,
+            ?max_models,
+            ?max_bytes,
+            "caps changed in place"
+        );
         Ok(())
     }
 

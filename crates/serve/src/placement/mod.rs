@@ -44,10 +44,11 @@ pub struct ReplicaLedger {
     available: AtomicBool,
     /// Whether the replica has model caches at all: if not, model ids do not steer routing.
     tracks_models: bool,
-    /// `max_models` of the replica's caches (summed), `None` if unbounded or unknown.
-    model_capacity: Option<usize>,
-    /// `max_bytes` of the replica's caches (summed), `None` if unbounded or unknown.
-    byte_capacity: Option<u64>,
+    /// `max_models` of the replica's caches (summed), `usize::MAX` if unbounded or unknown;
+    /// changed when the caches' caps are (a live reconfiguration).
+    model_capacity: AtomicUsize,
+    /// `max_bytes` of the replica's caches (summed), `u64::MAX` if unbounded or unknown.
+    byte_capacity: AtomicU64,
     /// Evicted copies whose unload has not run yet (still in use, or unloading), per cache and
     /// id: how many, and their bytes. They hold capacity a new load cannot have.
     draining: parking_lot::Mutex<HashMap<(usize, ModelId), (usize, u64)>>,
@@ -134,8 +135,8 @@ impl ReplicaLedger {
             max_ongoing,
             available: AtomicBool::new(true),
             tracks_models: caches > 0,
-            model_capacity,
-            byte_capacity: None,
+            model_capacity: AtomicUsize::new(model_capacity.unwrap_or(usize::MAX)),
+            byte_capacity: AtomicU64::new(u64::MAX),
             draining: parking_lot::Mutex::default(),
             models: ArcSwap::default(),
             inside: AtomicUsize::new(0),
@@ -148,9 +149,26 @@ impl ReplicaLedger {
     }
 
     /// Sets the byte capacity (the caches' `max_bytes`, summed) placement counts against.
-    pub(crate) fn with_byte_capacity(mut self, bytes: Option<u64>) -> Self {
-        self.byte_capacity = bytes;
+    pub(crate) fn with_byte_capacity(self, bytes: Option<u64>) -> Self {
+        self.byte_capacity
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
         self
+    }
+
+    /// Sets both capacities (the caches' caps changed).
+    pub(crate) fn set_capacity(&self, models: Option<usize>, bytes: Option<u64>) {
+        self.model_capacity
+            .store(models.unwrap_or(usize::MAX), Ordering::Relaxed);
+        self.byte_capacity
+            .store(bytes.unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn model_capacity(&self) -> Option<usize> {
+        Some(self.model_capacity.load(Ordering::Relaxed)).filter(|c| *c != usize::MAX)
+    }
+
+    fn byte_capacity(&self) -> Option<u64> {
+        Some(self.byte_capacity.load(Ordering::Relaxed)).filter(|c| *c != u64::MAX)
     }
 
     /// Folds one request's service time into the recent mean (weight 1/8).
@@ -459,7 +477,8 @@ impl ReplicaView for ReplicaLedger {
     /// a byte cap, their bytes and those of the held models (a model of unknown size, or the
     /// new one, counted at the mean known size).
     fn has_free_slot(&self, now: Instant) -> bool {
-        if self.model_capacity.is_none() && self.byte_capacity.is_none() {
+        let (model_capacity, byte_capacity) = (self.model_capacity(), self.byte_capacity());
+        if model_capacity.is_none() && byte_capacity.is_none() {
             return true;
         }
         let (draining, draining_bytes) = self
@@ -471,13 +490,10 @@ impl ReplicaView for ReplicaLedger {
             });
         let models = self.models.load();
         let held: Vec<&Entry> = models.values().filter(|e| live(&e.holding, now)).collect();
-        if self
-            .model_capacity
-            .is_some_and(|cap| held.len() + draining >= cap)
-        {
+        if model_capacity.is_some_and(|cap| held.len() + draining >= cap) {
             return false;
         }
-        let Some(cap) = self.byte_capacity else {
+        let Some(cap) = byte_capacity else {
             return true;
         };
         let known: Vec<u64> = held.iter().filter_map(|e| e.size_bytes).collect();

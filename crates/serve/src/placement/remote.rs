@@ -91,6 +91,6 @@ impl ReplicaLedger {
 
     /// Its model-count cap and byte cap (summed over its caches), if any.
     pub fn capacity(&self) -> (Option<usize>, Option<u64>) {
-        (self.model_capacity, self.byte_capacity)
+        (self.model_capacity(), self.byte_capacity())
     }
 }
