@@ -79,6 +79,13 @@ enum Command {
     Deploy {
         /// The new configuration.
         config: PathBuf,
+        /// Deploy to every node of the cluster whose etcd this is (`etcd://host:port,...`):
+        /// its applications are written to etcd, and each node applies them.
+        #[arg(long)]
+        cluster: Option<String>,
+        /// The cluster's name (default: the configuration's `cluster.name`, or `default`).
+        #[arg(long)]
+        cluster_name: Option<String>,
         /// The server.
         #[arg(long, env = "MODELMUX_URL", default_value = "http://127.0.0.1:8000")]
         url: String,
@@ -179,9 +186,15 @@ fn main() -> ExitCode {
                 serve(source, flags, ClusterFlags::default(), false).await
             }
             Command::Status { url, token } => status::run(&url, token.as_deref()).await,
-            Command::Deploy { config, url, token } => {
-                status::deploy(&url, token.as_deref(), &config).await
-            }
+            Command::Deploy {
+                config,
+                cluster: Some(etcd),
+                cluster_name,
+                ..
+            } => deploy_to_cluster(&config, &etcd, cluster_name).await,
+            Command::Deploy {
+                config, url, token, ..
+            } => status::deploy(&url, token.as_deref(), &config).await,
             Command::Bench(args) => bench::run(args).await,
             Command::HelloServer { port } => hello::run(port).await,
         }
@@ -310,6 +323,30 @@ async fn serve(
     let addr = server.local_addr();
     let member = match cluster {
         Some(mut options) => {
+            // Every node applies what `modelmux deploy --cluster` writes to etcd.
+            let (endpoints, prefix) = (options.endpoints.clone(), options.prefix.clone());
+            let follower = reloader.clone();
+            tokio::spawn(async move {
+                let client = match modelmux_cluster::connect(&endpoints).await {
+                    Ok(client) => client,
+                    Err(e) => return tracing::error!("following the cluster's configuration: {e}"),
+                };
+                let applied = modelmux_cluster::follow_config(client, &prefix, |text| {
+                    let follower = follower.clone();
+                    async move {
+                        match follower.apply_applications(&text).await {
+                            Ok(answer) => {
+                                tracing::info!(%answer, "applied the cluster's configuration")
+                            }
+                            Err(e) => tracing::error!("the cluster's configuration: {e}"),
+                        }
+                    }
+                })
+                .await;
+                if let Err(e) = applied {
+                    tracing::error!("following the cluster's configuration: {e}");
+                }
+            });
             // Advertised as the address it listens on: now with the port it really got.
             if options.advertise == format!("http://{listen}") {
                 options.advertise = format!("http://{addr}");
@@ -363,6 +400,31 @@ fn say(line: std::fmt::Arguments<'_>) {
 
 /// Registers for SIGTERM (what Kubernetes and systemd send) and SIGINT (Ctrl-C) now, so no
 /// signal is missed; the returned future completes at the first of them.
+/// `modelmux deploy FILE --cluster ETCD`: writes the configuration where every node of the
+/// cluster follows it.
+async fn deploy_to_cluster(
+    path: &std::path::Path,
+    etcd: &str,
+    name: Option<String>,
+) -> Result<(), CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let config = Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let name = name
+        .or(config.cluster.name.clone())
+        .unwrap_or_else(|| "default".into());
+    let endpoints = modelmux_cluster::parse_endpoints(etcd)?;
+    let prefix = format!("modelmux/{name}");
+    modelmux_cluster::publish_config(&endpoints, &prefix, &text)
+        .await
+        .map_err(|e| format!("writing to etcd at {etcd}: {e}"))?;
+    say(format_args!(
+        "deployed {} to cluster '{name}': every node applies it",
+        path.display()
+    ));
+    Ok(())
+}
+
 /// Re-reads `path` and applies it on every SIGHUP (as `modelmux deploy` would).
 async fn reload_on_hangup(path: PathBuf, reloader: std::sync::Arc<config::Reloader>) {
     #[cfg(unix)]

@@ -11,6 +11,7 @@
 //! models, and feeds every other node's into the server's routers, which forward requests to
 //! them over HTTP/2 ([`H2Forwarder`]).
 
+mod config_sync;
 mod forward;
 mod local_etcd;
 mod node;
@@ -19,6 +20,7 @@ mod registry;
 mod supervise;
 mod view;
 
+pub use config_sync::{config_key, follow_config, publish_config};
 pub use forward::H2Forwarder;
 pub use local_etcd::LocalEtcd;
 pub use node::{ClusterNode, ClusterOptions, connect, parse_endpoints};

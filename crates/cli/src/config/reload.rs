@@ -177,6 +177,32 @@ impl Reloader {
     }
 }
 
+impl Reloader {
+    /// Applies the `applications` of `text` (a configuration deployed to the whole cluster)
+    /// over the running configuration: this node keeps its own listener, cluster, cache and
+    /// log settings. Nothing happens when they are what runs already.
+    pub async fn apply_applications(&self, text: &str) -> Result<Json, ServeError> {
+        let deployed = yaml(text)?;
+        let merged = {
+            let running = self.running.lock().await;
+            let mut merged = yaml(&running)?;
+            if merged["applications"] == deployed["applications"] {
+                return Ok(json!({"deployments": [], "unchanged": true}));
+            }
+            if let Value::Mapping(m) = &mut merged {
+                m.insert(
+                    Value::String("applications".into()),
+                    deployed["applications"].clone(),
+                );
+            }
+            serde_yaml_ng::to_string(&merged).map_err(|e| ServeError::BadRequest {
+                message: format!("the cluster's configuration: {e}"),
+            })?
+        };
+        self.apply(&merged).await
+    }
+}
+
 impl Deployer for Reloader {
     fn deploy(
         self: Arc<Self>,
