@@ -44,6 +44,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use modelmux_cache::ModelId;
+pub use trace::{RequestTrace, Span, SpanData, SpanSink, TraceParent, sample, span, to_hex};
+
+mod trace;
 
 tokio::task_local! {
     static CONTEXT: RequestContext;
@@ -144,6 +147,7 @@ pub struct RequestContext {
     request_id: Option<RequestId>,
     multiplexed_model_id: Option<ModelId>,
     hold: Option<Hold>,
+    trace: Option<RequestTrace>,
 }
 
 /// A request's claim on the capacity that serves it (its replica slot): the claim ends when
@@ -209,6 +213,18 @@ impl RequestContext {
         self
     }
 
+    /// Sets the request's trace (a sampled request).
+    #[must_use]
+    pub fn with_trace(mut self, trace: RequestTrace) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
+    /// The request's trace, if it is sampled.
+    pub fn trace(&self) -> Option<&RequestTrace> {
+        self.trace.as_ref()
+    }
+
     /// The request id.
     pub fn request_id(&self) -> Option<&RequestId> {
         self.request_id.as_ref()
@@ -253,6 +269,11 @@ pub fn multiplexed_model_id() -> Option<ModelId> {
         .try_with(|c| c.multiplexed_model_id.clone())
         .ok()
         .flatten()
+}
+
+/// The trace of the request being served, if it is sampled.
+pub fn current_trace() -> Option<RequestTrace> {
+    CONTEXT.try_with(|c| c.trace.clone()).ok().flatten()
 }
 
 /// The id of the request being served, or `None` outside a request.

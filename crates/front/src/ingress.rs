@@ -32,6 +32,8 @@ pub const MODEL_ID_HEADER_DASHED: HeaderName =
 pub const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 /// The replica that served the request.
 pub const REPLICA_HEADER: HeaderName = HeaderName::from_static("x-modelmux-replica");
+/// W3C Trace Context: the caller's span in a request, this server's in its response.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
 /// What the access line says of a request that reached an application: put on its response by
 /// [`route`], with the model the innermost call that named one used (an OpenAI request's
@@ -84,12 +86,39 @@ pub(crate) async fn route(state: &FrontState, mut request: http::Request<Incomin
     if let Some(model) = &model {
         context = context.with_multiplexed_model_id(model.clone());
     }
+    let trace = state
+        .tracer
+        .as_ref()
+        .and_then(|t| t.begin(parts.headers.get(TRACEPARENT)));
+    let root = trace.as_ref().map(|t| {
+        context = context.clone().with_trace(t.clone());
+        let mut span = t.start_root("ingress");
+        span.attribute("http.method", parts.method.as_str());
+        span.attribute("http.target", parts.uri.path());
+        span.attribute("app", app.name().to_string());
+        span.attribute("request_id", request_id.as_str());
+        if let Some(model) = &model {
+            span.attribute("model_id", model.as_str());
+        }
+        span
+    });
     let (result, replica) = app
         .dispatch(http::Request::from_parts(parts, body), context, route)
         .await;
     let mut response = result.unwrap_or_else(fail);
-    if let Some(v) = replica.and_then(|r| HeaderValue::from_str(&r).ok()) {
+    if let Some(v) = replica.as_ref().and_then(|r| HeaderValue::from_str(r).ok()) {
         response.headers_mut().insert(REPLICA_HEADER, v);
+    }
+    if let (Some(trace), Some(mut span)) = (&trace, root) {
+        let status = response.status();
+        span.attribute("http.status_code", status.as_u16().to_string());
+        if let Some(replica) = &replica {
+            span.attribute("replica", replica.to_string());
+        }
+        span.end(status.is_server_error());
+        if let Ok(v) = HeaderValue::from_str(&trace.traceparent()) {
+            response.headers_mut().insert(TRACEPARENT, v);
+        }
     }
     if modelmux_serve::access_log_on() {
         let served = Served {

@@ -21,12 +21,16 @@ mod dashboard;
 mod ingress;
 mod metrics;
 mod options;
+mod otlp;
 mod server;
 mod state;
 
 pub use access_log::{AccessFormat, AccessSink};
-pub use ingress::{MODEL_ID_HEADER, MODEL_ID_HEADER_DASHED, REPLICA_HEADER, REQUEST_ID_HEADER};
+pub use ingress::{
+    MODEL_ID_HEADER, MODEL_ID_HEADER_DASHED, REPLICA_HEADER, REQUEST_ID_HEADER, TRACEPARENT,
+};
 pub use options::{HttpOptions, MAX_BUF_BYTES, ServerConfig};
+pub use otlp::TracingOptions;
 pub use server::{Deployer, Server, ServerBuilder};
 
 /// A response of the server (the serve layer's body type).

@@ -26,6 +26,7 @@ pub struct ServerBuilder {
     access_log: Option<AccessLog>,
     on_listening: Option<Box<dyn FnOnce(SocketAddr) + Send>>,
     deployer: Option<Arc<dyn Deployer>>,
+    tracing: Option<crate::TracingOptions>,
 }
 
 /// Applies a new configuration to a running server (`POST /-/deploy`, and the CLI's
@@ -132,6 +133,13 @@ impl ServerBuilder {
         Server::start(self).await
     }
 
+    /// Traces requests (W3C `traceparent` in and out, spans exported over OTLP/HTTP). Off
+    /// without it, and then free.
+    pub fn tracing(mut self, options: crate::TracingOptions) -> Self {
+        self.tracing = Some(options);
+        self
+    }
+
     /// Lets `POST /-/deploy` change the running server through `deployer`.
     pub fn deployer(mut self, deployer: Arc<dyn Deployer>) -> Self {
         self.deployer = Some(deployer);
@@ -172,7 +180,12 @@ impl Server {
             access_log,
             on_listening,
             deployer,
+            tracing,
         } = builder;
+        let tracer = tracing
+            .map(|options| crate::otlp::Tracer::start(&options))
+            .transpose()
+            .map_err(|message| StartError::InvalidConfig { message })?;
         Controller::validate(&apps)?;
         config
             .http
@@ -200,6 +213,7 @@ impl Server {
             metric_sources,
             access_log,
             deployer,
+            tracer,
         ));
         let (stop, stopped) = watch::channel(false);
         let accept = tokio::spawn(crate::connection::accept_loop(

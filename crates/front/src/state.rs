@@ -30,6 +30,8 @@ pub(crate) struct FrontState {
     pub(crate) dashboard: crate::dashboard::Samples,
     /// What applies `POST /-/deploy`, when the server was started from a configuration.
     pub(crate) deployer: Option<Arc<dyn crate::Deployer>>,
+    /// Traces requests and exports their spans, when `tracing.otlp_endpoint` is set.
+    pub(crate) tracer: Option<crate::otlp::Tracer>,
 }
 
 /// Counts a connection as open for as long as it lives.
@@ -49,6 +51,7 @@ impl FrontState {
         metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
         access_log: Option<AccessLog>,
         deployer: Option<Arc<dyn crate::Deployer>>,
+        tracer: Option<crate::otlp::Tracer>,
     ) -> Self {
         let body_kib = config.http.max_inflight_body_bytes.div_ceil(1024);
         Self {
@@ -63,6 +66,7 @@ impl FrontState {
             access_log,
             dashboard: crate::dashboard::Samples::default(),
             deployer,
+            tracer,
         }
     }
 

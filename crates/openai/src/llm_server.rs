@@ -189,11 +189,7 @@ impl LlmServer {
             answer.logprobs = Some(self.runtime.engine().tokenizer().clone());
         }
         answer.echo = echo;
-        let timing = Timing {
-            started,
-            first: None,
-            metrics: self.metrics.clone(),
-        };
+        let timing = Timing::new(started, self.metrics.clone());
         if job.stream {
             Ok(streamed(answer, streams, timing, self.stream_interval))
         } else {

@@ -225,23 +225,49 @@ impl Answer {
     }
 }
 
-/// Timing of one sequence for the latency metrics.
+/// Timing of one sequence for the latency metrics, and, for a traced request, its `prefill`
+/// (to the first token) and `decode` (the rest) spans.
 pub(crate) struct Timing {
     pub(crate) started: Instant,
     pub(crate) first: Option<Instant>,
     pub(crate) metrics: Arc<LlmMetrics>,
+    /// The request's trace (kept here: a streamed answer is read outside the request's task).
+    pub(crate) trace: Option<modelmux_context::RequestTrace>,
+    /// The span running now: `prefill`, then `decode`.
+    pub(crate) span: Option<modelmux_context::Span>,
 }
 
 impl Timing {
+    /// Timing of a request that started at `started`, in the current request's trace if it
+    /// has one.
+    pub(crate) fn new(started: Instant, metrics: Arc<LlmMetrics>) -> Self {
+        let trace = modelmux_context::current_trace();
+        Self {
+            started,
+            first: None,
+            metrics,
+            span: trace.as_ref().map(|t| t.start("prefill")),
+            trace,
+        }
+    }
+
     pub(crate) fn token(&mut self) {
         if self.first.is_none() {
             let now = Instant::now();
             self.first = Some(now);
             self.metrics.first_token(now - self.started);
+            if let Some(prefill) = self.span.take() {
+                prefill.end(false);
+                self.span = self.trace.as_ref().map(|t| t.start("decode"));
+            }
         }
     }
 
-    pub(crate) fn finished(&self, reason: FinishReason, usage: Usage) {
+    pub(crate) fn finished(&mut self, reason: FinishReason, usage: Usage) {
+        if let Some(mut span) = self.span.take() {
+            span.attribute("completion_tokens", usage.completion_tokens.to_string());
+            span.end(false);
+        }
         let decoding = self.first.map_or(Duration::ZERO, |f| f.elapsed());
         self.metrics.finished(
             reason,

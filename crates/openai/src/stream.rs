@@ -194,7 +194,7 @@ async fn feed(
                         Vec::new()
                     }
                 };
-                if let Some(t) = &timing {
+                if let Some(t) = &mut timing {
                     t.finished(reason, usage);
                 }
                 if !pending.is_empty() {

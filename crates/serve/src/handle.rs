@@ -143,6 +143,10 @@ impl DeploymentHandle {
     pub async fn call(&self, request: Request) -> Result<Response, ServeError> {
         let request_id = modelmux_context::request_id().unwrap_or_else(RequestId::generate);
         let mut context = RequestContext::new().with_request_id(request_id);
+        // The call belongs to the caller's trace.
+        if let Some(trace) = modelmux_context::current_trace() {
+            context = context.with_trace(trace);
+        }
         if let Some(id) = &self.model_id {
             context = context.with_multiplexed_model_id(id.clone());
         }

@@ -51,8 +51,34 @@ pub struct Config {
     /// The cluster this server is part of (none: a single process).
     #[serde(default)]
     pub cluster: ClusterConfig,
+    /// Traces of requests, exported to an OpenTelemetry collector (off without it).
+    #[serde(default)]
+    pub tracing: Option<TracingConfig>,
     /// The applications to serve.
     pub applications: Vec<AppConfig>,
+}
+
+/// `tracing`: W3C `traceparent` accepted, propagated (handles, cluster forwards) and
+/// returned; spans (ingress, queue wait, model load, inference, forward) sent over OTLP/HTTP.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP endpoint, `http://host:4318`.
+    pub otlp_endpoint: String,
+    /// Share of requests traced when the caller did not decide (default 1).
+    #[serde(default = "default_sample_ratio")]
+    pub sample_ratio: f64,
+    /// The spans' `service.name` (default `modelmux`).
+    #[serde(default = "default_service_name")]
+    pub service_name: String,
+}
+
+fn default_sample_ratio() -> f64 {
+    1.0
+}
+
+fn default_service_name() -> String {
+    "modelmux".into()
 }
 
 /// `disk_cache`.
@@ -504,6 +530,20 @@ impl Config {
             .bind(self.bind_address()?)
             .http_options(self.http_options.limits())
             .admin_access(admin.clone());
+        if let Some(t) = &self.tracing {
+            if !(0.0..=1.0).contains(&t.sample_ratio) {
+                return Err(ConfigError::Invalid(format!(
+                    "tracing.sample_ratio {} is not between 0 and 1",
+                    t.sample_ratio
+                )));
+            }
+            builder = builder.tracing(modelmux_front::TracingOptions {
+                otlp_endpoint: t.otlp_endpoint.clone(),
+                sample_ratio: t.sample_ratio,
+                service_name: t.service_name.clone(),
+                node: self.cluster.node_id.clone(),
+            });
+        }
         for (i, app) in self.applications.iter().enumerate() {
             if app.import_path.is_some() {
                 builder = builder.application(python::build(i, app).await?);

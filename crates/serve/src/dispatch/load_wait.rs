@@ -19,6 +19,23 @@ pub async fn waiting_for_load<F: std::future::Future>(load: F) -> F::Output {
     if let Poll::Ready(out) = first {
         return out;
     }
+    // A load (or the wait for one): a span of the request's trace, when it is sampled.
+    let span = modelmux_context::span("model_load").map(|mut span| {
+        if let Some(model) = modelmux_context::multiplexed_model_id() {
+            span.attribute("model_id", model.as_str());
+        }
+        span
+    });
+    let out = wait_out(load).await;
+    if let Some(span) = span {
+        span.end(false);
+    }
+    out
+}
+
+/// The rest of [`waiting_for_load`] once the load turned out not to be ready: the slot is
+/// given back while it runs.
+async fn wait_out<F: std::future::Future>(load: std::pin::Pin<&mut F>) -> F::Output {
     let hold = modelmux_context::current_hold();
     let Some(ongoing) = hold.as_ref().and_then(|h| h.claim::<Ongoing>()) else {
         return load.await;

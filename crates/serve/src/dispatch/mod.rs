@@ -168,8 +168,14 @@ impl DeploymentRouter {
         let model = context.multiplexed_model_id().cloned();
         let mut request = Some(request);
         let mut attempt = 1;
+        let trace = context.trace();
         let (result, replica) = loop {
-            let (guard, reason) = match self.acquire(model.as_ref(), &route).await {
+            let queued = trace.map(|t| self.span(t, "queue_wait"));
+            let acquired = self.acquire(model.as_ref(), &route).await;
+            if let Some(span) = queued {
+                span.end(acquired.is_err());
+            }
+            let (guard, reason) = match acquired {
                 Err(e) => break (Err(e), None),
                 Ok(found) => found,
             };
@@ -204,7 +210,22 @@ impl DeploymentRouter {
                 Target::Remote(remote) => {
                     // Kept out of line (and off this future's size, which every local request
                     // pays for in copies): only cluster mode forwards.
-                    match Box::pin(self.forward(&remote, guard, this, attempt, timed)).await {
+                    let mut this = this;
+                    let span = trace.map(|t| {
+                        // The other node's spans hang under this node's root span.
+                        if let Ok(v) = http::HeaderValue::from_str(&t.traceparent()) {
+                            this.headers_mut().insert("traceparent", v);
+                        }
+                        let mut span = self.span(t, "forward");
+                        span.attribute("replica", remote.slot.id());
+                        span
+                    });
+                    let forwarded =
+                        Box::pin(self.forward(&remote, guard, this, attempt, timed)).await;
+                    if let Some(span) = span {
+                        span.end(matches!(forwarded, Forwarded::Done((Err(_), _))));
+                    }
+                    match forwarded {
                         Forwarded::Done(done) => break done,
                         Forwarded::Retry(spare) => {
                             request = Some(spare);
@@ -243,6 +264,18 @@ impl DeploymentRouter {
             error = result.as_ref().err().map(|e| e.error_type()),
         );
         (result, replica)
+    }
+
+    /// A span of `trace` named `name`, with this deployment's attributes.
+    fn span(
+        &self,
+        trace: &modelmux_context::RequestTrace,
+        name: &'static str,
+    ) -> modelmux_context::Span {
+        let mut span = trace.start(name);
+        span.attribute("app", self.app.to_string());
+        span.attribute("deployment", self.config.name.clone());
+        span
     }
 
     /// Forwards the request to a replica on another node, holding `guard`'s slot; says whether
@@ -299,9 +332,23 @@ impl DeploymentRouter {
         // (`modelmux_context::spawn_blocking`), until both are done.
         let hold = Hold::new(guard);
         let began = Instant::now();
+        let mut request = request;
+        let span = context.trace().map(|t| {
+            // The deployment's code (a Python worker's too) sees this process's span as the
+            // caller's, to continue the trace in its own spans.
+            if let Ok(v) = http::HeaderValue::from_str(&t.traceparent()) {
+                request.headers_mut().insert("traceparent", v);
+            }
+            let mut span = self.span(t, "inference");
+            span.attribute("replica", replica.id.to_string());
+            span
+        });
         let result = replica
             .call(request, context.clone().with_hold(hold.clone()))
             .await;
+        if let Some(span) = span {
+            span.end(result.is_err());
+        }
         if timed {
             replica.slot.observe_service(began.elapsed());
         }
