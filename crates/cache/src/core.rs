@@ -516,6 +516,16 @@ impl<M: Model> Core<M> {
         loaded.chain(loading).collect()
     }
 
+    /// The models evicted whose unload has not finished: id, bytes, and whether requests
+    /// still use them (else their unload is running).
+    pub(crate) fn draining(&self) -> Vec<(ModelId, u64, bool)> {
+        let st = self.state.lock();
+        st.draining
+            .iter()
+            .map(|d| (d.id.clone(), d.size, !d.unloading()))
+            .collect()
+    }
+
     /// Ids of the models draining, for the shutdown report.
     pub(crate) fn draining_ids(&self, st: &State<M>) -> Vec<ModelId> {
         st.draining.iter().map(|d| d.id.clone()).collect()

@@ -311,6 +311,13 @@ impl<M: Model> Multiplexer<M> {
         self.core.models()
     }
 
+    /// The models evicted but not yet unloaded (their last requests still run, or their unload
+    /// hook does): id, the bytes they still hold, and whether requests still use them. A model
+    /// evicted and loaded again may be here and loaded at once.
+    pub fn draining(&self) -> Vec<(ModelId, u64, bool)> {
+        self.core.draining()
+    }
+
     /// Subscribes to state changes, with a consistent snapshot to start from.
     pub fn subscribe(&self) -> Subscription {
         self.core.subscribe()

@@ -92,9 +92,27 @@ async fn state_is_behind_the_token_and_reports_rates_from_the_ring() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let state = get(addr, "/-/dashboard/state", &AUTH).await.json();
+    // The same document, but for the idle times, which move between the two reads.
+    fn without_idle(mut v: serde_json::Value) -> serde_json::Value {
+        match &mut v {
+            serde_json::Value::Object(m) => {
+                m.remove("idle_seconds");
+                for value in m.values_mut() {
+                    *value = without_idle(value.take());
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    *item = without_idle(item.take());
+                }
+            }
+            _ => {}
+        }
+        v
+    }
     assert_eq!(
-        state["models"],
-        get(addr, "/-/models", &AUTH).await.json(),
+        without_idle(state["models"].clone()),
+        without_idle(get(addr, "/-/models", &AUTH).await.json()),
         "models are /-/models'"
     );
     let series = &state["deployments"][0];
@@ -136,5 +154,55 @@ async fn state_is_behind_the_token_and_reports_rates_from_the_ring() {
     assert!(p50.iter().zip(&p99).all(|(a, b)| a <= b));
     assert!(series["llm"].is_null());
     assert!(numbers("error_ratio").iter().all(|e| *e == 0.0));
+    server.shutdown().await;
+}
+
+/// A model evicted while a request uses it is reported `draining` (in `/-/models`, so on the
+/// dashboard) until that request is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_evicted_in_use_is_reported_draining_until_its_request_ends() {
+    let spec = counted(
+        "Model",
+        Arc::new(Counters::default()),
+        Multiplexer::builder().max_models(2),
+        Duration::from_millis(1),
+        Duration::from_millis(600),
+    );
+    let server = Server::builder()
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .admin_token("s3cret")
+        .application(Application::new("default").ingress(spec))
+        .start()
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let slow = tokio::spawn(async move {
+        get(addr, "/", &[("serve_multiplexed_model_id", "m1")])
+            .await
+            .status
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let evicted = common::send(
+        addr,
+        http::Method::DELETE,
+        "/-/models/Model/m1",
+        &[AUTH[0], ("content-type", "application/json")],
+        b"",
+    )
+    .await;
+    assert_eq!(evicted.status, StatusCode::OK, "{}", evicted.text());
+    let draining = |models: &serde_json::Value| {
+        models["applications"][0]["deployments"][0]["replicas"][0]["draining"].clone()
+    };
+    let models = get(addr, "/-/models", &AUTH).await.json();
+    assert_eq!(draining(&models), serde_json::json!(["m1"]), "{models}");
+    assert_eq!(
+        draining(&get(addr, "/-/dashboard/state", &AUTH).await.json()["models"]),
+        serde_json::json!(["m1"])
+    );
+    assert_eq!(slow.await.unwrap(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let models = get(addr, "/-/models", &AUTH).await.json();
+    assert!(draining(&models).is_null(), "{models}");
     server.shutdown().await;
 }

@@ -11,6 +11,7 @@ use modelmux_cache::{
 /// A model cache as the serve layer sees it, whatever its model type.
 pub(crate) trait ModelCache: Send + Sync + 'static {
     fn models(&self) -> Vec<ModelInfo>;
+    fn draining(&self) -> Vec<String>;
     fn metrics(&self) -> MetricsSnapshot;
     fn max_models(&self) -> Option<usize>;
     fn max_bytes(&self) -> Option<u64>;
@@ -25,6 +26,12 @@ pub(crate) trait ModelCache: Send + Sync + 'static {
 impl<M: Model> ModelCache for Multiplexer<M> {
     fn models(&self) -> Vec<ModelInfo> {
         Multiplexer::models(self)
+    }
+    fn draining(&self) -> Vec<String> {
+        Multiplexer::draining(self)
+            .into_iter()
+            .map(|(id, _, _)| id.to_string())
+            .collect()
     }
     fn metrics(&self) -> MetricsSnapshot {
         Multiplexer::metrics(self)

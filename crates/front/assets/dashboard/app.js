@@ -323,10 +323,13 @@
 
     const loadedIds = new Set(r.loaded.map((m) => m.id));
     const rows = r.loaded.map((m) => ({ m, state: "loaded" }))
-      .concat((r.loading || []).filter((id) => !loadedIds.has(id)).map((id) => ({ m: { id }, state: "loading" })));
-    rows.sort((a, b) => byId(a.m.id, b.m.id));
+      .concat((r.loading || []).filter((id) => !loadedIds.has(id)).map((id) => ({ m: { id }, state: "loading" })))
+      // Evicted, its last requests (or its unload) still running; it may be loaded again too.
+      .concat((r.draining || []).map((id) => ({ m: { id }, state: "draining" })));
+    rows.sort((a, b) => byId(a.m.id, b.m.id) || (a.state === "draining") - (b.state === "draining"));
     const deployment = el.dataset.deployment;
-    sync(el.querySelector("tbody"), rows, (x) => x.m.id, createModel, (row, x) => updateModel(row, x, deployment));
+    sync(el.querySelector("tbody"), rows, (x) => (x.state === "draining" ? "draining\n" : "") + x.m.id,
+      createModel, (row, x) => updateModel(row, x, deployment));
     show(el.querySelector("table"), rows.length > 0);
     show(el.querySelector(".none"), rows.length === 0);
   }
@@ -352,16 +355,17 @@
     setAttr(row, "data-pinned", String(pinned));
     const st = row.querySelector(".badge.st");
     setText(st, x.state);
-    toggle(st, "loading", x.state === "loading");
+    toggle(st, "loading", x.state !== "loaded");
     show(row.querySelector(".badge.pinned"), pinned);
-    setText(row.querySelector(".size"), x.state === "loading" ? "" : bytes(m.size_bytes));
+    setText(row.querySelector(".size"), x.state !== "loaded" ? "" : bytes(m.size_bytes));
     setText(row.querySelector(".idle"), duration(m.idle_seconds));
     setText(row.querySelector(".inuse"), m.in_use == null ? "–" : String(m.in_use));
     const pin = row.querySelector('[data-action="pin"], [data-action="unpin"]');
     setAttr(pin, "data-action", pinned ? "unpin" : "pin");
     setText(pin, pinned ? "unpin" : "pin");
     setAttr(pin, "title", pinned ? "let it be evicted again" : "keep it loaded: never evicted until unpinned");
-    const isBusy = busy.has(deployment + "\n" + m.id);
+    // A draining copy takes no action: it is already on its way out.
+    const isBusy = busy.has(deployment + "\n" + m.id) || x.state === "draining";
     for (const b of row.querySelectorAll("button")) if (b.disabled !== isBusy) b.disabled = isBusy;
   }
 

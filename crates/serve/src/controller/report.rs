@@ -84,6 +84,9 @@ pub struct ReplicaModels {
     pub loaded: Vec<LoadedModel>,
     /// Models being loaded.
     pub loading: Vec<String>,
+    /// Models evicted whose last requests (or unload) have not finished.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub draining: Vec<String>,
 }
 
 /// A loaded model; the details are known for this node's replicas only.
@@ -261,6 +264,7 @@ fn local_models(replica: &Replica, node: Option<&str>) -> ReplicaModels {
         max_ongoing_requests: replica.max_ongoing(),
         loaded,
         loading,
+        draining: replica.caches.iter().flat_map(|c| c.draining()).collect(),
     }
 }
 
@@ -292,6 +296,7 @@ fn remote_models(replica: &RemoteReplica) -> ReplicaModels {
         max_ongoing_requests: replica.slot.max_ongoing(),
         loaded,
         loading,
+        draining: Vec::new(),
     }
 }
 
@@ -361,6 +366,7 @@ mod tests {
                 idle_seconds: Some(0.5),
             }],
             loading: vec!["n".into()],
+            draining: Vec::new(),
         };
         assert_eq!(
             serde_json::to_value(&local).unwrap(),
