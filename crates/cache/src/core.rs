@@ -250,15 +250,7 @@ impl<M: Model> Core<M> {
             return Room::Wait;
         }
         let index = self.index.load();
-        let mut idle: Vec<&Arc<Resident<M>>> = index.values().filter(|r| r.is_idle()).collect();
-        match self.config.eviction {
-            EvictionPolicy::Lru => {
-                idle.sort_unstable_by_key(|r| r.last_used_tick.load(Ordering::Relaxed))
-            }
-            EvictionPolicy::Gdsf => {
-                idle.sort_unstable_by(|a, b| a.gdsf_priority().total_cmp(&b.gdsf_priority()))
-            }
-        }
+        let idle = self.eviction_order(&index);
         let mut victims = Vec::new();
         let mut victims_priority = Vec::new();
         for r in idle {
@@ -287,6 +279,20 @@ impl<M: Model> Core<M> {
         Room::Wait
     }
 
+    /// The models that may be evicted (idle: unused and unpinned), first to go first.
+    fn eviction_order<'a>(&self, index: &'a Index<M>) -> Vec<&'a Arc<Resident<M>>> {
+        let mut idle: Vec<&Arc<Resident<M>>> = index.values().filter(|r| r.is_idle()).collect();
+        match self.config.eviction {
+            EvictionPolicy::Lru => {
+                idle.sort_unstable_by_key(|r| r.last_used_tick.load(Ordering::Relaxed))
+            }
+            EvictionPolicy::Gdsf => {
+                idle.sort_unstable_by(|a, b| a.gdsf_priority().total_cmp(&b.gdsf_priority()))
+            }
+        }
+        idle
+    }
+
     /// Evicts idle models, in the policy's order, until what is held fits the caps (models
     /// already unloading counted as gone); models in use or pinned stay. Returns whether it
     /// fits now.
@@ -302,20 +308,8 @@ impl<M: Model> Core<M> {
         let mut after_slots = st.used_slots - soon_slots;
         let mut after_bytes = st.used_bytes - soon_bytes;
         let index = self.index.load();
-        let mut idle: Vec<&Arc<Resident<M>>> = index
-            .values()
-            .filter(|r| r.is_idle() && !r.pinned.load(Ordering::Relaxed))
-            .collect();
-        match self.config.eviction {
-            EvictionPolicy::Lru => {
-                idle.sort_unstable_by_key(|r| r.last_used_tick.load(Ordering::Relaxed))
-            }
-            EvictionPolicy::Gdsf => {
-                idle.sort_unstable_by(|a, b| a.gdsf_priority().total_cmp(&b.gdsf_priority()))
-            }
-        }
         let mut victims = Vec::new();
-        for r in idle {
+        for r in self.eviction_order(&index) {
             if self.fits(after_slots, after_bytes) {
                 break;
             }

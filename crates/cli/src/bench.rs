@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
@@ -174,27 +174,13 @@ fn parse_url(url: &str) -> Result<SocketAddr, CliError> {
         .map_err(|e| format!("'{authority}' is not host:port ({e})"))?)
 }
 
-/// One GET on a fresh connection: `(status, body)`.
+/// `GET {url}{path}` (with the bearer `token`): the status and body.
 pub async fn http_get(
     url: &str,
     path: &str,
     token: Option<&str>,
 ) -> Result<(u16, Bytes), CliError> {
-    let addr = parse_url(url)?;
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-    let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(conn);
-    let mut request = hyper::Request::get(path).header("host", addr.to_string());
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
-    let response = sender
-        .send_request(request.body(Empty::<Bytes>::new())?)
-        .await?;
-    let status = response.status().as_u16();
-    Ok((status, response.into_body().collect().await?.to_bytes()))
+    send(url, hyper::Request::get(path), token, Bytes::new()).await
 }
 
 /// `POST {url}{path}` with `body` as JSON (and the bearer `token`): the status and body.
@@ -204,22 +190,29 @@ pub async fn http_post_json(
     token: Option<&str>,
     body: &serde_json::Value,
 ) -> Result<(u16, Bytes), CliError> {
+    let bytes = Bytes::from(serde_json::to_vec(body).map_err(|e| e.to_string())?);
+    let request = hyper::Request::post(path).header("content-type", "application/json");
+    send(url, request, token, bytes).await
+}
+
+/// Sends `request` with `body` to the server at `url` on a new connection.
+async fn send(
+    url: &str,
+    request: http::request::Builder,
+    token: Option<&str>,
+    body: Bytes,
+) -> Result<(u16, Bytes), CliError> {
     let addr = parse_url(url)?;
     let stream = TcpStream::connect(addr)
         .await
         .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
     let (mut sender, conn) = http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(conn);
-    let mut request = hyper::Request::post(path)
-        .header("host", addr.to_string())
-        .header("content-type", "application/json");
+    let mut request = request.header("host", addr.to_string());
     if let Some(token) = token {
         request = request.header("authorization", format!("Bearer {token}"));
     }
-    let bytes = Bytes::from(serde_json::to_vec(body).map_err(|e| e.to_string())?);
-    let response = sender
-        .send_request(request.body(http_body_util::Full::new(bytes))?)
-        .await?;
+    let response = sender.send_request(request.body(Full::new(body))?).await?;
     let status = response.status().as_u16();
     Ok((status, response.into_body().collect().await?.to_bytes()))
 }
