@@ -16,6 +16,7 @@ mod python;
 mod reload;
 #[cfg(test)]
 mod tests;
+mod trace_export;
 mod values;
 
 pub use crate::demo_models::BUILTIN_DEMO_REPOSITORY;
@@ -27,6 +28,7 @@ use modelmux_serve::{Application, DeploymentSpec};
 use modelmux_store::DiskCache;
 pub use reload::Reloader;
 use serde::Deserialize;
+pub use trace_export::TracingConfig;
 pub use values::*;
 
 /// The configuration `modelmux serve` runs with no argument: the demo ONNX repository (eight
@@ -56,29 +58,6 @@ pub struct Config {
     pub tracing: Option<TracingConfig>,
     /// The applications to serve.
     pub applications: Vec<AppConfig>,
-}
-
-/// `tracing`: W3C `traceparent` accepted, propagated (handles, cluster forwards) and
-/// returned; spans (ingress, queue wait, model load, inference, forward) sent over OTLP/HTTP.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TracingConfig {
-    /// The collector's OTLP/HTTP endpoint, `http://host:4318`.
-    pub otlp_endpoint: String,
-    /// Share of requests traced when the caller did not decide (default 1).
-    #[serde(default = "default_sample_ratio")]
-    pub sample_ratio: f64,
-    /// The spans' `service.name` (default `modelmux`).
-    #[serde(default = "default_service_name")]
-    pub service_name: String,
-}
-
-fn default_sample_ratio() -> f64 {
-    1.0
-}
-
-fn default_service_name() -> String {
-    "modelmux".into()
 }
 
 /// `disk_cache`.

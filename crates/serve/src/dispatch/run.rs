@@ -1,0 +1,102 @@
+//! Running a routed request: on a replica of this node (holding its slot, timing it, in the
+//! request's trace) or forwarded to another node's replica.
+
+use super::*;
+
+impl DeploymentRouter {
+    /// A span of `trace` named `name`, with this deployment's attributes.
+    pub(super) fn span(
+        &self,
+        trace: &modelmux_context::RequestTrace,
+        name: &'static str,
+    ) -> modelmux_context::Span {
+        let mut span = trace.start(name);
+        span.attribute("app", self.app.to_string());
+        span.attribute("deployment", self.config.name.clone());
+        span
+    }
+
+    /// Forwards the request to a replica on another node, holding `guard`'s slot; says whether
+    /// to try elsewhere (with a copy of the request) when the node could not take it.
+    pub(super) async fn forward(
+        &self,
+        remote: &Arc<RemoteReplica>,
+        guard: Ongoing,
+        request: Request,
+        attempt: usize,
+        timed: bool,
+    ) -> Forwarded {
+        // A request that may have to go elsewhere keeps a copy (its body is in memory: the
+        // ingress read it whole).
+        let spare = (attempt < MAX_ATTEMPTS)
+            .then(|| copy_request(&request))
+            .flatten();
+        let began = Instant::now();
+        let id: Arc<str> = remote.slot.id().into();
+        match remote.forward(request).await {
+            Ok(response) => {
+                if timed && response.status().is_success() {
+                    remote.slot.observe_service(began.elapsed());
+                }
+                let hold = Hold::new(guard);
+                Forwarded::Done((Ok(hold_until_sent(response, hold)), Some(id)))
+            }
+            Err(e) => {
+                remote.set_unreachable();
+                let retry = match e {
+                    ForwardError::NotSent { .. } | ForwardError::NotHere { .. } => true,
+                    ForwardError::Failed { .. } => self.config.idempotent,
+                };
+                tracing::warn!(replica = %id, attempt, retry, error = %e, "forwarding failed");
+                match spare {
+                    Some(spare) if retry => Forwarded::Retry(spare),
+                    _ => Forwarded::Done((Err(e.into()), Some(id))),
+                }
+            }
+        }
+    }
+
+    /// Runs the request on a replica of this node, holding `guard`'s slot.
+    pub(super) async fn run_local(
+        &self,
+        replica: &Arc<Replica>,
+        guard: Ongoing,
+        request: Request,
+        context: &RequestContext,
+        timed: bool,
+        start: Instant,
+    ) -> (Result<Response, ServeError>, Option<Arc<str>>) {
+        // The slot is held by the request and by any blocking work it starts
+        // (`modelmux_context::spawn_blocking`), until both are done.
+        let hold = Hold::new(guard);
+        let began = Instant::now();
+        let mut request = request;
+        let span = context.trace().map(|t| {
+            // The deployment's code (a Python worker's too) sees this process's span as the
+            // caller's, to continue the trace in its own spans.
+            if let Ok(v) = http::HeaderValue::from_str(&t.traceparent()) {
+                request.headers_mut().insert("traceparent", v);
+            }
+            let mut span = self.span(t, "inference");
+            span.attribute("replica", replica.id.to_string());
+            span
+        });
+        let result = replica
+            .call(request, context.clone().with_hold(hold.clone()))
+            .await;
+        if let Some(span) = span {
+            span.end(result.is_err());
+        }
+        if timed {
+            replica.slot.observe_service(began.elapsed());
+        }
+        let status = result
+            .as_ref()
+            .map_or_else(|e| e.http_status(), |r| r.status());
+        replica.metrics.record(status.as_u16(), start.elapsed());
+        (
+            result.map(|response| hold_until_sent(response, hold)),
+            Some(replica.id.clone()),
+        )
+    }
+}
