@@ -109,31 +109,14 @@ applications:
 
 /// GET `/` with a model id and `traceparent`: status and the response's `traceparent`.
 fn get_traced(url: &str, model: &str, traceparent: &str) -> (u16, Option<String>) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .unwrap();
-        tokio::spawn(conn);
-        let request = hyper::Request::get("/")
-            .header("host", addr.to_string())
-            .header("serve_multiplexed_model_id", model)
-            .header("traceparent", traceparent)
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .unwrap();
-        let response = sender.send_request(request).await.unwrap();
-        let header = response
-            .headers()
-            .get("traceparent")
-            .map(|v| v.to_str().unwrap().to_owned());
-        (response.status().as_u16(), header)
-    })
+    let request = hyper::Request::get("/")
+        .header("serve_multiplexed_model_id", model)
+        .header("traceparent", traceparent);
+    let (status, headers, _) = common::send_with_headers(url, request, Vec::new());
+    let header = headers
+        .get("traceparent")
+        .map(|v| v.to_str().unwrap().to_owned());
+    (status, header)
 }
 
 #[test]

@@ -90,8 +90,10 @@ pub(crate) async fn route(state: &FrontState, mut request: http::Request<Incomin
         .tracer
         .as_ref()
         .and_then(|t| t.begin(parts.headers.get(TRACEPARENT)));
+    if let Some(t) = &trace {
+        context = context.with_trace(t.clone());
+    }
     let root = trace.as_ref().map(|t| {
-        context = context.clone().with_trace(t.clone());
         let mut span = t.start_root("ingress");
         span.attribute("http.method", parts.method.as_str());
         span.attribute("http.target", parts.uri.path());

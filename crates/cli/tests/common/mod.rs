@@ -150,6 +150,16 @@ pub fn post(url: &str, model: &str, body: &str) -> (u16, String) {
 
 /// Sends `request` with `body` to the server at `url` on a fresh connection.
 pub fn send(url: &str, request: http::request::Builder, body: Vec<u8>) -> (u16, String) {
+    let (status, _, body) = send_with_headers(url, request, body);
+    (status, body)
+}
+
+/// [`send`], with the response's headers too.
+pub fn send_with_headers(
+    url: &str,
+    request: http::request::Builder,
+    body: Vec<u8>,
+) -> (u16, http::HeaderMap, String) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -168,9 +178,10 @@ pub fn send(url: &str, request: http::request::Builder, body: Vec<u8>) -> (u16, 
             .unwrap();
         let response = sender.send_request(request).await.unwrap();
         let status = response.status().as_u16();
+        let headers = response.headers().clone();
         use http_body_util::BodyExt;
         let body = response.into_body().collect().await.unwrap().to_bytes();
-        (status, String::from_utf8_lossy(&body).into_owned())
+        (status, headers, String::from_utf8_lossy(&body).into_owned())
     })
 }
 
