@@ -22,7 +22,9 @@ Steps (each fails with a message and exit status 1):
   e. the browser console must hold no SEVERE (or WARNING) entries but the two 401s the
      steps cause on purpose (see `expected_console_error`);
   f. enter the token again, save a screenshot of the whole page to PATH (also on failure),
-     and unpin the model with the API (unless --keep-pinned), leaving the server as it was.
+     and unpin the model with the API (unless --keep-pinned), leaving the server as it was;
+  g. open another tab in front for HIDDEN_S: the hidden dashboard must send no state request
+     meanwhile, and must poll again within 1.5 s of being shown.
 Before step b, a model already loaded is evicted (with the API) so that step b measures a
 fresh load and the check can run again on the same server.
 """
@@ -43,6 +45,7 @@ from selenium.webdriver.common.by import By
 
 APPEAR_LIMIT_S = 2.0
 PIN_LIMIT_S = 2.0
+HIDDEN_S = 3.0
 
 
 class CheckFailed(Exception):
@@ -302,6 +305,10 @@ def run(args, driver, api, report):
     report["screenshot"] = args.screenshot
     print(f"f. screenshot saved to {args.screenshot}")
 
+    # g. A hidden tab asks for nothing, and polls again as soon as it is shown.
+    hidden_for = hidden_tab_polls_nothing(driver)
+    print(f"g. hidden for {hidden_for:.1f} s with no state request; polling resumed when shown")
+
     # e. The console: nothing but the two 401s caused on purpose.
     entries = driver.get_log("browser")
     bad, filtered = [], []
@@ -317,6 +324,40 @@ def run(args, driver, api, report):
         raise CheckFailed("e: the browser console has errors or warnings:\n  " + "\n  ".join(bad))
     report["console"] = (len(entries), filtered)
     print(f"e. console: {len(entries)} entries, no errors or warnings but the expected 401s ({', '.join(filtered) or 'none'})")
+
+
+def hidden_tab_polls_nothing(driver):
+    """Hides the dashboard's tab behind another for HIDDEN_S; returns how long it was hidden."""
+    page = driver.current_window_handle
+    driver.execute_script("""
+        performance.clearResourceTimings();
+        window.__visibility = [];
+        document.addEventListener("visibilitychange",
+            () => window.__visibility.push([document.visibilityState, performance.now()]));""")
+    driver.switch_to.new_window("tab")
+    time.sleep(HIDDEN_S)
+    driver.close()
+    driver.switch_to.window(page)
+    wait_for("g: the state polled again once the tab was shown (#poll-status data-state=ok)",
+             lambda: first(driver, '#poll-status[data-state="ok"]'), 3)
+    changes, fetches = driver.execute_script("""
+        return [window.__visibility, performance.getEntriesByType("resource")
+            .filter((e) => e.name.includes("/-/dashboard/state")).map((e) => e.startTime)];""")
+    hid = [t for state, t in changes if state == "hidden"]
+    shown = [t for state, t in changes if state == "visible"]
+    if not hid or not shown or shown[-1] <= hid[0]:
+        raise CheckFailed(f"g: the page did not go hidden and visible again behind another tab: {changes}")
+    hidden_ms = shown[-1] - hid[0]
+    if hidden_ms < HIDDEN_S * 1000 * 0.8:
+        raise CheckFailed(f"g: the page was hidden only {hidden_ms:.0f} ms of {HIDDEN_S} s: {changes}")
+    during = [t for t in fetches if hid[0] < t < shown[-1]]
+    if during:
+        raise CheckFailed(f"g: the hidden page asked for the state {len(during)} times in {hidden_ms:.0f} ms "
+                          f"(at {', '.join(f'{t - hid[0]:.0f}' for t in during)} ms after hiding)")
+    after = [t for t in fetches if t >= shown[-1]]
+    if not after or after[0] - shown[-1] > 1500:
+        raise CheckFailed(f"g: no state request within 1.5 s of the tab being shown again: {fetches}")
+    return hidden_ms / 1000
 
 
 def main():

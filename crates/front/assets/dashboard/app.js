@@ -1,5 +1,5 @@
-// modelmux dashboard: polls /-/dashboard/state every second and keeps the page in step with
-// it, updating elements in place (keyed by application, deployment, node, replica and model)
+// modelmux dashboard: polls /-/dashboard/state every second while the tab is visible (a hidden
+// tab asks for nothing) and keeps the page in step with it, updating elements in place (keyed by application, deployment, node, replica and model)
 // so that nothing flickers and no input loses its focus or value. Actions are the admin API's
 // own calls. No framework, no build step; charts by uPlot (vendored, MIT).
 "use strict";
@@ -157,6 +157,11 @@
   }
 
   async function poll() {
+    if (document.hidden) {
+      // A tab nobody sees asks for nothing; `visibilitychange` starts polling again.
+      setPoll("paused", "Paused while this tab is hidden.");
+      return;
+    }
     if (inFlight) {
       again = true;
       return;
@@ -395,10 +400,23 @@
     return getComputedStyle(document.documentElement).getPropertyValue(name).trim() || fallback;
   }
 
+  // Charts scrolled out of view keep their data but are drawn only when they come back.
+  const onScreen = new WeakMap(); // chart wrapper -> its chart
+  const viewport = typeof IntersectionObserver === "undefined" ? null : new IntersectionObserver((entries) => {
+    for (const e of entries) {
+      const c = onScreen.get(e.target);
+      if (!c) continue;
+      c.visible = e.isIntersecting;
+      if (c.visible && c.pending) draw(c);
+    }
+  });
+
   function makeChart(parent, spec) {
-    const c = { spec, win: [now - 60, now] };
+    const c = { spec, win: [now - 60, now], visible: !viewport, pending: null };
     const wrap = h("div", { cls: "chart" }, h("h4", { text: spec.title }));
     parent.append(wrap);
+    onScreen.set(wrap, c);
+    if (viewport) viewport.observe(wrap);
     const ink = cssVar("--muted", "#667085");
     const grid = cssVar("--line", "#dfe3ea");
     const fmt = spec.ratio ? pct : num;
@@ -449,15 +467,25 @@
         const v = s ? get(s) : null;
         return Array.isArray(v) ? v : t.map(() => null);
       }));
-      c.win = win;
-      c.u.setData(data);
-      // Away from the cursor, the legend shows the latest values.
-      if (c.u.cursor.left == null || c.u.cursor.left < 0) c.u.setLegend({ idx: t.length ? t.length - 1 : null });
+      c.pending = { win, data, last: t.length ? t.length - 1 : null };
+      if (c.visible) draw(c);
     }
   }
 
+  function draw(c) {
+    const { win, data, last } = c.pending;
+    c.pending = null;
+    c.win = win;
+    c.u.setData(data);
+    // Away from the cursor, the legend shows the latest values.
+    if (c.u.cursor.left == null || c.u.cursor.left < 0) c.u.setLegend({ idx: last });
+  }
+
   function dropCharts(key) {
-    for (const c of charts.get(key) || []) c.u.destroy();
+    for (const c of charts.get(key) || []) {
+      if (viewport) viewport.unobserve(c.wrap);
+      c.u.destroy();
+    }
     charts.delete(key);
   }
 
@@ -563,6 +591,10 @@
     tokenInput.value = "";
     tokenChanged();
     tokenInput.focus();
+  });
+  document.addEventListener("visibilitychange", () => {
+    if (document.hidden) clearTimeout(pollTimer);
+    else schedule(0);
   });
   poll();
 })();
