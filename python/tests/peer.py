@@ -20,7 +20,9 @@ PYTHON_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 APPS_DIR = os.path.join(PYTHON_DIR, "tests", "apps")
 
 REQUEST, REQUEST_BODY, REQUEST_END, CANCEL, CONTROL, CALL_RESULT = 1, 2, 3, 4, 5, 7
+CALL_RESULT_BODY, CALL_RESULT_END = 8, 9
 READY, FATAL, START, BODY, END, ERROR, REPLY, CALL, ACQUIRE = 16, 17, 18, 19, 20, 21, 22, 23, 24
+CALL_BODY, CALL_END, CALL_CANCEL = 25, 26, 27
 
 
 def worker_env(**extra: str) -> dict[str, str]:

@@ -200,8 +200,11 @@ class HandleTest(unittest.TestCase):
         handle = DeploymentHandle("Down")
         with self.assertRaisesRegex(TypeError, "'use_new_handle_api'"):
             handle.options(use_new_handle_api=True)
-        with self.assertRaisesRegex(TypeError, "stream=True"):
-            handle.options(stream=True)
+        with self.assertRaisesRegex(TypeError, "stream must be a bool"):
+            handle.options(stream="yes")
+        # Streams are read inside deployments; a driver is told so at once.
+        with self.assertRaisesRegex(TypeError, "stream=True handle calls are made inside"):
+            handle.options(stream=True).remote()
         with self.assertRaises(AttributeError):
             handle._private
 

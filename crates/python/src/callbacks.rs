@@ -7,12 +7,16 @@ use http_body_util::BodyExt;
 use modelmux_cache::Multiplexer;
 use modelmux_serve::{Body, HandleCall, ReplicaContext};
 
+use crate::calls::CallAnswer;
 use crate::conn::{BoxFuture, Callbacks};
 use crate::model::PyModel;
 use crate::wire::{CallError, CallHead, CallResultHead};
 
-/// The largest result a handle call may return to a worker.
-const MAX_RESULT_BYTES: usize = 256 << 20;
+/// The header on a handle call asking for a generator's items as they come
+/// (`handle.options(stream=True)`); the callee's worker reads it from the request.
+pub(crate) const STREAM_HEADER: &str = "x-modelmux-stream";
+/// The most of an error answer (not a Python deployment's result) kept for its message.
+const MAX_ERROR_BYTES: usize = 64 << 10;
 
 /// A replica's answers to its worker.
 pub(crate) struct ReplicaCallbacks {
@@ -20,24 +24,8 @@ pub(crate) struct ReplicaCallbacks {
     pub(crate) models: Option<Multiplexer<PyModel>>,
 }
 
-fn failed(kind: &str, message: String, status: u16) -> (CallResultHead, Bytes) {
-    (
-        CallResultHead {
-            ok: false,
-            status: None,
-            exception: false,
-            error: Some(CallError {
-                kind: kind.into(),
-                message,
-                status,
-            }),
-        },
-        Bytes::new(),
-    )
-}
-
 impl ReplicaCallbacks {
-    async fn handle_call(&self, head: CallHead, args: Bytes) -> (CallResultHead, Bytes) {
+    async fn handle_call(&self, head: CallHead, args: Bytes) -> CallAnswer {
         // Another application's deployment (Ray's `get_deployment_handle(name, app_name)`),
         // or its ingress when no deployment is named (`get_app_handle`).
         let found = match head.app.as_deref() {
@@ -47,15 +35,24 @@ impl ReplicaCallbacks {
             }
             _ => self.ctx.handle(&head.deployment),
         };
+        let unavailable = |message: String, status: u16| {
+            CallAnswer::failed(CallError::new(
+                "DeploymentUnavailableError",
+                message,
+                status,
+            ))
+        };
         let handle = match found {
             Ok(handle) => handle,
-            Err(e) => return failed("DeploymentUnavailableError", e.to_string(), 404),
+            Err(e) => return unavailable(e.to_string(), 404),
         };
         // A nested call carries the model id its caller set, never the caller's own.
         let handle = match head.model_id.as_deref() {
             Some(id) => match handle.options().multiplexed_model_id(id) {
                 Ok(handle) => handle,
-                Err(e) => return failed("ValueError", e.to_string(), 400),
+                Err(e) => {
+                    return CallAnswer::failed(CallError::new("ValueError", e.to_string(), 400));
+                }
             },
             None => handle.options().no_model_id(),
         };
@@ -65,77 +62,67 @@ impl ReplicaCallbacks {
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/x-python-pickle"),
         );
+        if head.stream {
+            request
+                .headers_mut()
+                .insert(STREAM_HEADER, http::HeaderValue::from_static("true"));
+        }
         request.extensions_mut().insert(HandleCall {
             method: head.method,
         });
         let response = match handle.call(request).await {
             Ok(response) => response,
-            Err(e) => {
-                let status = e.http_status().as_u16();
-                return failed("DeploymentUnavailableError", e.to_string(), status);
-            }
+            Err(e) => return unavailable(e.to_string(), e.http_status().as_u16()),
         };
         let status = response.status().as_u16();
         let result = response
             .headers()
             .get("x-modelmux-result")
             .map(|v| v.as_bytes().to_vec());
-        let body = match http_body_util::Limited::new(response.into_body(), MAX_RESULT_BYTES)
-            .collect()
-            .await
-        {
-            Ok(body) => body.to_bytes(),
-            Err(e) => {
-                return failed(
-                    "DeploymentResponseError",
-                    format!("reading the result failed: {e}"),
-                    502,
-                );
-            }
-        };
         match result.as_deref() {
-            Some(b"value") => (ok(status, false), body),
-            Some(b"exception") => (ok(status, true), body),
+            // The value (or the stream of items) streams on to the caller as it comes.
+            Some(b"value" | b"stream") => CallAnswer {
+                head: CallResultHead::answered(status, false),
+                body: response.into_body(),
+            },
+            Some(b"exception") => CallAnswer {
+                head: CallResultHead::answered(status, true),
+                body: response.into_body(),
+            },
             // Not a Python deployment's answer (or an error before the call ran).
-            _ => failed(
-                "DeploymentResponseError",
-                String::from_utf8_lossy(&body).into_owned(),
-                status,
-            ),
+            _ => {
+                let body = http_body_util::Limited::new(response.into_body(), MAX_ERROR_BYTES)
+                    .collect()
+                    .await
+                    .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+                    .unwrap_or_else(|e| format!("(the answer could not be read: {e})"));
+                CallAnswer::failed(CallError::new("DeploymentResponseError", body, status))
+            }
         }
     }
 }
 
-fn ok(status: u16, exception: bool) -> CallResultHead {
-    CallResultHead {
-        ok: true,
-        status: Some(status),
-        exception,
-        error: None,
-    }
-}
-
 impl Callbacks for ReplicaCallbacks {
-    fn call(&self, head: CallHead, args: Bytes) -> BoxFuture<'_, (CallResultHead, Bytes)> {
+    fn call(&self, head: CallHead, args: Bytes) -> BoxFuture<'_, CallAnswer> {
         Box::pin(self.handle_call(head, args))
     }
 
     fn acquire(&self, model_id: String) -> BoxFuture<'_, Result<Box<dyn Send + Sync>, CallError>> {
         Box::pin(async move {
             let Some(models) = &self.models else {
-                return Err(CallError {
-                    kind: "RuntimeError".into(),
-                    message: "this deployment has no @serve.multiplexed loader".into(),
-                    status: 400,
-                });
+                return Err(CallError::new(
+                    "RuntimeError",
+                    "this deployment has no @serve.multiplexed loader",
+                    400,
+                ));
             };
             match models.get(&model_id).await {
                 Ok(guard) => Ok(Box::new(guard) as Box<dyn Send + Sync>),
-                Err(e) => Err(CallError {
-                    kind: "ModelLoadError".into(),
-                    message: e.to_string(),
-                    status: modelmux_serve::ServeError::Model(e).http_status().as_u16(),
-                }),
+                Err(e) => {
+                    let message = e.to_string();
+                    let status = modelmux_serve::ServeError::Model(e).http_status();
+                    Err(CallError::new("ModelLoadError", message, status.as_u16()))
+                }
             }
         })
     }

@@ -1,7 +1,7 @@
 //! One connection to a worker: a writer task that coalesces frames into few writes, a reader
 //! task that hands each frame to the stream it belongs to, and the streams themselves
 //! (requests in flight, control orders waiting for their reply). Calls the worker starts
-//! (handle calls, ensemble loads) go to [`Callbacks`].
+//! (handle calls, ensemble loads) go to [`Callbacks`]; handle calls' frames are in `calls.rs`.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -17,6 +17,7 @@ use tokio::net::UnixStream;
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::calls::{self, Arrived, CallAnswer, Calls};
 use crate::wire::{
     self, AcquireHead, CallHead, CallResultHead, Frame, FromWorker, PyError, ReplyHead, StartHead,
     ToWorker, WireError,
@@ -43,8 +44,9 @@ pub(crate) enum Event {
 
 /// Work the worker asks of modelmux.
 pub(crate) trait Callbacks: Send + Sync + 'static {
-    /// A handle call to another deployment: the result's head and body.
-    fn call(&self, head: CallHead, args: Bytes) -> BoxFuture<'_, (CallResultHead, Bytes)>;
+    /// A handle call to another deployment: the result's head and body (streamed on as it
+    /// arrives).
+    fn call(&self, head: CallHead, args: Bytes) -> BoxFuture<'_, CallAnswer>;
 
     /// Gets `model_id` through the replica's cache for the request in flight; what is
     /// returned keeps the model loaded until it is dropped (with the request).
@@ -64,6 +66,8 @@ struct RequestEntry {
 struct Streams {
     requests: HashMap<u32, RequestEntry>,
     controls: HashMap<u32, oneshot::Sender<Result<ReplyHead, String>>>,
+    /// Handle calls the worker made.
+    calls: Calls,
     /// Why the connection ended, once it has.
     closed: Option<String>,
 }
@@ -183,6 +187,7 @@ impl Conn {
             if streams.closed.is_none() {
                 streams.closed = Some(reason.to_string());
             }
+            streams.calls.abort_all();
             (
                 std::mem::take(&mut streams.requests),
                 std::mem::take(&mut streams.controls),
@@ -216,16 +221,30 @@ impl Conn {
             }
             FromWorker::Call => {
                 let head: CallHead = frame.head()?;
-                let (conn, callbacks) = (self.clone(), callbacks.clone());
-                tokio::spawn(async move {
-                    let (result, body) = callbacks.call(head, frame.data).await;
-                    conn.send(wire::encode(
-                        ToWorker::CallResult,
-                        frame.stream,
-                        Some(&result),
-                        &body,
-                    ));
-                });
+                let arrived = self
+                    .streams
+                    .lock()
+                    .calls
+                    .start(frame.stream, head, frame.data);
+                self.arrived(frame.stream, arrived, callbacks);
+                return Ok(());
+            }
+            FromWorker::CallBody => {
+                let arrived = self.streams.lock().calls.body(frame.stream, &frame.data);
+                self.arrived(frame.stream, arrived, callbacks);
+                return Ok(());
+            }
+            FromWorker::CallEnd => {
+                let ended = self.streams.lock().calls.end(frame.stream);
+                if let Some((head, args)) = ended {
+                    self.arrived(frame.stream, Arrived::Ready(head, args), callbacks);
+                }
+                return Ok(());
+            }
+            FromWorker::CallCancel => {
+                if let Some(task) = self.streams.lock().calls.done(frame.stream) {
+                    task.abort();
+                }
                 return Ok(());
             }
             FromWorker::Acquire => {
@@ -234,12 +253,7 @@ impl Conn {
                 tokio::spawn(async move {
                     let result = match callbacks.acquire(head.model_id).await {
                         Ok(held) => conn.hold_for(head.request, held),
-                        Err(error) => CallResultHead {
-                            ok: false,
-                            status: None,
-                            exception: false,
-                            error: Some(error),
-                        },
+                        Err(error) => CallResultHead::failed(error),
                     };
                     conn.send(wire::encode(
                         ToWorker::CallResult,
@@ -266,28 +280,45 @@ impl Conn {
         Ok(())
     }
 
+    /// Runs a handle call whose arguments are complete (answering the worker as the result
+    /// arrives), or answers a refusal.
+    fn arrived(self: &Arc<Self>, stream: u32, arrived: Arrived, callbacks: &Arc<dyn Callbacks>) {
+        let (head, args) = match arrived {
+            Arrived::Waiting => return,
+            Arrived::TooLarge(error) => {
+                let head = CallResultHead::failed(error);
+                self.send(wire::encode(ToWorker::CallResult, stream, Some(&head), b""));
+                return;
+            }
+            Arrived::Ready(head, args) => (head, args),
+        };
+        let (conn, callbacks) = (self.clone(), callbacks.clone());
+        // Registered before it can finish, so that its own `done` removes it.
+        let mut streams = self.streams.lock();
+        let task = tokio::spawn(async move {
+            let answer = callbacks.call(head, args).await;
+            calls::relay(stream, answer, |frame| conn.send(frame)).await;
+            conn.streams.lock().calls.done(stream);
+        });
+        if streams.closed.is_some() {
+            task.abort();
+        } else {
+            streams.calls.running(stream, task.abort_handle());
+        }
+    }
+
     fn hold_for(&self, request: u32, held: Box<dyn Send + Sync>) -> CallResultHead {
         let mut streams = self.streams.lock();
         match streams.requests.get_mut(&request) {
             Some(entry) => {
                 entry.held.push(held);
-                CallResultHead {
-                    ok: true,
-                    status: Some(200),
-                    exception: false,
-                    error: None,
-                }
+                CallResultHead::answered(200, false)
             }
-            None => CallResultHead {
-                ok: false,
-                status: None,
-                exception: false,
-                error: Some(wire::CallError {
-                    kind: "RuntimeError".into(),
-                    message: format!("request {request} is not in progress"),
-                    status: 400,
-                }),
-            },
+            None => CallResultHead::failed(wire::CallError::new(
+                "RuntimeError",
+                format!("request {request} is not in progress"),
+                400,
+            )),
         }
     }
 

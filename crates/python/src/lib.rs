@@ -14,6 +14,7 @@
 //! - [`PythonApp::deployment_spec`] makes one of them a deployment the serve layer runs.
 
 mod callbacks;
+mod calls;
 mod conn;
 mod inspect;
 mod model;

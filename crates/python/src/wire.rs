@@ -9,6 +9,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 pub(crate) const MAX_FRAME: usize = 16 << 20;
 /// Bodies are sent in chunks of at most this many bytes.
 pub(crate) const CHUNK: usize = 1 << 20;
+/// The largest arguments (pickled) a worker's handle call may send.
+pub(crate) const MAX_CALL_ARGS: usize = 512 << 20;
 
 /// Frame types sent to the worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,6 +22,8 @@ pub(crate) enum ToWorker {
     Cancel = 4,
     Control = 5,
     CallResult = 7,
+    CallResultBody = 8,
+    CallResultEnd = 9,
 }
 
 /// Frame types the worker sends.
@@ -34,6 +38,9 @@ pub(crate) enum FromWorker {
     Reply,
     Call,
     Acquire,
+    CallBody,
+    CallEnd,
+    CallCancel,
 }
 
 impl FromWorker {
@@ -48,6 +55,9 @@ impl FromWorker {
             22 => Self::Reply,
             23 => Self::Call,
             24 => Self::Acquire,
+            25 => Self::CallBody,
+            26 => Self::CallEnd,
+            27 => Self::CallCancel,
             _ => return None,
         })
     }
@@ -217,6 +227,12 @@ pub(crate) struct CallHead {
     pub(crate) method: String,
     #[serde(default)]
     pub(crate) model_id: Option<String>,
+    /// The arguments go on in `CALL_BODY` frames, up to a `CALL_END`.
+    #[serde(default)]
+    pub(crate) more: bool,
+    /// `stream=True`: the callee's method is a generator whose items come back one by one.
+    #[serde(default)]
+    pub(crate) stream: bool,
 }
 
 fn call_method() -> String {
@@ -240,6 +256,40 @@ pub(crate) struct CallResultHead {
     pub(crate) exception: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<CallError>,
+    /// The result goes on in `CALL_RESULT_BODY` frames, up to a `CALL_RESULT_END`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) more: bool,
+}
+
+impl CallResultHead {
+    /// The callee answered (`exception`: with the exception its method raised).
+    pub(crate) fn answered(status: u16, exception: bool) -> Self {
+        Self {
+            ok: true,
+            status: Some(status),
+            exception,
+            error: None,
+            more: false,
+        }
+    }
+
+    /// The call did not reach its target, or failed on the way.
+    pub(crate) fn failed(error: CallError) -> Self {
+        Self {
+            ok: false,
+            status: None,
+            exception: false,
+            error: Some(error),
+            more: false,
+        }
+    }
+}
+
+/// The head of a `CALL_RESULT_END`: the error that cut the result short, if one did.
+#[derive(Debug, Serialize)]
+pub(crate) struct CallEndHead {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error: Option<CallError>,
 }
 
 /// Why a call or acquire did not reach its target.
@@ -249,6 +299,17 @@ pub(crate) struct CallError {
     pub(crate) kind: String,
     pub(crate) message: String,
     pub(crate) status: u16,
+}
+
+impl CallError {
+    /// An error of Python type `kind` (the caller raises one so named) with HTTP `status`.
+    pub(crate) fn new(kind: &str, message: impl Into<String>, status: u16) -> Self {
+        Self {
+            kind: kind.into(),
+            message: message.into(),
+            status,
+        }
+    }
 }
 
 #[cfg(test)]

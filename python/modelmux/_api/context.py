@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, AsyncIterator, Protocol
 
 from modelmux._api.exceptions import RayServeException
 
@@ -97,6 +97,26 @@ def set_replica_context(context: ReplicaContext) -> None:
     _replica_context = context
 
 
+class CallAnswer(Protocol):
+    """A handle call's answer as it arrives (the worker's `PendingCall`)."""
+
+    async def head(self) -> dict[str, Any]:
+        """The `CALL_RESULT` head: `ok`, `status`, `exception` or `error`."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The result's bytes as they arrive."""
+        ...
+
+    async def read_all(self) -> bytes:
+        """The whole result."""
+        ...
+
+    def close(self) -> None:
+        """Done with it (before its end: the call is cancelled)."""
+        ...
+
+
 class WorkerRuntime(Protocol):
     """The worker side that `modelmux.serve` code reaches inside a replica."""
 
@@ -106,9 +126,15 @@ class WorkerRuntime(Protocol):
     models: dict[str, Any]
 
     async def call(
-        self, deployment: str, app: str | None, method: str, model_id: str | None, payload: bytes
-    ) -> tuple[dict[str, Any], bytes]:
-        """Sends a `CALL` and returns the `CALL_RESULT` head and data."""
+        self,
+        deployment: str,
+        app: str | None,
+        method: str,
+        model_id: str | None,
+        payload: bytes,
+        stream: bool = False,
+    ) -> CallAnswer:
+        """Sends a `CALL`; returns its answer as it arrives (to be `close()`d)."""
         ...
 
     async def acquire(self, model_id: str, stream: int) -> Any:

@@ -1,7 +1,8 @@
 """The worker: one replica's instance and model table, serving the frames of its socket.
 
 Each `REQUEST` runs as its own task (`CANCEL` cancels it); each `CONTROL` too. Handle calls
-and model acquisitions are streams the worker opens, answered by `CALL_RESULT`.
+and model acquisitions are streams the worker opens, answered by `CALL_RESULT` (a call's
+frames, both ways, are in `calls.py`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from typing import Any, Callable, NoReturn
 
 from starlette.requests import Request
 
-from modelmux._api import context, serialization
+from modelmux._api import context, records, serialization
 from modelmux._api.deployment import Application
 from modelmux._api.graph import deployments_of, replace_bound
 from modelmux._api.handle import DeploymentHandle
 from modelmux._api.ingress import ingress_app
 from modelmux._api.multiplex import find_multiplexed
-from modelmux._worker import app_loader, asgi, errors, protocol
+from modelmux._worker import app_loader, asgi, calls, errors, protocol
 from modelmux._worker.connection import Connection
 from modelmux._worker.protocol import Frame
 from modelmux._api.exceptions import ModelLoadError
@@ -87,6 +88,7 @@ class Worker:
         self._requests: dict[int, _Request] = {}
         self._controls: set[asyncio.Task[None]] = set()
         self._pending: dict[int, asyncio.Future[tuple[dict[str, Any], bytes]]] = {}
+        self._calls: dict[int, calls.PendingCall] = {}
         self._next_stream = 1
         self._loader: Callable[[str], Any] | None = None
         self._size_bytes: Callable[[Any], int] | None = None
@@ -174,9 +176,16 @@ class Worker:
             self._controls.add(task)
             task.add_done_callback(self._controls.discard)
         elif kind == protocol.CALL_RESULT:
-            future = self._pending.get(frame.stream)
-            if future is not None and not future.done():
+            if (call := self._calls.get(frame.stream)) is not None:
+                call.on_result(frame.head or {}, frame.data)
+            elif (future := self._pending.get(frame.stream)) is not None and not future.done():
                 future.set_result((frame.head or {}, frame.data))
+        elif kind == protocol.CALL_RESULT_BODY:
+            if (call := self._calls.get(frame.stream)) is not None:
+                call.on_body(frame.data)
+        elif kind == protocol.CALL_RESULT_END:
+            if (call := self._calls.get(frame.stream)) is not None:
+                call.on_end(frame.head or {})
 
     # Requests.
 
@@ -187,7 +196,8 @@ class Worker:
         try:
             method = head.get("call")
             if method is not None:
-                await self._serve_call(method, req.body, sender)
+                streamed = ["x-modelmux-stream", "true"] in (head.get("headers") or [])
+                await self._serve_call(method, req.body, sender, streamed)
             else:
                 await self._serve_http(head, req.body, sender)
             if not sender.complete and not sender.closed:
@@ -220,18 +230,50 @@ class Worker:
         await asgi.send_result(result, scope, body.receive, sender)
 
     async def _serve_call(
-        self, method: str, body: asgi.RequestBody, sender: asgi.ResponseSender
+        self, method: str, body: asgi.RequestBody, sender: asgi.ResponseSender, streamed: bool
     ) -> None:
         data = await body.read_all()
+        if streamed:
+            await self._serve_stream(method, data, sender)
+            return
         try:
             args, kwargs = serialization.loads(data)
             value = await call_user(getattr(self.instance, method), *args, **kwargs)
+            if inspect.isgenerator(value) or inspect.isasyncgen(value):
+                raise TypeError(
+                    f"{self._app.name}.{method} returned a generator: call it through "
+                    "handle.options(stream=True) to get its items"
+                )
             status, kind, payload = 200, "value", serialization.dumps(value)
         except Exception as e:
             sys.stderr.write(errors.describe(e)["traceback"])
             status, kind, payload = 500, "exception", serialization.dumps_exception(e)
         headers = [["content-type", "application/x-python-pickle"], ["x-modelmux-result", kind]]
         sender.respond(status, headers, payload)
+
+    async def _serve_stream(self, method: str, data: bytes, sender: asgi.ResponseSender) -> None:
+        """A `stream=True` call: each item goes out as a record as soon as it is made; an
+        exception ends the stream with an exception record."""
+        headers = [
+            (b"content-type", b"application/x-modelmux-pickle-stream"),
+            (b"x-modelmux-result", b"stream"),
+        ]
+        await sender.send({"type": "http.response.start", "status": 200, "headers": headers})
+
+        async def emit(tag: bytes, payload: bytes) -> None:
+            message = {"type": "http.response.body", "body": records.record(tag, payload)}
+            await sender.send(dict(message, more_body=True))
+
+        try:
+            args, kwargs = serialization.loads(data)
+            fn = getattr(self.instance, method)
+            what = f"{self._app.name}.{method}"
+            async for item in calls.items(fn, args, kwargs, what):
+                await emit(records.VALUE, serialization.dumps(item))
+        except Exception as e:
+            sys.stderr.write(errors.describe(e)["traceback"])
+            await emit(records.EXCEPTION, serialization.dumps_exception(e))
+        await sender.send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # Controls.
 
@@ -287,14 +329,18 @@ class Worker:
 
     # Streams the worker opens.
 
+    def _stream_id(self) -> int:
+        stream = self._next_stream
+        self._next_stream = stream + 1 if stream < 0xFFFFFFFF else 1
+        return stream
+
     async def _exchange(
         self, kind: int, head: dict[str, Any], data: bytes = b""
     ) -> tuple[dict[str, Any], bytes]:
         if not self._ready.done():
             await self._ready
         assert self._conn is not None
-        stream = self._next_stream
-        self._next_stream = stream + 1 if stream < 0xFFFFFFFF else 1
+        stream = self._stream_id()
         future = self.loop.create_future()
         self._pending[stream] = future
         try:
@@ -304,11 +350,40 @@ class Worker:
             self._pending.pop(stream, None)
 
     async def call(
-        self, deployment: str, app: str | None, method: str, model_id: str | None, payload: bytes
-    ) -> tuple[dict[str, Any], bytes]:
-        """Sends a handle call (`CALL`); returns the `CALL_RESULT` head and data."""
+        self,
+        deployment: str,
+        app: str | None,
+        method: str,
+        model_id: str | None,
+        payload: bytes,
+        stream: bool = False,
+    ) -> calls.PendingCall:
+        """Sends a handle call (`CALL`, its arguments chunked when large); returns its answer as
+        it arrives. The caller must `close()` it."""
         head = {"deployment": deployment, "app": app, "method": method, "model_id": model_id}
-        return await self._exchange(protocol.CALL, head, payload)
+        if stream:
+            head["stream"] = True
+        frames = calls.args_frames(head, payload)
+        if not self._ready.done():
+            await self._ready
+        conn = self._conn
+        assert conn is not None
+        id_ = self._stream_id()
+
+        def release(cancel: bool) -> None:
+            if self._calls.pop(id_, None) is not None and cancel:
+                conn.write(protocol.CALL_CANCEL, id_)
+
+        pending = calls.PendingCall(self.loop, release)
+        self._calls[id_] = pending
+        try:
+            for kind, frame_head, data in frames:
+                conn.write(kind, id_, frame_head, data)
+                await conn.drain()
+        except BaseException:
+            pending.close()
+            raise
+        return pending
 
     async def acquire(self, model_id: str, stream: int) -> Any:
         """Asks the server for a model the request on `stream` needs (`ACQUIRE`)."""

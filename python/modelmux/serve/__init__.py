@@ -11,7 +11,11 @@ from modelmux._api.context import (
     get_replica_context,
 )
 from modelmux._api.deployment import Application, Deployment, deployment
-from modelmux._api.handle import DeploymentHandle, DeploymentResponse
+from modelmux._api.handle import (
+    DeploymentHandle,
+    DeploymentResponse,
+    DeploymentResponseGenerator,
+)
 from modelmux._api.ingress import ingress
 from modelmux._api.multiplex import multiplexed
 from modelmux._api.runner import (
@@ -30,6 +34,7 @@ __all__ = [
     "Deployment",
     "DeploymentHandle",
     "DeploymentResponse",
+    "DeploymentResponseGenerator",
     "ReplicaContext",
     "batch",
     "delete",

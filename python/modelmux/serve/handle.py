@@ -1,5 +1,9 @@
 """`from modelmux.serve.handle import DeploymentHandle` (Ray's `ray.serve.handle`)."""
 
-from modelmux._api.handle import DeploymentHandle, DeploymentResponse
+from modelmux._api.handle import (
+    DeploymentHandle,
+    DeploymentResponse,
+    DeploymentResponseGenerator,
+)
 
-__all__ = ["DeploymentHandle", "DeploymentResponse"]
+__all__ = ["DeploymentHandle", "DeploymentResponse", "DeploymentResponseGenerator"]

@@ -1,0 +1,54 @@
+"""Handle calls of any size, and a generator's items streamed through a handle
+(`handle.options(stream=True)`), as Ray composes a streaming LLM deployment behind another."""
+
+import asyncio
+
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+
+from modelmux import serve
+from modelmux.serve.handle import DeploymentHandle
+
+
+@serve.deployment
+class Producer:
+    def __init__(self):
+        self.closed = 0
+
+    async def ticks(self, n: int, every_s: float):
+        try:
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(every_s)
+                yield f"{i}\n"
+        finally:
+            # Runs when the generator ends, and when its caller went away mid-stream.
+            self.closed += 1
+
+    def closed_count(self) -> int:
+        return self.closed
+
+    def reverse(self, blob: bytes) -> bytes:
+        return blob[::-1]
+
+
+@serve.deployment
+class Relay:
+    def __init__(self, producer: DeploymentHandle):
+        self._producer = producer
+
+    async def __call__(self, request: Request):
+        path = request.url.path
+        if path == "/big":
+            n = int(request.query_params["mib"]) * 1024 * 1024
+            blob = bytes(range(256)) * (n // 256)
+            back = await self._producer.reverse.remote(blob)
+            return {"sent": len(blob), "back": len(back), "same": back == blob[::-1]}
+        if path == "/closed":
+            return await self._producer.closed_count.remote()
+        n = int(request.query_params.get("n", "5"))
+        items = self._producer.options(stream=True).ticks.remote(n, 0.25)
+        return StreamingResponse(items, media_type="text/plain")
+
+
+app = Relay.bind(Producer.bind())
