@@ -188,6 +188,7 @@ class Peer:
         headers: list[list[str]] | None = None,
         model_id: str | None = None,
         call: str | None = None,
+        streamed: bool = False,
         more: bool = False,
         query: str = "",
         root_path: str = "",
@@ -205,6 +206,7 @@ class Peer:
             "request_id": f"req-{stream}",
             "call": call,
             "more": more,
+            **({"stream": True} if streamed else {}),
         }
         self.send(REQUEST, stream, head, body)
 

@@ -157,8 +157,7 @@ class CalleeTest(unittest.TestCase):
 
     def stream_call(self, stream: int, method: str, args=(), kwargs=None):
         body = pickle.dumps((args, kwargs or {}))
-        headers = [["content-type", "application/x-python-pickle"], ["x-modelmux-stream", "true"]]
-        self.peer.request(stream, "/", method="POST", body=body, call=method, headers=headers)
+        self.peer.request(stream, "/", method="POST", body=body, call=method, streamed=True)
         start = self.peer.next(START, stream)
         self.assertEqual(dict(start.head["headers"])["x-modelmux-result"], "stream")
         frames = [start]

@@ -6,24 +6,13 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::Running;
-
-fn python() -> String {
-    std::env::var("MODELMUX_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("MODELMUX_TEST_PYTHON must name a Python with numpy and starlette (scripts/test sets it)")
-    })
-}
-
-fn apps_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python_apps")
-}
-
-fn package_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python")
-}
+use common::{
+    python_apps_dir as apps_dir, python_package_dir as package_dir, test_python as python,
+};
 
 /// `modelmux serve` on `config`, its workers on the test Python with the checkout's package;
 /// `env` adds variables (`NAME=value`).

@@ -5,31 +5,41 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
 
 fn serve() -> common::Running {
-    let python = std::env::var("MODELMUX_TEST_PYTHON").unwrap_or_else(|_| {
-        panic!("MODELMUX_TEST_PYTHON must name a Python with starlette (scripts/test sets it)")
-    });
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    serve_with(&[])
+}
+
+/// [`serve`] with more environment variables (`NAME=value`) for the server.
+fn serve_with(env: &[&str]) -> common::Running {
     let config = format!(
         "http_options: {{port: 0}}\napplications:\n  - name: default\n    route_prefix: /\n    import_path: streamed_calls:app\n    runtime_env: {{working_dir: {}}}\n",
-        root.join("tests/python_apps").display()
+        common::python_apps_dir().display()
     );
-    let env = [
+    let env_vars = [
         "env".to_string(),
-        format!("MODELMUX_PYTHON={python}"),
-        format!("PYTHONPATH={}", root.join("../../python").display()),
+        format!("MODELMUX_PYTHON={}", common::test_python()),
+        format!("PYTHONPATH={}", common::python_package_dir().display()),
     ];
-    let env: Vec<&str> = env.iter().map(String::as_str).collect();
-    common::serve_in(&env, &config, &[])
+    let mut wrapper: Vec<&str> = env_vars.iter().map(String::as_str).collect();
+    wrapper.extend(env);
+    common::serve_in(&wrapper, &config, &[])
 }
 
 fn get(url: &str, path: &str) -> (u16, String) {
     common::send(url, http::Request::get(path), Vec::new())
+}
+
+#[test]
+fn user_code_never_sees_the_admin_token() {
+    let server = serve_with(&["MODELMUX_ADMIN_TOKEN=worker-must-not-see-this"]);
+    assert_eq!(
+        get(&server.url, "/sees-admin-token"),
+        (200, "false".to_string())
+    );
 }
 
 #[test]

@@ -25,8 +25,8 @@ pub use forward::H2Forwarder;
 pub use local_etcd::LocalEtcd;
 pub use node::{ClusterNode, ClusterOptions, connect, parse_endpoints};
 pub use records::{
-    CopyRecord, DeploymentRecord, Keys, NodeRecord, Peer, ReplicaRecord, ReplicasByApp, Role,
-    local_records, remote_replicas,
+    CopyRecord, DeploymentRecord, Keys, NodeRecord, Peer, ReplicaRecord, ReplicasByDeployment,
+    Role, local_records, remote_replicas,
 };
 pub use registry::{Registry, RegistryOptions};
 pub use view::{Records, View};

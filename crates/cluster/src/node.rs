@@ -155,6 +155,15 @@ impl ClusterNode {
         // Published once before anyone is told this node is up.
         publisher.publish().await?;
         let mut tasks = vec![tokio::spawn(publisher.run())];
+        if options.role == Role::Both && !server.forwards_handle_calls() {
+            // A handle call's arguments are a pickle: another node takes one only with the
+            // admin token, so without one this node's handle calls stay on it.
+            tracing::warn!(
+                "handle calls stay on this node: calls to other nodes' replicas need an admin \
+                 token that every node of the cluster shares (http_options.admin_token or \
+                 MODELMUX_ADMIN_TOKEN)"
+            );
+        }
         if options.role.routes() {
             let view = View::start(client, keys.all()).await?;
             let forwarder = Arc::new(H2Forwarder::with_ping_timeout(options.peer_timeout));
@@ -311,20 +320,22 @@ async fn follow(
     forwarder: Arc<H2Forwarder>,
 ) {
     let as_dyn: Arc<dyn Forwarder> = forwarder.clone();
-    let apps: Vec<String> = server.local_state().into_iter().map(|d| d.app).collect();
+    let deployments = server.deployments();
     loop {
         let records = view.records();
         // A panic applying one view must not freeze routing on the last one.
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            let (peers, mut by_app) = remote_replicas(&keys, &own, &records);
+            let (peers, mut by_deployment) = remote_replicas(&keys, &own, &records);
             forwarder.set_peers(
                 peers
                     .iter()
                     .map(|p| (p.node.to_string(), p.record.address.clone())),
             );
-            for app in &apps {
-                let replicas = by_app.remove(app).unwrap_or_default();
-                server.set_remote_replicas(app, &replicas, &as_dyn);
+            // Every deployment, not only each application's ingress: handle calls reach the
+            // others' replicas on any node.
+            for key in &deployments {
+                let replicas = by_deployment.remove(key).unwrap_or_default();
+                server.set_remote_replicas(&key.0, &key.1, &replicas, &as_dyn);
             }
         }));
         if applied.is_err() {

@@ -8,8 +8,14 @@
 //!
 //! Both are on the node's lease. A model copy is its own key, written when a load starts or
 //! ends and deleted on eviction, so a load or an eviction is one small write, and no record is
-//! shared between nodes (no compare-and-swap anywhere). Node ids and deployment names contain
-//! no `/`; a model id may, and is the rest of its key.
+//! shared between nodes (no compare-and-swap anywhere). Node ids and replica ids contain no
+//! `/`; a model id may, and is the rest of its key.
+//!
+//! A node record lists every deployment of every application it runs (not only each
+//! application's ingress: handle calls reach the others), each by application and deployment
+//! name with its replicas; a copy record names its application and deployment too. Records
+//! written before deployments were all published (ingress only, copies without a deployment)
+//! read the same way.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -53,11 +59,11 @@ pub struct NodeRecord {
     pub role: Role,
     /// Shutting down: it takes no new requests.
     pub draining: bool,
-    /// Its applications' ingress deployments and their replicas.
+    /// Its applications' deployments and their replicas.
     pub deployments: Vec<DeploymentRecord>,
 }
 
-/// One application's ingress deployment on a node.
+/// One deployment of an application on a node.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentRecord {
     /// The application.
@@ -88,8 +94,11 @@ pub struct ReplicaRecord {
 /// One model copy on one replica.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CopyRecord {
-    /// The application whose ingress deployment the replica belongs to.
+    /// The application whose deployment the replica belongs to.
     pub app: String,
+    /// The deployment (empty in records of nodes that published only ingress deployments).
+    #[serde(default)]
+    pub deployment: String,
     /// Loaded (else loading).
     pub loaded: bool,
     /// Its size in bytes, if known.
@@ -169,6 +178,7 @@ pub fn local_records(
                             keys.copy(node, &r.id, c.id.as_str()),
                             CopyRecord {
                                 app: d.app.clone(),
+                                deployment: d.deployment.clone(),
                                 loaded: c.loaded,
                                 size_bytes: c.size_bytes,
                                 load_ms: c.load_time.map(|t| t.as_secs_f64() * 1e3),
@@ -205,17 +215,17 @@ pub struct Peer {
     pub record: NodeRecord,
 }
 
-/// Replicas of other nodes by application: `(node, replica)` pairs.
-pub type ReplicasByApp = HashMap<String, Vec<(Arc<str>, ReplicaState)>>;
+/// Replicas of other nodes by `(application, deployment)`: `(node, replica)` pairs.
+pub type ReplicasByDeployment = HashMap<(String, String), Vec<(Arc<str>, ReplicaState)>>;
 
-/// Every other node's replicas by application, and the nodes themselves, from the records
-/// under the cluster's prefix. Records that do not parse are skipped (and logged): a node of
-/// a newer version must not stop this one routing.
+/// Every other node's replicas by application and deployment, and the nodes themselves, from
+/// the records under the cluster's prefix. Records that do not parse are skipped (and
+/// logged): a node of a newer version must not stop this one routing.
 pub fn remote_replicas(
     keys: &Keys,
     own: &str,
     records: &BTreeMap<String, Vec<u8>>,
-) -> (Vec<Peer>, ReplicasByApp) {
+) -> (Vec<Peer>, ReplicasByDeployment) {
     let mut peers = Vec::new();
     let mut copies: HashMap<(&str, &str), Vec<CopyReport>> = HashMap::new();
     for (key, value) in records {
@@ -252,10 +262,12 @@ pub fn remote_replicas(
             });
         }
     }
-    let mut by_app = ReplicasByApp::new();
+    let mut by_deployment = ReplicasByDeployment::new();
     for peer in &peers {
         for d in &peer.record.deployments {
-            let replicas = by_app.entry(d.app.clone()).or_default();
+            let replicas = by_deployment
+                .entry((d.app.clone(), d.deployment.clone()))
+                .or_default();
             for r in &d.replicas {
                 replicas.push((
                     peer.node.clone(),
@@ -274,7 +286,7 @@ pub fn remote_replicas(
             }
         }
     }
-    (peers, by_app)
+    (peers, by_deployment)
 }
 
 #[cfg(test)]
@@ -325,13 +337,95 @@ mod tests {
             }
         }
         records.insert(keys.node("broken"), b"{".to_vec());
-        let (peers, by_app) = remote_replicas(&keys, "a", &records);
+        let (peers, by_deployment) = remote_replicas(&keys, "a", &records);
         assert_eq!(peers.len(), 1, "own node and unparsable records left out");
-        let replicas = &by_app["app"];
+        let replicas = &by_deployment[&("app".to_owned(), "d".to_owned())];
         assert_eq!(replicas.len(), 1);
         let (node, r) = &replicas[0];
         assert_eq!(&**node, "b");
         assert!(!r.available, "a draining node's replicas take nothing");
         assert_eq!(r.copies, state[0].replicas[0].copies);
+    }
+
+    fn replica(id: &str, model: &str) -> ReplicaState {
+        ReplicaState {
+            id: id.into(),
+            max_ongoing: 4,
+            max_models: Some(2),
+            max_bytes: None,
+            ongoing: 0,
+            available: true,
+            copies: vec![CopyReport {
+                id: ModelId::new(model).unwrap(),
+                loaded: true,
+                size_bytes: None,
+                load_time: None,
+            }],
+        }
+    }
+
+    #[test]
+    fn every_deployment_is_published_by_name_and_read_back_by_application_and_deployment() {
+        let keys = Keys::new("p");
+        let state = vec![
+            DeploymentState {
+                app: "app".into(),
+                deployment: "Ingress".into(),
+                replicas: vec![replica("Ingress#1@b", "x")],
+            },
+            DeploymentState {
+                app: "app".into(),
+                deployment: "Model".into(),
+                replicas: vec![replica("Model#1@b", "m7"), replica("Model#2@b", "m8")],
+            },
+            DeploymentState {
+                app: "other".into(),
+                deployment: "Model".into(),
+                replicas: vec![replica("Model#3@b", "m9")],
+            },
+        ];
+        let (record, copies) = local_records(&keys, "b", "http://x", Role::Both, false, &state);
+        // Readable by name: each deployment says its application, each copy both.
+        let json = serde_json::to_value(&record).unwrap();
+        assert_eq!(json["deployments"][1]["app"], "app");
+        assert_eq!(json["deployments"][1]["deployment"], "Model");
+        assert_eq!(json["deployments"][1]["replicas"][1]["id"], "Model#2@b");
+        let copy = &copies[&keys.copy("b", "Model#2@b", "m8")];
+        assert_eq!(
+            (copy.app.as_str(), copy.deployment.as_str()),
+            ("app", "Model")
+        );
+
+        let mut records = BTreeMap::new();
+        records.insert(keys.node("b"), serde_json::to_vec(&record).unwrap());
+        for (k, v) in copies {
+            records.insert(k, serde_json::to_vec(&v).unwrap());
+        }
+        let (_, by_deployment) = remote_replicas(&keys, "a", &records);
+        let ids = |app: &str, deployment: &str| -> Vec<(String, Vec<String>)> {
+            by_deployment[&(app.to_owned(), deployment.to_owned())]
+                .iter()
+                .map(|(node, r)| {
+                    assert_eq!(&**node, "b");
+                    let models = r.copies.iter().map(|c| c.id.to_string()).collect();
+                    (r.id.clone(), models)
+                })
+                .collect()
+        };
+        let pair = |id: &str, model: &str| (id.to_owned(), vec![model.to_owned()]);
+        assert_eq!(ids("app", "Ingress"), [pair("Ingress#1@b", "x")]);
+        assert_eq!(
+            ids("app", "Model"),
+            [pair("Model#1@b", "m7"), pair("Model#2@b", "m8")]
+        );
+        assert_eq!(ids("other", "Model"), [pair("Model#3@b", "m9")]);
+        assert_eq!(by_deployment.len(), 3);
+    }
+
+    #[test]
+    fn a_copy_record_without_a_deployment_still_reads() {
+        let old = br#"{"app": "app", "loaded": true}"#;
+        let copy: CopyRecord = serde_json::from_slice(old).unwrap();
+        assert_eq!((copy.app.as_str(), copy.deployment.as_str()), ("app", ""));
     }
 }

@@ -36,12 +36,15 @@ enum Answer {
     Reset,
 }
 
-/// What reached a fake peer: the replica named in `x-modelmux-forwarded`, the path and the
-/// body.
+/// What reached a fake peer: the replica named in `x-modelmux-forwarded`, the path, query,
+/// `Authorization` and model id headers, and the body.
 #[derive(Clone, Debug, PartialEq)]
 struct Seen {
     replica: Option<String>,
     path: String,
+    query: Option<String>,
+    authorization: Option<String>,
+    model: Option<String>,
     body: Vec<u8>,
 }
 
@@ -129,13 +132,19 @@ async fn answer_with(
             bytes.extend_from_slice(&data);
         }
     }
-    recorded.lock().push(Seen {
-        replica: parts
+    let header = |name: &str| {
+        parts
             .headers
-            .get(FORWARDED_HEADER)
+            .get(name)
             .and_then(|v| v.to_str().ok())
-            .map(String::from),
+            .map(String::from)
+    };
+    recorded.lock().push(Seen {
+        replica: header(FORWARDED_HEADER),
         path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(String::from),
+        authorization: header("authorization"),
+        model: header("serve_multiplexed_model_id"),
         body: bytes,
     });
     let mut response = http::Response::new(Body::from(format!("served by {name}")));
@@ -183,6 +192,16 @@ struct Router {
 
 impl Router {
     async fn start(peers: &[(&FakePeer, usize)], idempotent: bool, local: bool) -> Self {
+        Self::start_with_token(peers, idempotent, local, None).await
+    }
+
+    /// [`start`](Self::start), with `token` as the admin token handle calls carry to peers.
+    async fn start_with_token(
+        peers: &[(&FakePeer, usize)],
+        idempotent: bool,
+        local: bool,
+        token: Option<&str>,
+    ) -> Self {
         let spec = if local {
             DeploymentSpec::new("Model", |_| async { Ok::<_, BoxError>(Local) })
         } else {
@@ -194,6 +213,7 @@ impl Router {
                 .await
                 .unwrap(),
         );
+        controller.set_call_token(token);
         let forwarder = Arc::new(H2Forwarder::new());
         forwarder.set_peers(
             peers
@@ -216,7 +236,8 @@ impl Router {
             })
             .collect();
         let as_dyn: Arc<dyn Forwarder> = forwarder.clone();
-        NodeHandle::new(controller.clone()).set_remote_replicas("default", &replicas, &as_dyn);
+        NodeHandle::new(controller.clone())
+            .set_remote_replicas("default", "Model", &replicas, &as_dyn);
         Self {
             controller,
             forwarder,
@@ -257,6 +278,9 @@ fn sent(replica: &str) -> Seen {
     Seen {
         replica: Some(replica.to_owned()),
         path: "/predict".into(),
+        query: Some("x=1".into()),
+        authorization: None,
+        model: None,
         body: b"payload".to_vec(),
     }
 }
@@ -458,4 +482,88 @@ async fn the_forwarder_tells_refused_failed_and_unreachable_apart() {
     let response = forward(&serving).await.expect("served");
     assert_eq!(response.status(), 200);
     assert_eq!(serving.seen(), [sent(&serving.replica())]);
+}
+
+/// A handle call (a driver's, through `Controller::call`) of the deployment, with `context`.
+async fn handle_call(
+    router: &Router,
+    context: modelmux_context::RequestContext,
+) -> Result<Response, modelmux_serve::ServeError> {
+    let body = bytes_of("pickled");
+    router
+        .controller
+        .call(
+            Some("default"),
+            "Model",
+            modelmux_serve::HandleCall {
+                method: "__call__".into(),
+                stream: false,
+            },
+            context,
+            Route::Anywhere,
+            body,
+        )
+        .await
+}
+
+fn bytes_of(text: &'static str) -> hyper::body::Bytes {
+    hyper::body::Bytes::from_static(text.as_bytes())
+}
+
+/// A handle call as a peer must see it: the call endpoint, the replica chosen, the token.
+fn called(replica: &str, model: Option<&str>) -> Seen {
+    Seen {
+        replica: Some(replica.to_owned()),
+        path: "/-/deployments/Model/call/__call__".into(),
+        query: Some("app=default".into()),
+        authorization: Some("Bearer t0ken".into()),
+        model: model.map(String::from),
+        body: b"pickled".to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_call_goes_to_another_node_as_a_call_of_its_call_endpoint_with_the_token() {
+    // `a` is tried first and turns it away; `b` serves it. Both see the same call.
+    let a = FakePeer::start("a", Answer::NotHere).await;
+    let b = FakePeer::start("b", Answer::Serve).await;
+    let router = Router::start_with_token(&[(&a, 0), (&b, 4)], false, false, Some("t0ken")).await;
+    let response = handle_call(&router, Default::default()).await.unwrap();
+    assert_eq!(response.headers()["x-test-peer"], "b");
+    assert_eq!(a.seen(), [called(&a.replica(), None)]);
+    assert_eq!(b.seen(), [called(&b.replica(), None)]);
+
+    // The model it names goes with it.
+    let c = FakePeer::start("c", Answer::Serve).await;
+    let router = Router::start_with_token(&[(&c, 0)], false, false, Some("t0ken")).await;
+    let context = modelmux_context::RequestContext::new()
+        .with_multiplexed_model_id(modelmux_cache::ModelId::new("org/m 1").unwrap());
+    handle_call(&router, context).await.unwrap();
+    assert_eq!(c.seen(), [called(&c.replica(), Some("org/m 1"))]);
+    // An application's own request still goes as it came, and never with the token.
+    router.send(Route::Anywhere).await.0.unwrap();
+    assert_eq!(c.seen()[1], sent(&c.replica()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_a_handle_call_never_leaves_this_node() {
+    // Nothing runs here: the call fails, unsent, saying why.
+    let a = FakePeer::start("a", Answer::Serve).await;
+    let router = Router::start(&[(&a, 0)], false, false).await;
+    let error = handle_call(&router, Default::default()).await.unwrap_err();
+    assert_eq!(error.http_status().as_u16(), 503, "{error}");
+    assert!(error.to_string().contains("admin token"), "{error}");
+    assert!(a.seen().is_empty());
+    // An application's own request still goes.
+    router.send(Route::Anywhere).await.0.unwrap();
+    assert_eq!(a.seen(), [sent(&a.replica())]);
+
+    // A replica here serves every call, however idle the other node's replica is.
+    let b = FakePeer::start("b", Answer::Serve).await;
+    let router = Router::start(&[(&b, 0)], false, true).await;
+    for _ in 0..10 {
+        let response = handle_call(&router, Default::default()).await.unwrap();
+        assert!(!response.headers().contains_key("x-test-peer"));
+    }
+    assert!(b.seen().is_empty());
 }

@@ -11,7 +11,7 @@
 //! | `DELETE /-/models/{deployment}/{model_id}` | evict a model from every replica |
 //! | `POST /-/models/{deployment}/{model_id}/unpin` | unpin it everywhere |
 //! | `POST /-/deployments/{deployment}/controls/{name}` | a deployment's own control (an LLM's `pause`), on every replica |
-//! | `POST /-/deployments/{deployment}/call/{method}[?app=name]` | a handle call from outside the server (`serve.run`'s handle in a Python driver): the body is the encoded arguments; only with the admin token |
+//! | `POST /-/deployments/{deployment}/call/{method}[?app=name]` | a handle call from outside the server (`serve.run`'s handle in a Python driver, or another node of the cluster, which adds `x-modelmux-forwarded`): the body is the encoded arguments; only with the admin token |
 //! | `GET /metrics` | Prometheus text format |
 //!
 //! Access (see [`AdminAccess`](modelmux_serve::AdminAccess)): with an admin token, `/-/models*` and `/-/deployments*` need
@@ -22,17 +22,19 @@
 //! preflight (never granted) nor reach the API through a rebound DNS name.
 //! Model ids may contain `/`; percent-encode other reserved characters.
 
+use std::sync::Arc;
+
 use http::{HeaderValue, Method, StatusCode, header};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use modelmux_cache::ModelId;
-use modelmux_context::RequestId;
+use modelmux_context::{RequestContext, RequestId};
 use serde_json::{Value, json};
 
 use crate::Response;
 use crate::state::FrontState;
 use modelmux_serve::Health;
-use modelmux_serve::{Body, ServeError};
+use modelmux_serve::{Body, FORWARDED_HEADER, HandleCall, Route, STREAM_HEADER, ServeError};
 
 pub(crate) async fn handle(
     state: &std::sync::Arc<FrontState>,
@@ -50,7 +52,7 @@ pub(crate) async fn handle(
     } else if request.uri().path() == "/-/deploy" {
         deploy(state, request).await
     } else if let Some((deployment, method)) = deployment_path(&request, "/call/") {
-        call(state, request, &deployment, &method).await
+        call(state, request, &deployment, &method, request_id).await
     } else if let Some((deployment, name)) = deployment_path(&request, "/controls/") {
         control(state, request, &deployment, &name).await
     } else {
@@ -71,14 +73,19 @@ fn deployment_path(request: &http::Request<Incoming>, action: &str) -> Option<(S
         .then(|| (deployment.to_owned(), name.to_owned()))
 }
 
-/// A handle call from outside the server. The body is trusted as the caller's encoded
-/// arguments (a pickle, which runs code when read), so only the admin token's holder may call:
-/// a server without a token refuses every such call.
+/// A handle call from outside the server: a driver's, or one another node of the cluster
+/// forwarded here (it names the replica its router chose in `x-modelmux-forwarded`, and is
+/// served by this node's replicas only, never forwarded again: `503` with
+/// `x-modelmux-not-here` when none can take it, so that node tries another). The body is
+/// trusted as the caller's encoded arguments (a pickle, which runs code when read), so only
+/// the admin token's holder may call: a server without a token refuses every such call, and
+/// the forwarded header changes nothing to that.
 async fn call(
     state: &FrontState,
     request: http::Request<Incoming>,
     deployment: &str,
     method: &str,
+    request_id: &RequestId,
 ) -> Result<Response, ServeError> {
     if state.config.admin.token.is_none() {
         return Err(ServeError::Forbidden {
@@ -86,30 +93,57 @@ async fn call(
         });
     }
     state.config.admin.authorize(request.headers(), true)?;
-    let app = request.uri().query().and_then(|q| {
-        q.split('&')
-            .find_map(|pair| pair.strip_prefix("app="))
-            .map(str::to_owned)
-    });
-    let model_id = match request.headers().get("serve_multiplexed_model_id") {
-        Some(value) => {
-            let text = value.to_str().map_err(|_| ServeError::BadRequest {
-                message: "serve_multiplexed_model_id must be text".into(),
-            })?;
-            (!text.is_empty())
-                .then(|| ModelId::new(text))
-                .transpose()
-                .map_err(|e| ServeError::BadRequest {
-                    message: e.to_string(),
-                })?
-        }
-        None => None,
+    // Named as the caller's client (and another node) percent-encode them.
+    let deployment = percent_decode(deployment)?;
+    let method = percent_decode(method)?;
+    let app = request
+        .uri()
+        .query()
+        .and_then(|q| q.split('&').find_map(|pair| pair.strip_prefix("app=")))
+        .map(percent_decode)
+        .transpose()?;
+    let headers = request.headers();
+    let mut context = RequestContext::new().with_request_id(request_id.clone());
+    // Either spelling, as an application request's (two that differ are refused).
+    if let Some(id) = crate::ingress::model_id(headers)? {
+        context = context.with_multiplexed_model_id(id);
+    }
+    // The caller's trace goes on here (another node's call is a span of its request).
+    let trace = state
+        .tracer
+        .as_ref()
+        .and_then(|t| t.begin(headers.get(crate::ingress::TRACEPARENT)));
+    let mut root = None;
+    if let Some(trace) = trace {
+        let mut span = trace.start_root("handle_call");
+        span.attribute("deployment", deployment.clone());
+        span.attribute("method", method.clone());
+        span.attribute("request_id", request_id.as_str());
+        root = Some(span);
+        context = context.with_trace(trace);
+    }
+    let route = match headers.get(FORWARDED_HEADER) {
+        Some(replica) => Route::Local {
+            preferred: replica.to_str().ok().map(Arc::from),
+        },
+        None => Route::Anywhere,
+    };
+    let call = HandleCall {
+        method,
+        stream: headers
+            .get(STREAM_HEADER)
+            .is_some_and(|v| v.as_bytes() == b"true"),
     };
     let body = read_body(state, request).await?;
-    state
+    let result = state
         .controller
-        .call(app.as_deref(), deployment, method, model_id, body)
-        .await
+        .call(app.as_deref(), &deployment, call, context, route, body)
+        .await;
+    if let Some(span) = root {
+        let served = result.as_ref().is_ok_and(|r| !r.status().is_server_error());
+        span.end(!served);
+    }
+    result
 }
 
 /// `POST /-/deploy` with `{"config": "<the whole configuration>"}`: the server's
@@ -321,10 +355,10 @@ fn query_flag(query: Option<&str>, name: &str) -> bool {
         .any(|kv| kv == name || kv == format!("{name}=true") || kv == format!("{name}=1"))
 }
 
-/// Decodes `%XX` escapes (model ids in paths may need them).
+/// Decodes `%XX` escapes (model ids and deployment names in paths may need them).
 fn percent_decode(s: &str) -> Result<String, ServeError> {
     let bad = || ServeError::BadRequest {
-        message: format!("'{s}' is not a valid percent-encoded model id"),
+        message: format!("'{s}' is not validly percent-encoded UTF-8"),
     };
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());

@@ -80,7 +80,10 @@ impl ServerBuilder {
         self
     }
 
-    /// Requires this bearer token on the admin API.
+    /// Requires this bearer token on the admin API. In a cluster it is also what handle calls
+    /// carry to other nodes, whose call endpoints check it: every node of a cluster needs the
+    /// same token for handle calls to reach replicas on other nodes (without one they stay on
+    /// their node).
     pub fn admin_token(mut self, token: impl Into<String>) -> Self {
         self.config.admin.token = Some(token.into());
         self
@@ -197,6 +200,9 @@ impl Server {
             config.node_id.clone(),
             config.run_replicas,
         )?);
+        // In a cluster, handle calls go to other nodes with this node's admin token (which
+        // every node shares, and their call endpoints check); without one they stay here.
+        controller.set_call_token(config.admin.token.as_deref());
         let listener = TcpListener::bind(config.bind)
             .await
             .map_err(|source| StartError::Bind {
@@ -284,6 +290,9 @@ impl Server {
         }
         let _ = self.stop.send(true);
         self.accept.abort();
+        // The listener closes when the accept task is dropped: once this returns, nothing
+        // connects any more.
+        let _ = self.accept.await;
         for task in &self.health {
             task.abort();
         }

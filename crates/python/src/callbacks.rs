@@ -12,9 +12,6 @@ use crate::conn::{BoxFuture, Callbacks};
 use crate::model::PyModel;
 use crate::wire::{CallError, CallHead, CallResultHead};
 
-/// The header on a handle call asking for a generator's items as they come
-/// (`handle.options(stream=True)`); the callee's worker reads it from the request.
-pub(crate) const STREAM_HEADER: &str = "x-modelmux-stream";
 /// The most of an error answer (not a Python deployment's result) kept for its message.
 const MAX_ERROR_BYTES: usize = 64 << 10;
 
@@ -62,13 +59,9 @@ impl ReplicaCallbacks {
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/x-python-pickle"),
         );
-        if head.stream {
-            request
-                .headers_mut()
-                .insert(STREAM_HEADER, http::HeaderValue::from_static("true"));
-        }
         request.extensions_mut().insert(HandleCall {
             method: head.method,
+            stream: head.stream,
         });
         let response = match handle.call(request).await {
             Ok(response) => response,

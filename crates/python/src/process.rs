@@ -61,6 +61,9 @@ pub(crate) async fn start(
     let mut child = Command::new(&launch.python)
         .args(["-m", "modelmux._worker", "--spec", &spec])
         .env("PYTHONUNBUFFERED", "1")
+        // The admin token (which also lets cluster nodes call each other's deployments) is the
+        // server's, never user code's.
+        .env_remove("MODELMUX_ADMIN_TOKEN")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

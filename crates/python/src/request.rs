@@ -24,10 +24,9 @@ pub(crate) async fn forward(
     let request_id = modelmux_context::request_id()
         .map(|id| id.to_string())
         .unwrap_or_default();
-    let call = parts
-        .extensions
-        .get::<HandleCall>()
-        .map(|c| c.method.as_str());
+    let handle_call = parts.extensions.get::<HandleCall>();
+    let call = handle_call.map(|c| c.method.as_str());
+    let stream = handle_call.is_some_and(|c| c.stream);
     let headers = parts
         .headers
         .iter()
@@ -60,6 +59,7 @@ pub(crate) async fn forward(
         model_id: model_id.as_ref().map(|id| id.as_str()),
         request_id: &request_id,
         call,
+        stream,
         more: full.as_ref().is_none_or(|b| b.len() > first_len),
     };
     let first = full.as_ref().map_or(&b""[..], |b| &b[..first_len]);

@@ -163,6 +163,9 @@ pub(crate) struct RequestHead<'a> {
     pub(crate) model_id: Option<&'a str>,
     pub(crate) request_id: &'a str,
     pub(crate) call: Option<&'a str>,
+    /// A `stream=True` handle call: the method's items go back as records.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) stream: bool,
     pub(crate) more: bool,
 }
 

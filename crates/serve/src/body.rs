@@ -235,8 +235,9 @@ pub fn json_response<T: serde::Serialize + ?Sized>(value: &T) -> crate::Response
     response
 }
 
-/// Whether `headers` carry `Authorization: Bearer <token>` (the scheme in any case), compared
-/// without stopping at the first difference.
+/// Whether `headers` carry `Authorization: Bearer <token>` (the scheme in any case). The
+/// comparison takes a time that depends only on the length of what was sent: not on where it
+/// differs from `token`, nor on `token`'s length. An empty `token` matches nothing.
 pub fn bearer_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
     let given = headers
         .get(http::header::AUTHORIZATION)
@@ -244,18 +245,50 @@ pub fn bearer_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, token)| token.trim());
-    given.is_some_and(|g| {
-        g.len() == token.len()
-            && g.bytes()
-                .zip(token.bytes())
-                .fold(0, |d, (a, b)| d | (a ^ b))
-                == 0
-    })
+    given.is_some_and(|g| same_secret(g.as_bytes(), token.as_bytes()))
+}
+
+/// Whether `given` is `secret`, looking at every byte of `given` whatever it holds.
+fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+    if secret.is_empty() {
+        return false;
+    }
+    let mut diff = given.len() ^ secret.len();
+    for (i, &g) in given.iter().enumerate() {
+        diff |= usize::from(g ^ secret[i % secret.len()]);
+        // Keeps the compiler from ending the loop once `diff` is known to be non-zero.
+        diff = std::hint::black_box(diff);
+    }
+    diff == 0
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_tokens_match_only_whole() {
+        let with = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(http::header::AUTHORIZATION, value.parse().unwrap());
+            headers
+        };
+        assert!(bearer_token_matches(&with("Bearer s3cret"), "s3cret"));
+        assert!(bearer_token_matches(&with("bearer s3cret"), "s3cret"));
+        for wrong in [
+            "Bearer s3cre",
+            "Bearer s3crett",
+            "Bearer s3cres",
+            "Basic s3cret",
+            "s3cret",
+        ] {
+            assert!(!bearer_token_matches(&with(wrong), "s3cret"), "{wrong}");
+        }
+        // A repeated token is not the token (the comparison wraps around the secret).
+        assert!(!bearer_token_matches(&with("Bearer abab"), "ab"));
+        assert!(!bearer_token_matches(&http::HeaderMap::new(), "s3cret"));
+        assert!(!bearer_token_matches(&with("Bearer x"), ""));
+    }
 
     #[tokio::test]
     async fn full_bodies_respect_the_limit() {

@@ -8,7 +8,7 @@ use modelmux_context::{RequestContext, RequestId};
 
 use crate::placement::Holding;
 use crate::port::{Dispatch, Route};
-use crate::{Request, Response, ServeError};
+use crate::{HandleCall, Request, Response, ServeError};
 
 /// The deployments of one application, by name, for [`ReplicaContext::handle`](crate::ReplicaContext::handle).
 #[derive(Clone, Default)]
@@ -150,9 +150,19 @@ impl DeploymentHandle {
         if let Some(id) = &self.model_id {
             context = context.with_multiplexed_model_id(id.clone());
         }
+        // A handle call (a method called with encoded arguments) goes to the deployment's
+        // replicas on any node, as the router places it: to another node as a call of its
+        // call endpoint, with the token that endpoint checks (without one, the router keeps
+        // it here). Any other request is an HTTP request for this node's replicas: only an
+        // application's own requests go to other nodes as they are.
+        let route = if request.extensions().get::<HandleCall>().is_some() {
+            Route::Anywhere
+        } else {
+            Route::Local { preferred: None }
+        };
         self.deployment
             .clone()
-            .dispatch(request, context, Route::Local { preferred: None })
+            .dispatch(request, context, route)
             .await
             .0
     }

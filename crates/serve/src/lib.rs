@@ -45,7 +45,9 @@ pub use handle::{DeploymentHandle, HandleOptions};
 pub use model::{ModelKind, model_deployment};
 pub use modelmux_cache::BoxError;
 pub use placement::{CopyReport, Holding, ReplicaLedger, ReplicaView};
-pub use port::{Dispatch, Dispatched, HandleCall, Route, ServedModel, access_log_on};
+pub use port::{
+    Dispatch, Dispatched, HandleCall, Route, STREAM_HEADER, ServedModel, access_log_on,
+};
 pub use remote::{
     DeploymentState, FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_HEADER, ReplicaState,
 };

@@ -42,7 +42,14 @@ pub enum Route {
 pub struct HandleCall {
     /// The method to call (`__call__` for the handle itself).
     pub method: String,
+    /// The caller reads the method's results one by one as they are made (Ray's
+    /// `handle.options(stream=True)`); how they are framed is the runtime's business.
+    pub stream: bool,
 }
+
+/// The header a handle call carries between nodes (to the call endpoint) when it is
+/// [`HandleCall::stream`].
+pub const STREAM_HEADER: &str = "x-modelmux-stream";
 
 /// What a dispatch ends with: the response (or the error) and the replica that served it, if
 /// one was reached.

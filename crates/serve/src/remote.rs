@@ -48,12 +48,12 @@ pub struct ReplicaState {
     pub copies: Vec<CopyReport>,
 }
 
-/// One application's ingress deployment on this node, as published to the cluster.
+/// One deployment of an application on this node, as published to the cluster.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DeploymentState {
     /// The application.
     pub app: String,
-    /// Its ingress deployment.
+    /// The deployment.
     pub deployment: String,
     /// The deployment's local replicas.
     pub replicas: Vec<ReplicaState>,
@@ -89,7 +89,9 @@ pub enum ForwardError {
 }
 
 /// Sends a request to another node (in `modelmux-cluster`: HTTP/2 over one connection per
-/// peer). The request carries [`FORWARDED_HEADER`] naming `replica`.
+/// peer). The request carries [`FORWARDED_HEADER`] naming `replica`. A handle call comes
+/// already rewritten by the router as a call of the other node's call endpoint, with the
+/// admin token: send it as it is.
 pub trait Forwarder: Send + Sync + 'static {
     /// Whether `node` is worth sending to: `false` while it is known not to answer (its
     /// replicas are then passed over, whatever its records say).

@@ -300,6 +300,7 @@ mod tests {
             "a".into(),
             crate::deployment::DeploymentConfig::new("d"),
             Arc::default(),
+            Arc::default(),
         ));
         let feed = spawn_feed(0, Arc::new(mux.clone()), slot.clone(), router.waker());
         let ids: Vec<ModelId> = (0..12)

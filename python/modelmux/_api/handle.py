@@ -55,15 +55,7 @@ class DeploymentResponse:
 
         Not on an event loop's thread (that would block the loop): use `await` there.
         """
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError(
-                "DeploymentResponse.result() blocks, and this thread runs an event loop: "
-                "use `await response` instead"
-            )
+        _refuse_on_a_loop("DeploymentResponse.result()", "`await response`")
         future = self._future
         if isinstance(future, asyncio.Future):
             future = asyncio.run_coroutine_threadsafe(_wait(future), future.get_loop())
@@ -71,6 +63,15 @@ class DeploymentResponse:
             return future.result(timeout_s)
         except concurrent.futures.TimeoutError:
             raise TimeoutError(f"the call did not finish within {timeout_s} s") from None
+
+
+def _refuse_on_a_loop(what: str, instead: str) -> None:
+    """Raises if this thread runs an event loop: `what` would block it."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(f"{what} blocks, and this thread runs an event loop: use {instead} instead")
 
 
 async def _wait(future: asyncio.Future[Any]) -> Any:
@@ -96,15 +97,7 @@ class DeploymentResponseGenerator:
         return self
 
     def __next__(self) -> Any:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError(
-                "iterating a DeploymentResponseGenerator with `for` blocks, and this thread runs "
-                "an event loop: use `async for` instead"
-            )
+        _refuse_on_a_loop("iterating a DeploymentResponseGenerator with `for`", "`async for`")
         future = asyncio.run_coroutine_threadsafe(_next(self._items), self._loop)
         try:
             return future.result()

@@ -196,8 +196,7 @@ class Worker:
         try:
             method = head.get("call")
             if method is not None:
-                streamed = ["x-modelmux-stream", "true"] in (head.get("headers") or [])
-                await self._serve_call(method, req.body, sender, streamed)
+                await self._serve_call(method, req.body, sender, bool(head.get("stream")))
             else:
                 await self._serve_http(head, req.body, sender)
             if not sender.complete and not sender.closed:

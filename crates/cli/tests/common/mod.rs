@@ -193,3 +193,21 @@ pub fn s3_put(endpoint: &str, path: &str, body: Vec<u8>) {
         "PUT {path}: {status} {answer}"
     );
 }
+
+/// The Python that runs Python deployments' workers in tests: MODELMUX_TEST_PYTHON, which
+/// `scripts/test` sets (the tests fail without it).
+pub fn test_python() -> String {
+    std::env::var("MODELMUX_TEST_PYTHON").unwrap_or_else(|_| {
+        panic!("MODELMUX_TEST_PYTHON must name a Python with numpy and starlette (scripts/test sets it)")
+    })
+}
+
+/// The Python applications the tests serve (`tests/python_apps`).
+pub fn python_apps_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python_apps")
+}
+
+/// The checkout's `modelmux` Python package (its parent directory, for PYTHONPATH).
+pub fn python_package_dir() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../python")
+}

@@ -2,6 +2,7 @@
 (`handle.options(stream=True)`), as Ray composes a streaming LLM deployment behind another."""
 
 import asyncio
+import os
 
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -46,6 +47,8 @@ class Relay:
             return {"sent": len(blob), "back": len(back), "same": back == blob[::-1]}
         if path == "/closed":
             return await self._producer.closed_count.remote()
+        if path == "/sees-admin-token":
+            return "MODELMUX_ADMIN_TOKEN" in os.environ
         n = int(request.query_params.get("n", "5"))
         items = self._producer.options(stream=True).ticks.remote(n, 0.25)
         return StreamingResponse(items, media_type="text/plain")

@@ -1,6 +1,7 @@
-//! What the cluster layer needs of the running applications: this node's state out (its
-//! ingress replicas, their load and models), the other nodes' replicas in (routed over beside
-//! this node's own), and a wake-up when anything local changes. Nothing here knows of etcd.
+//! What the cluster layer needs of the running applications: this node's state out (every
+//! deployment's replicas, their load and models), the other nodes' replicas in (routed over
+//! beside this node's own), and a wake-up when anything local changes. Nothing here knows of
+//! etcd.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,18 +13,18 @@ use crate::placement::ReplicaView;
 use crate::remote::{DeploymentState, Forwarder, RemoteReplica, ReplicaState};
 
 impl Controller {
-    /// Each application's ingress deployment and the state of its replicas on this node now.
+    /// Every deployment of every application and the state of its replicas on this node now.
     /// While the server drains, every replica is reported unavailable: other nodes stop
     /// sending it requests.
     pub(crate) fn local_state(&self) -> Vec<DeploymentState> {
         let draining = self.is_draining();
         self.apps
             .iter()
-            .map(|app| DeploymentState {
+            .flat_map(|app| app.deployments.iter().map(move |(router, _)| (app, router)))
+            .map(|(app, router)| DeploymentState {
                 app: app.name.to_string(),
-                deployment: app.ingress.name().to_string(),
-                replicas: app
-                    .ingress
+                deployment: router.name().to_string(),
+                replicas: router
                     .replicas()
                     .iter()
                     .map(|r| {
@@ -43,24 +44,40 @@ impl Controller {
             .collect()
     }
 
+    /// Every deployment of every application: `(app, deployment)`.
+    pub(crate) fn deployment_names(&self) -> Vec<(String, String)> {
+        self.apps
+            .iter()
+            .flat_map(|app| {
+                app.deployments
+                    .iter()
+                    .map(|(router, _)| (app.name.to_string(), router.name().to_string()))
+            })
+            .collect()
+    }
+
     /// Notified whenever a local replica's models (or the replica set) change.
     pub(crate) fn changes(&self) -> Arc<Notify> {
         self.changes.clone()
     }
 
-    /// Replaces what this node knows of `app`'s ingress replicas on other nodes: `(node,
-    /// state)` pairs, reached through `forwarder`. A replica already known keeps this node's
-    /// requests in flight to it and its pending placements; one no longer listed is dropped.
+    /// Replaces what this node knows of the replicas of `app`'s deployment `deployment` on
+    /// other nodes: `(node, state)` pairs, reached through `forwarder`. A replica already known
+    /// keeps this node's requests in flight to it and its pending placements; one no longer
+    /// listed is dropped.
     pub(crate) fn set_remote_replicas(
         &self,
         app: &str,
+        deployment: &str,
         replicas: &[(Arc<str>, ReplicaState)],
         forwarder: &Arc<dyn Forwarder>,
     ) {
         let Some(app) = self.apps.iter().find(|a| &*a.name == app) else {
             return;
         };
-        let router = &app.ingress;
+        let Some((router, _)) = app.deployments.iter().find(|(r, _)| r.name() == deployment) else {
+            return;
+        };
         let known: HashMap<String, Arc<RemoteReplica>> = router
             .remotes()
             .iter()

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::deployment::DeploymentSpec;
-use crate::dispatch::DeploymentRouter;
+use crate::dispatch::{CallToken, DeploymentRouter};
 use crate::error::StartError;
 use crate::handle::{AppDirectory, HandleDirectory};
 use crate::replica::Replica;
@@ -108,6 +108,8 @@ pub struct Controller {
     /// Deployments (`app/deployment`) whose first replicas are still starting: readiness
     /// fails, naming them, until [`start_replicas`](Controller::start_replicas) ends.
     starting: parking_lot::Mutex<Vec<String>>,
+    /// The token handle calls carry to other nodes (every router shares it).
+    call_token: Arc<CallToken>,
 }
 
 /// An extra condition for readiness: `Err(reason)` makes the applications not ready.
@@ -161,6 +163,7 @@ impl Controller {
     ) -> Result<Self, StartError> {
         validate(&apps)?;
         let changes = Arc::new(Notify::new());
+        let call_token = Arc::new(CallToken::default());
         let mut states = Vec::new();
         // Every application's routers first: a replica may hold handles to any of them.
         let routers: Vec<HashMap<String, Arc<DeploymentRouter>>> = apps
@@ -170,8 +173,12 @@ impl Controller {
                 app.deployments
                     .iter()
                     .map(|d| {
-                        let router =
-                            DeploymentRouter::new(name.clone(), d.config.clone(), changes.clone());
+                        let router = DeploymentRouter::new(
+                            name.clone(),
+                            d.config.clone(),
+                            changes.clone(),
+                            call_token.clone(),
+                        );
                         (d.config.name.clone(), Arc::new(router))
                     })
                     .collect()
@@ -230,7 +237,22 @@ impl Controller {
             readiness: parking_lot::RwLock::default(),
             run_replicas,
             starting: parking_lot::Mutex::new(starting),
+            call_token,
         })
+    }
+
+    /// Lets handle calls go to replicas on other nodes of the cluster, carrying `token` (this
+    /// node's admin token, which the other nodes' call endpoints check: every node of a
+    /// cluster must have the same one). Without a token (the default, or `None`, or an empty
+    /// one), handle calls stay on this node. The server sets it from its admin token when it
+    /// starts.
+    pub fn set_call_token(&self, token: Option<&str>) {
+        self.call_token.set(token);
+    }
+
+    /// Whether handle calls may go to other nodes: a member of a cluster with a call token.
+    pub fn forwards_handle_calls(&self) -> bool {
+        self.node_id.is_some() && self.call_token.is_set()
     }
 
     /// Starts each deployment's replicas (`num_replicas` of them, at once; none on a

@@ -84,17 +84,20 @@ impl Controller {
             .collect())
     }
 
-    /// Calls `method` of deployment `deployment` (of application `app`, when several
-    /// applications have one so named) through the router, as a handle would: `body` holds
-    /// the caller's encoded arguments, and the request carries [`HandleCall`](crate::HandleCall)
-    /// so the deployment may trust that encoding. With `model_id`, it goes to a replica holding
-    /// that model, like any request for it.
+    /// Makes `call` (a method, streamed or not) of deployment `deployment` (of application
+    /// `app`, when several applications have one so named) through the router, as a handle
+    /// would: `body` holds the caller's encoded arguments, and the request carries the
+    /// [`HandleCall`](crate::HandleCall) so the deployment may trust that encoding. `context` gives its request id and model id
+    /// (with one, it goes to a replica holding that model, like any request for it); `route`
+    /// is [`Route::Anywhere`](crate::Route::Anywhere) for a caller's call, or this node's
+    /// replicas for one another node forwarded here.
     pub async fn call(
         &self,
         app: Option<&str>,
         deployment: &str,
-        method: &str,
-        model_id: Option<ModelId>,
+        call: crate::HandleCall,
+        context: modelmux_context::RequestContext,
+        route: crate::Route,
         body: bytes::Bytes,
     ) -> Result<crate::Response, ServeError> {
         let router = match app {
@@ -108,19 +111,9 @@ impl Controller {
         };
         let mut request = http::Request::new(crate::Body::from(body));
         *request.method_mut() = http::Method::POST;
-        request.extensions_mut().insert(crate::HandleCall {
-            method: method.to_string(),
-        });
-        let mut context = modelmux_context::RequestContext::new()
-            .with_request_id(modelmux_context::RequestId::generate());
-        if let Some(id) = model_id {
-            context = context.with_multiplexed_model_id(id);
-        }
+        request.extensions_mut().insert(call);
         let dispatch: Arc<dyn crate::Dispatch> = router.clone();
-        dispatch
-            .dispatch(request, context, crate::Route::Anywhere)
-            .await
-            .0
+        dispatch.dispatch(request, context, route).await.0
     }
 
     /// Whether a deployment named `name` can be managed here (see

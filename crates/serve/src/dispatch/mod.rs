@@ -25,15 +25,17 @@ use crate::port::{Dispatch, Dispatched, Route, Waker};
 use crate::remote::{ForwardError, RemoteReplica};
 use crate::replica::Replica;
 use crate::router::{Choice, Reason, Rng, choose_with};
-use crate::{Request, Response, ServeError};
+use crate::{HandleCall, Request, Response, ServeError};
 
 mod as_port;
+mod handle_call;
 mod hold;
 mod load_wait;
 mod retry;
 mod run;
 mod target;
 
+pub(crate) use handle_call::CallToken;
 use hold::hold_until_sent;
 pub use load_wait::waiting_for_load;
 use retry::{Forwarded, copy_request, replica_stopped};
@@ -57,6 +59,8 @@ pub(crate) struct DeploymentRouter {
     targets: ArcSwap<Targets>,
     /// Notified whenever a local replica's models change (the cluster layer publishes them).
     changes: Arc<tokio::sync::Notify>,
+    /// The token handle calls carry to other nodes; without it they stay on this node.
+    call_token: Arc<CallToken>,
     /// Requests waiting for a replica, first come first served.
     waiting: parking_lot::Mutex<WaitQueue>,
     /// `waiting`'s length, read without its lock.
@@ -91,6 +95,7 @@ impl DeploymentRouter {
         app: Arc<str>,
         config: DeploymentConfig,
         changes: Arc<tokio::sync::Notify>,
+        call_token: Arc<CallToken>,
     ) -> Self {
         Self {
             app,
@@ -99,6 +104,7 @@ impl DeploymentRouter {
             remotes: ArcSwap::default(),
             targets: ArcSwap::default(),
             changes,
+            call_token,
             waiting: parking_lot::Mutex::default(),
             queued: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
@@ -167,6 +173,18 @@ impl DeploymentRouter {
     ) -> Dispatched {
         let start = Instant::now();
         let model = context.multiplexed_model_id().cloned();
+        // A handle call's pickle goes to another node only with the token that node checks.
+        let is_call = request.extensions().get::<HandleCall>().is_some();
+        let route = if is_call {
+            let runs_here = !self.targets.load().local.is_empty();
+            let can_forward = self.call_token.is_set();
+            match handle_call::route_for(route, true, can_forward, runs_here, self.name()) {
+                Ok(route) => route,
+                Err(e) => return (Err(e), None),
+            }
+        } else {
+            route
+        };
         let mut request = Some(request);
         let mut attempt = 1;
         let trace = context.trace();
@@ -222,7 +240,8 @@ impl DeploymentRouter {
                         span
                     });
                     let forwarded =
-                        Box::pin(self.forward(&remote, guard, this, attempt, timed)).await;
+                        Box::pin(self.forward(&remote, guard, this, &context, attempt, timed))
+                            .await;
                     if let Some(span) = span {
                         span.end(matches!(forwarded, Forwarded::Done((Err(_), _))));
                     }

@@ -17,22 +17,50 @@ impl DeploymentRouter {
     }
 
     /// Forwards the request to a replica on another node, holding `guard`'s slot; says whether
-    /// to try elsewhere (with a copy of the request) when the node could not take it.
+    /// to try elsewhere (with a copy of the request) when the node could not take it. A handle
+    /// call goes as a call of that node's call endpoint, with the token.
     pub(super) async fn forward(
         &self,
         remote: &Arc<RemoteReplica>,
         guard: Ongoing,
         request: Request,
+        context: &RequestContext,
         attempt: usize,
         timed: bool,
     ) -> Forwarded {
         // A request that may have to go elsewhere keeps a copy (its body is in memory: the
-        // ingress read it whole).
+        // ingress read it whole). The copy is taken before a handle call is rewritten for the
+        // wire: should it run here after all, the token must not reach the deployment.
         let spare = (attempt < MAX_ATTEMPTS)
             .then(|| copy_request(&request))
             .flatten();
-        let began = Instant::now();
         let id: Arc<str> = remote.slot.id().into();
+        let request = match request.extensions().get::<HandleCall>().cloned() {
+            None => request,
+            Some(call) => {
+                // The router never chooses another node for a handle call without a token:
+                // this is the last line, should that ever change.
+                let rewritten = match self.call_token.get() {
+                    Some(token) => handle_call::for_peer(
+                        request,
+                        &call,
+                        &self.app,
+                        self.name(),
+                        context,
+                        &token,
+                    ),
+                    None => Err(ServeError::Failed(modelmux_cache::Failure::new(
+                        modelmux_cache::ErrorKind::Unavailable,
+                        "a handle call may go to another node only with an admin token",
+                    ))),
+                };
+                match rewritten {
+                    Ok(request) => request,
+                    Err(e) => return Forwarded::Done((Err(e), None)),
+                }
+            }
+        };
+        let began = Instant::now();
         match remote.forward(request).await {
             Ok(response) => {
                 if timed && response.status().is_success() {
