@@ -443,9 +443,23 @@ struct SetupLite {
     _dir: tempfile::TempDir,
 }
 
-/// The cache and repository opened again on `dir`.
+/// The cache and repository opened again on `dir`. The previous cache on `dir` lets go of the
+/// directory once the files it held are put away, which its last handle's drop starts in the
+/// background: until then the directory is in use, and opening it is retried (as a restarted
+/// server's process would not need to: the old one has exited).
 fn reopen_with(s: &SetupLite, dir: &std::path::Path) -> (DiskCache, ModelRepository) {
-    let cache = DiskCache::open(dir, 64 << 20).unwrap();
+    let mut attempts = 0;
+    let cache = loop {
+        attempts += 1;
+        match DiskCache::open(dir, 64 << 20) {
+            Ok(cache) => break cache,
+            // 20 ms apart, for up to 10 s.
+            Err(e) if e.to_string().contains("in use") && attempts < 500 => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            Err(e) => panic!("reopening the disk cache: {e}"),
+        }
+    };
     let repository = ModelRepository::open(
         &format!("s3://{}/models", s.bucket),
         RepositoryOptions {
