@@ -372,16 +372,10 @@ fn a_streaming_response_streams_and_user_config_reaches_reconfigure() {
         .unwrap();
     rt.block_on(async {
         use http_body_util::BodyExt;
-        let addr: std::net::SocketAddr = server.url.trim_start_matches("http://").parse().unwrap();
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .unwrap();
-        tokio::spawn(conn);
+        let (mut sender, host, _conn) = common::connect(&server.url).await;
         let request = http::Request::get("/")
-            .header("host", addr.to_string())
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .header("host", host)
+            .body(http_body_util::Full::default())
             .unwrap();
         let started = tokio::time::Instant::now();
         let mut body = sender.send_request(request).await.unwrap().into_body();

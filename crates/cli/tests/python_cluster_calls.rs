@@ -75,28 +75,7 @@ impl Node {
 
 /// Sends `request` with `body` to `url` on a fresh connection: the status, the headers and the
 /// body's bytes (a handle call's answer is a pickle, not text).
-async fn send_bytes(
-    url: &str,
-    request: http::request::Builder,
-    body: Vec<u8>,
-) -> (u16, http::HeaderMap, Vec<u8>) {
-    use http_body_util::BodyExt;
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let request = request
-        .header("host", addr.to_string())
-        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
-        .unwrap();
-    let response = sender.send_request(request).await.unwrap();
-    let (status, headers) = (response.status().as_u16(), response.headers().clone());
-    let body = response.into_body().collect().await.unwrap().to_bytes();
-    (status, headers, body.to_vec())
-}
+use common::send_async as send_bytes;
 
 /// [`send_bytes`], the body as text.
 async fn send(

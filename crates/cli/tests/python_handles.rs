@@ -59,16 +59,10 @@ fn arguments_and_results_of_40_mib_go_through_a_handle_call() {
 /// A streaming GET of `path`: each body chunk with when it arrived. With `stop_after`, the
 /// connection is dropped after that many chunks.
 async fn stream(url: &str, path: &str, stop_after: Option<usize>) -> Vec<(Duration, String)> {
-    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-    let socket = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(socket))
-            .await
-            .unwrap();
-    let conn = tokio::spawn(conn);
+    let (mut sender, host, conn) = common::connect(url).await;
     let request = http::Request::get(path)
-        .header("host", addr.to_string())
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .header("host", host)
+        .body(http_body_util::Full::default())
         .unwrap();
     let started = tokio::time::Instant::now();
     let response = sender.send_request(request).await.unwrap();

@@ -164,25 +164,47 @@ pub fn send_with_headers(
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
-        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (mut sender, conn) =
-            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                .await
-                .unwrap();
-        tokio::spawn(conn);
-        let request = request
-            .header("host", addr.to_string())
-            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+    let (status, headers, body) = rt.block_on(send_async(url, request, body));
+    (status, headers, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// A client connection, as [`connect`] opens it.
+pub type Connection = hyper::client::conn::http1::SendRequest<http_body_util::Full<bytes::Bytes>>;
+
+/// A fresh HTTP/1 connection to the server at `url`: its sender, the `Host` to give requests,
+/// and the connection's task (abort it to hang up).
+pub async fn connect(
+    url: &str,
+) -> (
+    Connection,
+    String,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let addr: std::net::SocketAddr = url.trim_start_matches("http://").parse().unwrap();
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
             .unwrap();
-        let response = sender.send_request(request).await.unwrap();
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        use http_body_util::BodyExt;
-        let body = response.into_body().collect().await.unwrap().to_bytes();
-        (status, headers, String::from_utf8_lossy(&body).into_owned())
-    })
+    (sender, addr.to_string(), tokio::spawn(conn))
+}
+
+/// [`send_with_headers`] from async code, the body as bytes.
+pub async fn send_async(
+    url: &str,
+    request: http::request::Builder,
+    body: Vec<u8>,
+) -> (u16, http::HeaderMap, Vec<u8>) {
+    use http_body_util::BodyExt;
+    let (mut sender, host, _conn) = connect(url).await;
+    let request = request
+        .header("host", host)
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let (status, headers) = (response.status().as_u16(), response.headers().clone());
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, headers, body.to_vec())
 }
 
 /// `PUT <endpoint><path>` with `body` (the test S3 server checks no signatures).
