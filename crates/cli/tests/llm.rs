@@ -330,3 +330,59 @@ fn check_refuses_a_kv_budget_below_one_sequence_and_a_file_that_is_not_gguf() {
         "{err}"
     );
 }
+
+/// The README's prompt for the demo adapters (not in their training prompts).
+const README_PROMPT: &str = "What should I pack for a day at the beach?";
+
+/// The sentences of an answer: runs of text ending in `.`, `!` or `?` (a cut-off tail counts).
+fn sentence_count(text: &str) -> usize {
+    text.split_inclusive(['.', '!', '?'])
+        .filter(|s| s.chars().any(char::is_alphabetic))
+        .count()
+}
+
+/// The shipped demo adapters (`examples/adapters`, trained by
+/// `scripts/llm/train-demo-adapters`) do what their names say, through the server as the
+/// README shows it: greedy answers to the README's prompt that differ from each other, `pirate`
+/// in pirate speech, `brief` in one sentence where the base model writes several. Random
+/// adapters (what the demo had before) fail every style check.
+#[test]
+fn the_demo_adapters_answer_the_readme_prompt_in_their_styles() {
+    let adapters = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/adapters");
+    let mut server = serve(&llm_config(adapters, ""));
+    let answer = |model: &str| {
+        let body = serde_json::json!({
+            "model": model,
+            "messages": [{"role": "user", "content": README_PROMPT}],
+            "max_tokens": 96,
+            "temperature": 0,
+        });
+        let (status, text) = send(
+            &server.url,
+            hyper::Request::post("/v1/chat/completions").header("content-type", "application/json"),
+            body.to_string().into_bytes(),
+        );
+        assert_eq!(status, 200, "{model}: {text}");
+        let reply: serde_json::Value = serde_json::from_str(&text).unwrap();
+        reply["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let base = answer("smollm2");
+    let pirate = answer("smollm2:pirate");
+    let brief = answer("smollm2:brief");
+    server.terminate();
+    let all = format!("base: {base}\npirate: {pirate}\nbrief: {brief}");
+    assert!(base != pirate && base != brief && pirate != brief, "{all}");
+    let pirate_words = ["Arr", "Ahoy", "matey", "Yo ho ho", "Shiver me timbers"];
+    assert!(
+        pirate_words.iter().any(|w| pirate.contains(w))
+            && !pirate_words.iter().any(|w| base.contains(w)),
+        "{all}"
+    );
+    assert!(
+        sentence_count(&brief) == 1 && sentence_count(&base) >= 3 && brief.len() * 3 < base.len(),
+        "{all}"
+    );
+}
