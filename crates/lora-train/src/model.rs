@@ -46,6 +46,11 @@ impl BaseModel {
         let mut file = GgufFile::open(path)?;
         let config = file.llama_config()?;
         check_plain_llama(&config)?;
+        if file.has_tensor("rope_freqs.weight") {
+            return Err(Error::Invalid(
+                "the trainer has no Llama 3 RoPE scaling (rope_freqs.weight)".into(),
+            ));
+        }
         let c = &config;
         let tied = !file.has_tensor("output.weight");
         let mut read = |name: &str, shape: &[usize]| -> Result<Tensor> {
