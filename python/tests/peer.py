@@ -13,6 +13,7 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,3 +268,29 @@ class Peer:
             self._log.close()
             shutil.rmtree(self.dir, ignore_errors=True)
         return code
+
+
+class WorkerTestCase(unittest.TestCase):
+    """A test class sharing one worker: `APP` and `DEPLOYMENT` (and `PEER_OPTIONS`) say which;
+    it starts before the first test (its READY kept as `ready`) and must exit with 0 after the
+    last. `next_stream()` numbers requests from `FIRST_STREAM + 1`."""
+
+    APP: str
+    DEPLOYMENT: str
+    PEER_OPTIONS: dict[str, Any] = {}
+    FIRST_STREAM = 0
+
+    @classmethod
+    def setUpClass(cls):
+        cls.peer = Peer(cls.APP, cls.DEPLOYMENT, **cls.PEER_OPTIONS)
+        cls.ready = cls.peer.next(READY)
+        cls.stream = cls.FIRST_STREAM
+
+    @classmethod
+    def tearDownClass(cls):
+        code = cls.peer.close()
+        assert code == 0, f"worker exited with {code}"
+
+    def next_stream(self) -> int:
+        type(self).stream += 1
+        return type(self).stream

@@ -3,7 +3,7 @@
 import json
 import unittest
 
-from tests.peer import READY, Peer
+from tests.peer import READY, Peer, WorkerTestCase
 
 
 class BatchTest(unittest.TestCase):
@@ -34,16 +34,9 @@ class BatchTest(unittest.TestCase):
             self.assertEqual(peer.close(), 0)
 
 
-class FastApiIngressTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.peer = Peer("import:fastapi_app:entry", "Api")
-        cls.peer.next(READY)
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.peer.close()
-        assert code == 0, f"worker exited with {code}"
+class FastApiIngressTest(WorkerTestCase):
+    APP = "import:fastapi_app:entry"
+    DEPLOYMENT = "Api"
 
     def test_class_route_gets_the_instance(self):
         resp = self.peer.get(1, "/hello", query="name=bob", model_id="m1")

@@ -3,7 +3,17 @@
 import pickle
 import unittest
 
-from tests.peer import CALL, CALL_RESULT, ERROR, READY, REQUEST_BODY, REQUEST_END, START, Peer
+from tests.peer import (
+    CALL,
+    CALL_RESULT,
+    ERROR,
+    READY,
+    REQUEST_BODY,
+    REQUEST_END,
+    START,
+    Peer,
+    WorkerTestCase,
+)
 
 
 def answer(peer: Peer, value, *, exception: bool = False) -> None:
@@ -13,21 +23,9 @@ def answer(peer: Peer, value, *, exception: bool = False) -> None:
     peer.send(CALL_RESULT, call.stream, head, pickle.dumps(value))
 
 
-class UpstreamTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.peer = Peer("import:composed:app", "Upstream")
-        cls.peer.next(READY)
-        cls.stream = 0
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.peer.close()
-        assert code == 0, f"worker exited with {code}"
-
-    def next_stream(self) -> int:
-        type(self).stream += 1
-        return type(self).stream
+class UpstreamTest(WorkerTestCase):
+    APP = "import:composed:app"
+    DEPLOYMENT = "Upstream"
 
     def test_options_model_id_goes_in_the_call(self):
         s = self.next_stream()
@@ -129,16 +127,9 @@ class SyncCallerTest(unittest.TestCase):
             self.assertEqual(peer.close(), 0)
 
 
-class DownstreamTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.peer = Peer("import:composed:app", "Downstream")
-        cls.peer.next(READY)
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.peer.close()
-        assert code == 0, f"worker exited with {code}"
+class DownstreamTest(WorkerTestCase):
+    APP = "import:composed:app"
+    DEPLOYMENT = "Downstream"
 
     def call(self, stream: int, method: str, args=(), kwargs=None, model_id=None):
         body = pickle.dumps((args, kwargs or {}))

@@ -8,24 +8,12 @@ import unittest
 
 import numpy as np
 
-from tests.peer import ACQUIRE, CALL_RESULT, ERROR, READY, START, Peer
+from tests.peer import ACQUIRE, CALL_RESULT, ERROR, START, WorkerTestCase
 
 
-class MultiplexedWorkerTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.peer = Peer("import:inferencer:entry", "ModelInferencer")
-        cls.ready = cls.peer.next(READY)
-        cls.stream = 0
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.peer.close()
-        assert code == 0, f"worker exited with {code}"
-
-    def next_stream(self) -> int:
-        type(self).stream += 1
-        return type(self).stream
+class MultiplexedWorkerTest(WorkerTestCase):
+    APP = "import:inferencer:entry"
+    DEPLOYMENT = "ModelInferencer"
 
     def predict(self, model_id: str, x: list[float]):
         s = self.next_stream()

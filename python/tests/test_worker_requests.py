@@ -21,25 +21,16 @@ from tests.peer import (
     REQUEST_END,
     START,
     Peer,
+    WorkerTestCase,
     worker_env,
 )
 
 
-class RequestsTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.peer = Peer("import:behaviors:entry", "Behaviors", replica_id="Behaviors#abc")
-        cls.ready = cls.peer.next(READY)
-        cls.stream = 100
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.peer.close()
-        assert code == 0, f"worker exited with {code}"
-
-    def next_stream(self) -> int:
-        type(self).stream += 1
-        return type(self).stream
+class RequestsTest(WorkerTestCase):
+    APP = "import:behaviors:entry"
+    DEPLOYMENT = "Behaviors"
+    PEER_OPTIONS = {"replica_id": "Behaviors#abc"}
+    FIRST_STREAM = 100
 
     def test_ready_says_not_multiplexed(self):
         self.assertEqual(self.ready.head["multiplexed"], False)

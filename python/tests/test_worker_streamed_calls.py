@@ -23,6 +23,7 @@ from tests.peer import (
     READY,
     START,
     Peer,
+    WorkerTestCase,
 )
 
 MIB = 1024 * 1024
@@ -43,16 +44,9 @@ def parse_records(body: bytes) -> list:
     return out
 
 
-class CallerTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.peer = Peer("import:composed:app", "Upstream")
-        cls.peer.next(READY)
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.peer.close()
-        assert code == 0, f"worker exited with {code}"
+class CallerTest(WorkerTestCase):
+    APP = "import:composed:app"
+    DEPLOYMENT = "Upstream"
 
     def test_arguments_over_a_frame_go_out_in_chunks(self):
         self.peer.request(1, "/big-args")
@@ -144,16 +138,9 @@ class SyncStreamTest(unittest.TestCase):
             self.assertEqual(peer.close(), 0)
 
 
-class CalleeTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.peer = Peer("import:composed:app", "Downstream")
-        cls.peer.next(READY)
-
-    @classmethod
-    def tearDownClass(cls):
-        code = cls.peer.close()
-        assert code == 0, f"worker exited with {code}"
+class CalleeTest(WorkerTestCase):
+    APP = "import:composed:app"
+    DEPLOYMENT = "Downstream"
 
     def stream_call(self, stream: int, method: str, args=(), kwargs=None):
         body = pickle.dumps((args, kwargs or {}))
