@@ -57,8 +57,12 @@ pub const BLOCK: usize = 32;
 /// Output rows per weight panel: the unit of work, and how column ranges are aligned.
 pub const PANEL: usize = 16;
 
-/// An instruction set a kernel is written for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// The environment variable that caps the kernel [`Isa::detect`] picks: `scalar`, `avx2` or
+/// `avx512-vnni` (any other value is ignored; a kernel the CPU lacks is never picked).
+pub const KERNEL_ENV: &str = "MODELMUX_KERNEL";
+
+/// An instruction set a kernel is written for (ordered slowest first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Isa {
     /// Plain Rust; any CPU. Also the reference the SIMD kernels are tested against.
     Scalar,
@@ -72,16 +76,35 @@ impl Isa {
     /// Every kernel, slowest first.
     pub const ALL: [Isa; 3] = [Isa::Scalar, Isa::Avx2, Isa::Avx512Vnni];
 
-    /// The fastest kernel this CPU runs (checked once).
+    /// The fastest kernel this CPU runs (checked once), at most the one the environment
+    /// variable [`KERNEL_ENV`] names, if it names one (to compare kernels on one machine).
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
         *DETECTED.get_or_init(|| {
+            let cap = std::env::var(KERNEL_ENV)
+                .ok()
+                .and_then(|name| Isa::from_name(&name));
             Isa::ALL
                 .into_iter()
                 .rev()
+                .filter(|isa| cap.is_none_or(|cap| *isa <= cap))
                 .find(|isa| isa.is_available())
                 .unwrap_or(Isa::Scalar)
         })
+    }
+
+    /// The kernel called `name` (`scalar`, `avx2`, `avx512-vnni`), as [`Isa::name`] says.
+    pub fn from_name(name: &str) -> Option<Isa> {
+        Isa::ALL.into_iter().find(|isa| isa.name() == name)
+    }
+
+    /// The kernel's name, as [`KERNEL_ENV`] takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512Vnni => "avx512-vnni",
+        }
     }
 
     /// Whether this CPU runs this kernel.

@@ -12,7 +12,9 @@
 //! a short warm-up. Adapters are `DIR/bench-00`, `DIR/bench-01`, ... (`make_adapters.py
 //! --bench N`).
 //!
-//! - `prompt`: the prompt's token ids (for llama.cpp), the weight bytes and KV bytes/token.
+//! - `prompt`: the prompt's token ids (for llama.cpp), the weight bytes, KV bytes/token and
+//!   the matrix kernel that runs (`MODELMUX_KERNEL` caps it: `avx2` runs the AVX2 kernel on an
+//!   AVX-512 CPU).
 //! - `single`: one stream on the base model: decode tok/s (tokens after the first over the
 //!   time after the first), TTFT; medians of `--runs`. Its other figures are `base8`'s.
 //! - `base8`: `--streams` concurrent streams on the base model: aggregate tok/s (all tokens
@@ -463,6 +465,7 @@ async fn prompt(args: &Args) -> Res<Value> {
     Ok(json!({
         "scenario": "prompt", "ids": ids, "weight_bytes": rt.weight_bytes(),
         "kv_bytes_per_token": rt.engine().model_config().kv_bytes_per_token(),
+        "kernel": modelmux_kernels::Isa::detect().name(),
     }))
 }
 

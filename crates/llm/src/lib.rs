@@ -20,6 +20,8 @@ mod error;
 mod family;
 mod gguf;
 mod kv;
+mod loaded;
+mod lockstep;
 mod logprobs;
 mod lora;
 mod matmul;
@@ -33,9 +35,8 @@ mod weights;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{
-    AdapterLease, AdaptersInUse, Constraint, Engine, EngineConfig, EngineSnapshot, FinishReason,
-    Generation, GenerationEvent, GenerationRequest, GenerationStream, ModelReloader,
-    TokenConstraint, Usage,
+    AdaptersInUse, Constraint, Engine, EngineConfig, EngineSnapshot, FinishReason, Generation,
+    GenerationEvent, GenerationRequest, GenerationStream, ModelReloader, TokenConstraint, Usage,
 };
 pub use error::{ErrorKind, LlmError, Result};
 pub use family::{Activation, Family, RopeStyle};
@@ -43,8 +44,8 @@ pub use gguf::{AttentionTemperature, GgufFile, LlamaConfig, RopeScaling};
 pub use kv::{KvBudget, KvCache, KvReservation};
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, token_logprob};
 pub use lora::{
-    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterSources, AllowedSources, InvalidSourceEntry,
-    LoraAdapter, SourceMatch,
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterLease, AdapterSources, AllowedSources,
+    InvalidSourceEntry, LoraAdapter, SourceMatch,
 };
 pub use model::{LlamaModel, Segment};
 pub use runtime::{AdapterLoader, LlmRuntime, RuntimeOptions};

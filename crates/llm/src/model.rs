@@ -6,7 +6,8 @@
 use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
 use crate::kv::KvCache;
-use crate::lora::LoraAdapter;
+use crate::lockstep::Lockstep;
+use crate::lora::{AdapterLease, Deltas, LoraAdapter};
 use std::ops::Range;
 
 use modelmux_kernels::Int8Rows;
@@ -36,12 +37,50 @@ pub struct Segment<'a> {
     pub all_logits: bool,
 }
 
+/// One sequence's part of a step, owned: what a [`Segment`] borrows, for an engine that
+/// hands its step over to a pass shared with the other engines of the model
+/// ([`LlamaModel::forward_shared`]).
+pub(crate) struct OwnedSegment {
+    pub(crate) tokens: Vec<u32>,
+    pub(crate) cache: KvCache,
+    pub(crate) adapter: Option<AdapterLease>,
+    pub(crate) want_logits: bool,
+    pub(crate) all_logits: bool,
+}
+
+impl OwnedSegment {
+    fn borrowed(&mut self) -> Segment<'_> {
+        Segment {
+            tokens: &self.tokens,
+            cache: &mut self.cache,
+            adapter: self.adapter.as_deref(),
+            want_logits: self.want_logits,
+            all_logits: self.all_logits,
+        }
+    }
+}
+
+/// A step's segments given back after a shared pass, with their logits (as
+/// [`LlamaModel::forward`] returns them) or why the pass failed.
+pub(crate) type SharedStep = (
+    Vec<OwnedSegment>,
+    std::result::Result<Vec<Option<Vec<f32>>>, String>,
+);
+
+/// How long an engine leading a shared pass waits for the other engines of the previous pass
+/// to hand their next steps over (`lockstep`). An engine hands its next step over as soon as
+/// it has sampled from the last one, and says when it stops stepping; this only bounds the
+/// wait for one that is held up (an embedding run between steps, a busy machine).
+const STEP_WINDOW: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// A Llama-family model ready to run: its weights and rotary tables.
 pub struct LlamaModel {
     weights: LlamaWeights,
     rope: Rope,
     /// The sliding-window layers' table, where their base or scaling differs (Gemma 3).
     window_rope: Option<Rope>,
+    /// Where the engines sharing this model meet to run their steps as one pass.
+    lockstep: Lockstep<Vec<OwnedSegment>, SharedStep>,
 }
 
 /// Rows `start..end` of the batch, all with `adapter`.
@@ -74,7 +113,78 @@ impl LlamaModel {
             weights,
             rope,
             window_rope,
+            lockstep: Lockstep::new(STEP_WINDOW),
         }
+    }
+
+    /// Forward passes run for engines so far, each holding the steps of every engine of this
+    /// model that had one ready: fewer than the engines' steps together when they shared.
+    pub fn passes(&self) -> u64 {
+        self.lockstep.rounds()
+    }
+
+    /// A number for an engine that runs its steps through
+    /// [`forward_shared`](Self::forward_shared).
+    pub(crate) fn step_member(&self) -> u64 {
+        self.lockstep.member()
+    }
+
+    /// Engine `member` runs no step until its next [`forward_shared`](Self::forward_shared):
+    /// the others do not wait for it.
+    pub(crate) fn step_leave(&self, member: u64) {
+        self.lockstep.leave(member);
+    }
+
+    /// [`forward`](Self::forward) of `segments`, engine `member`'s step, in one pass with the
+    /// steps the other engines of this model hand over meanwhile (`lockstep`): N replicas
+    /// of one model in a process read the weights once per step, as one replica does. Blocks
+    /// until the pass is done; gives the segments back.
+    pub(crate) fn forward_shared(&self, member: u64, segments: Vec<OwnedSegment>) -> SharedStep {
+        self.lockstep
+            .meet(member, segments, |steps| self.forward_steps(steps))
+    }
+
+    /// One pass over several engines' steps; each step's segments and logits back.
+    fn forward_steps(&self, mut steps: Vec<Vec<OwnedSegment>>) -> Vec<SharedStep> {
+        // A step that cannot run fails alone, before the pass: one engine's fault never
+        // fails another's sequences.
+        let faults: Vec<Option<String>> = steps
+            .iter_mut()
+            .map(|step| {
+                step.iter_mut()
+                    .find_map(|s| self.check(&s.borrowed()).err())
+                    .map(|e| e.to_string())
+            })
+            .collect();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut segments: Vec<Segment<'_>> = steps
+                .iter_mut()
+                .zip(&faults)
+                .filter(|(_, fault)| fault.is_none())
+                .flat_map(|(step, _)| step.iter_mut().map(OwnedSegment::borrowed))
+                .collect();
+            self.forward(&mut segments)
+        }));
+        let mut logits = match result {
+            Ok(Ok(logits)) => Ok(logits.into_iter()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(panic) => Err(format!(
+                "the forward pass panicked: {}",
+                modelmux_cache::panic_message(&*panic)
+            )),
+        };
+        steps
+            .into_iter()
+            .zip(faults)
+            .map(|(step, fault)| {
+                let answer = match (fault, &mut logits) {
+                    (Some(fault), _) => Err(fault),
+                    (None, Ok(all)) => Ok(all.by_ref().take(step.len()).collect()),
+                    (None, Err(message)) => Err(message.clone()),
+                };
+                (step, answer)
+            })
+            .collect()
     }
 
     /// The model's shape.
@@ -105,27 +215,22 @@ impl LlamaModel {
         runs: &[AdapterRun<'_>],
         scratch: &mut Int8Rows,
     ) -> Result<()> {
-        matrix.forward(x, out, scratch)?;
-        let rows = out.len() / matrix.out_dim();
-        let (in_dim, width) = (x.len() / rows, matrix.out_dim());
-        // Each adapter's rows of `out`, apart, so the adapters run on all threads at once.
-        let mut pieces: Vec<(&AdapterRun<'_>, &mut [f32])> = Vec::with_capacity(runs.len());
-        let (mut rest, mut offset) = (&mut out[..], 0);
-        for run in runs {
-            let (_, tail) = rest.split_at_mut((run.start - offset) * width);
-            let (rows, tail) = tail.split_at_mut((run.end - run.start) * width);
-            pieces.push((run, rows));
-            (rest, offset) = (tail, run.end);
+        let in_dim = x.len() / (out.len() / matrix.out_dim());
+        let deltas = Deltas::shrink(
+            runs.iter().flat_map(|run| {
+                targets.iter().filter_map(move |(target, columns)| {
+                    let pair = run.adapter.pair(layer, *target)?;
+                    Some((run.start..run.end, columns.clone(), pair))
+                })
+            }),
+            x,
+            in_dim,
+        );
+        if deltas.is_empty() {
+            matrix.forward(x, out, scratch)
+        } else {
+            matrix.forward_with(x, out, scratch, |band| deltas.expand(band))
         }
-        parallel::for_each(&mut pieces, |(run, y)| {
-            for (target, columns) in targets {
-                if let Some(pair) = run.adapter.pair(layer, *target) {
-                    let x = &x[run.start * in_dim..run.end * in_dim];
-                    pair.apply(x, in_dim, y, width, columns.clone());
-                }
-            }
-        });
-        Ok(())
     }
 
     /// Runs one step. Returns, for each segment, the logits after its last token when it
@@ -152,6 +257,21 @@ impl LlamaModel {
         Ok(pooled.into_iter().map(Option::unwrap_or_default).collect())
     }
 
+    /// Whether `s` can run: tokens in the vocabulary, fitting its cache and the positions.
+    fn check(&self, s: &Segment<'_>) -> Result<()> {
+        let start = s.cache.len();
+        let end = start + s.tokens.len();
+        if s.tokens.is_empty() || end > s.cache.max_tokens() || end > self.max_positions() {
+            return Err(LlmError::Internal(format!(
+                "a segment of {} tokens at position {start} does not fit its cache of {} or the model's {} positions",
+                s.tokens.len(),
+                s.cache.max_tokens(),
+                self.max_positions()
+            )));
+        }
+        crate::check_token_ids("input", s.tokens, self.weights.config.vocab_size)
+    }
+
     fn step(&self, segments: &mut [Segment<'_>], embed: bool) -> Result<Vec<Option<Vec<f32>>>> {
         let config = &self.weights.config;
         let (d, kv_dim, vocab) = (config.d_model, config.kv_dim(), config.vocab_size);
@@ -160,17 +280,9 @@ impl LlamaModel {
         let mut positions = Vec::new();
         let mut runs: Vec<AdapterRun<'_>> = Vec::new();
         for s in segments.iter() {
+            self.check(s)?;
             let start = s.cache.len();
             let end = start + s.tokens.len();
-            if s.tokens.is_empty() || end > s.cache.max_tokens() || end > self.max_positions() {
-                return Err(LlmError::Internal(format!(
-                    "a segment of {} tokens at position {start} does not fit its cache of {} or the model's {} positions",
-                    s.tokens.len(),
-                    s.cache.max_tokens(),
-                    self.max_positions()
-                )));
-            }
-            crate::check_token_ids("input", s.tokens, vocab)?;
             let row = tokens.len();
             tokens.extend_from_slice(s.tokens);
             positions.extend(start..end);

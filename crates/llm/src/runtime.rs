@@ -13,9 +13,10 @@ use modelmux_cache::{BoxError, Model, ModelId, Multiplexer};
 use modelmux_store::{ModelRepository, StoreError};
 
 use crate::chat::{ChatMessage, ChatTemplate};
-use crate::engine::{AdapterLease, Engine, EngineConfig, GenerationRequest, GenerationStream};
+use crate::engine::{Engine, EngineConfig, GenerationRequest, GenerationStream};
 use crate::error::{LlmError, Result};
 use crate::gguf::{GgufFile, LlamaConfig};
+use crate::lora::AdapterLease;
 use crate::lora::{
     ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterSources, AllowedSources, LoraAdapter,
 };
@@ -223,8 +224,11 @@ impl LlmRuntime {
                     config.context_length
                 )));
             }
-            let weights = LlamaWeights::from_gguf(&mut file, config, format)?;
-            Ok((LlamaModel::new(weights, max_len), tokenizer, chat))
+            let model = crate::loaded::shared_model(&owned, format, max_len, || {
+                let weights = LlamaWeights::from_gguf(&mut file, config, format)?;
+                Ok(LlamaModel::new(weights, max_len))
+            })?;
+            Ok((model, tokenizer, chat))
         })
         .await
         .map_err(|e| LlmError::Internal(format!("model loading task: {e}")))??;
@@ -233,13 +237,15 @@ impl LlmRuntime {
         // After a sleep, the weights are read again from the same file in the same format.
         let reload_path = path.clone();
         let reload: crate::ModelReloader = Arc::new(move || {
-            let mut file = GgufFile::open(&reload_path)?;
-            let config = file.llama_config()?;
-            let weights = LlamaWeights::from_gguf(&mut file, config, format)?;
-            Ok(LlamaModel::new(weights, max_len))
+            crate::loaded::shared_model(&reload_path, format, max_len, || {
+                let mut file = GgufFile::open(&reload_path)?;
+                let config = file.llama_config()?;
+                let weights = LlamaWeights::from_gguf(&mut file, config, format)?;
+                Ok(LlamaModel::new(weights, max_len))
+            })
         });
         let engine = Engine::start_with_reload(
-            Arc::new(model),
+            model,
             Some(reload),
             Arc::new(tokenizer),
             options.engine.clone(),

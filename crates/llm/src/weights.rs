@@ -13,7 +13,7 @@ use crate::matmul::Matrix;
 
 /// How the base model's matrices are stored in memory, and so which kernel multiplies by
 /// them. See `docs/ARCHITECTURE.md` for measurements.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
     /// Every matrix, the vocabulary head included, as int8 blocks of 32 with an f16 scale
     /// (34 bytes per 32 weights, like Q8_0), converted at load from any type candle can

@@ -1,17 +1,18 @@
 //! The engine with SmolLM2: continuous batching that mixes adapters, base rows, prefill
 //! chunks and decodes without changing any sequence's tokens; sampling; stops; the KV budget
 //! (its first sequence must run for seconds, which the tiny model does not). Every test checks
-//! that the KV accounting returns to zero. (Cancellation, queues and bad requests, which need
+//! that the KV accounting returns to zero. Replicas over one model share their steps' passes. (Cancellation, queues and bad requests, which need
 //! no language, run on a tiny random model in `mechanics.rs`.)
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{runtime, settled};
 use modelmux_llm::{
     AdapterLease, Engine, EngineConfig, ErrorKind, FinishReason, Generation, GenerationRequest,
-    SamplingParams,
+    LlamaModel, LlamaWeights, SamplingParams, WeightFormat,
 };
 
 /// "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
@@ -206,4 +207,62 @@ async fn past_the_kv_budget_requests_wait_then_are_refused_as_overloaded() {
     drop(first);
     generate(&engine, request(&CHAT, greedy(250), None)).await;
     settled(&engine).await;
+}
+
+/// Replicas of one model in a process (engines over one `Arc<LlamaModel>`) run their steps as
+/// shared forward passes, and each answers exactly what an engine alone answers: the same
+/// greedy tokens, for base-model and adapter sequences of both replicas mixed in one pass.
+/// (SmolLM2's steps take milliseconds, so neither replica can run its whole work within one
+/// time slice before the other starts, as the tiny model's could.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_over_one_model_share_passes_and_answer_as_one_engine_alone() {
+    let rt = runtime();
+    // A model of this test's own: the shared one also runs the other tests' engines.
+    let path = common::env_path("MODELMUX_TEST_GGUF");
+    let weights = LlamaWeights::load(&path, WeightFormat::default()).unwrap();
+    let model = Arc::new(LlamaModel::new(weights, 2048));
+    let adapters = [None, Some("pirate"), None, Some("chef")];
+    let requests: Vec<GenerationRequest> = (0..8)
+        .map(|i| request(&CHAT[..10 + i % 4], greedy(16), adapters[i % 4]))
+        .collect();
+    let copy = |r: &GenerationRequest| GenerationRequest {
+        prompt: r.prompt.clone(),
+        params: r.params.clone(),
+        adapter: r.adapter.clone(),
+        constraint: None,
+    };
+    let alone = rt.engine(EngineConfig::default());
+    let mut expected = Vec::new();
+    for r in &requests {
+        expected.push(generate(&alone, copy(r)).await.tokens);
+    }
+
+    let replicas = [0, 1].map(|_| {
+        Engine::start(model.clone(), rt.tokenizer.clone(), EngineConfig::default()).unwrap()
+    });
+    let streams: Vec<_> = requests
+        .iter()
+        .enumerate()
+        .map(|(i, r)| replicas[i % 2].submit(copy(r)).unwrap())
+        .collect();
+    for (i, (stream, expected)) in streams.into_iter().zip(&expected).enumerate() {
+        let tokens = stream.collect().await.unwrap().tokens;
+        assert_eq!(&tokens, expected, "request {i} on replica {}", i % 2);
+    }
+    let each: Vec<u64> = replicas.iter().map(|e| e.snapshot().steps).collect();
+    let (steps, passes) = (each.iter().sum::<u64>(), model.passes());
+    // A pass holds at most one step of each replica, so there are at least as many as either
+    // ran; alone, each step would be a pass of its own (passes == steps); in lockstep, about
+    // one pass for both.
+    assert!(
+        passes >= each[0].max(each[1]),
+        "{passes} passes for steps {each:?}: steps ran outside the shared passes"
+    );
+    assert!(
+        passes * 4 <= steps * 3,
+        "{passes} passes for {steps} steps of two replicas: their steps were not shared"
+    );
+    for engine in replicas.iter().chain([&alone]) {
+        settled(engine).await;
+    }
 }

@@ -138,7 +138,7 @@ async fn wakeup_with_no_traffic_reloads_at_once_and_only_once() {
         counter.fetch_add(1, Ordering::SeqCst);
         let weights =
             modelmux_llm::LlamaWeights::load(&path, modelmux_llm::WeightFormat::default())?;
-        Ok(modelmux_llm::LlamaModel::new(weights, 512))
+        Ok(Arc::new(modelmux_llm::LlamaModel::new(weights, 512)))
     });
     let engine = modelmux_llm::Engine::start_with_reload(
         tiny.model.clone(),

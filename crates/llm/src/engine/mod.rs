@@ -21,7 +21,6 @@ mod run;
 mod sequence;
 mod stats;
 
-use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -30,7 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::error::{LlmError, Result};
 use crate::kv::KvBudget;
-use crate::lora::LoraAdapter;
+use crate::lora::AdapterLease;
 use crate::model::LlamaModel;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TextTokenizer;
@@ -39,27 +38,6 @@ pub use config::EngineConfig;
 pub use modelmux_grammar::{Constraint, TokenConstraint};
 pub use stats::{AdaptersInUse, EngineSnapshot};
 pub(crate) use stats::{EngineStats, StopFlag};
-
-/// An adapter held for as long as a sequence uses it: a cache guard (`ModelGuard`) or any
-/// other owner of a [`LoraAdapter`].
-/// Cloning shares the lease (the choices of an `n > 1` request hold one adapter together).
-#[derive(Clone)]
-pub struct AdapterLease(Arc<dyn Deref<Target = LoraAdapter> + Send + Sync>);
-
-impl AdapterLease {
-    /// Leases `adapter` through `owner`, which keeps it alive (and pinned in its cache) until
-    /// the lease and its clones are dropped.
-    pub fn new(owner: impl Deref<Target = LoraAdapter> + Send + Sync + 'static) -> Self {
-        Self(Arc::new(owner))
-    }
-}
-
-impl Deref for AdapterLease {
-    type Target = LoraAdapter;
-    fn deref(&self) -> &LoraAdapter {
-        &self.0
-    }
-}
 
 /// A generation request, tokenized.
 pub struct GenerationRequest {
@@ -226,7 +204,7 @@ struct Inner {
 }
 
 /// Builds the model again (from its file) when a sleeping engine wakes up.
-pub type ModelReloader = Arc<dyn Fn() -> Result<LlamaModel> + Send + Sync>;
+pub type ModelReloader = Arc<dyn Fn() -> Result<Arc<LlamaModel>> + Send + Sync>;
 
 impl Engine {
     /// Starts the engine thread for `model`.

@@ -18,12 +18,14 @@ mod prefixes;
 use super::{AdaptersInUse, Command, EngineConfig, EngineStats};
 use crate::error::LlmError;
 use crate::kv::{KvBudget, KvCache};
-use crate::model::{LlamaModel, Segment};
+use crate::model::{LlamaModel, OwnedSegment, Segment};
 use crate::tokenizer::TextTokenizer;
 
 pub(super) struct EngineLoop {
     /// `None` while asleep (the weights' memory released).
     model: Option<Arc<LlamaModel>>,
+    /// This engine's number among the engines sharing `model`'s steps.
+    member: u64,
     model_config: crate::LlamaConfig,
     reload: Option<super::ModelReloader>,
     tokenizer: Arc<TextTokenizer>,
@@ -57,6 +59,7 @@ impl EngineLoop {
             .then(|| PrefixCache::new(model.config().kv_bytes_per_token()));
         Self {
             model_config: model.config().clone(),
+            member: model.step_member(),
             model: Some(model),
             reload,
             tokenizer,
@@ -86,6 +89,7 @@ impl EngineLoop {
             self.sleep_or_wake();
             self.run_embeds();
             if self.stats.paused.load(Ordering::SeqCst) || self.model.is_none() {
+                self.leave_steps();
                 self.expire_waiting();
                 self.publish();
                 if !self.wait_paused() {
@@ -97,6 +101,7 @@ impl EngineLoop {
             self.expire_waiting();
             self.publish();
             if self.running.is_empty() {
+                self.leave_steps();
                 continue;
             }
             let step = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
@@ -114,6 +119,7 @@ impl EngineLoop {
             self.stats.steps.fetch_add(1, Ordering::Relaxed);
             self.publish();
         }
+        self.leave_steps();
         // Every handle is gone: nobody can listen, but say so to whoever still does.
         for s in self.running.drain(..).chain(self.waiting.drain(..)) {
             s.fail(LlmError::EngineStopped("the engine was shut down".into()));
@@ -121,8 +127,13 @@ impl EngineLoop {
         self.publish();
     }
 
-    /// Moves submitted sequences into the queue. Blocks while there is nothing to do.
-    /// Returns false once every handle is gone.
+    /// Tells the other engines of the model not to wait for this one's next step.
+    fn leave_steps(&self) {
+        if let Some(model) = &self.model {
+            model.step_leave(self.member);
+        }
+    }
+
     /// Runs the embeddings asked for (unless asleep), each on its own, a panic failing it alone.
     fn run_embeds(&mut self) {
         let Some(model) = self.model.clone() else {
@@ -156,6 +167,7 @@ impl EngineLoop {
         let want_sleep = self.stats.want_sleep.load(Ordering::SeqCst);
         match (&self.model, &self.reload) {
             (Some(_), Some(_)) if want_sleep => {
+                self.leave_steps();
                 self.model = None;
                 // The KV cache goes with the weights.
                 if let Some(prefixes) = &mut self.prefixes {
@@ -168,7 +180,8 @@ impl EngineLoop {
                 let started = Instant::now();
                 match std::panic::catch_unwind(AssertUnwindSafe(|| reload())) {
                     Ok(Ok(model)) => {
-                        self.model = Some(Arc::new(model));
+                        self.member = model.step_member();
+                        self.model = Some(model);
                         self.stats.asleep.store(false, Ordering::SeqCst);
                         *self.stats.wake_error.lock() = None;
                         tracing::info!(took = ?started.elapsed(), "engine awake: weights loaded");
@@ -217,6 +230,8 @@ impl EngineLoop {
         }
     }
 
+    /// Moves submitted sequences into the queue. Blocks while there is nothing to do.
+    /// Returns false once every handle is gone.
     fn intake(&mut self) -> bool {
         loop {
             let idle = self.running.is_empty();
@@ -423,10 +438,19 @@ impl EngineLoop {
                 (i, tokens, completes, all)
             })
             .collect();
-        let (logits, masks) = {
+        if self.stats.inject_panic.swap(false, Ordering::SeqCst) {
+            panic!("injected fault: a panic in the step's forward pass");
+        }
+        let model = self.model.clone().ok_or_else(|| {
+            LlmError::Internal("a step ran while the weights were released".into())
+        })?;
+        // The segments own what they use for the pass (the caches move out of their
+        // sequences and back), so that the other engines of this model can run theirs in the
+        // same pass (`LlamaModel::forward_shared`).
+        let ((segments, logits), masks) = {
             let mut by_index: Vec<Option<&mut Sequence>> =
                 self.running.iter_mut().map(Some).collect();
-            let mut segments: Vec<Segment<'_>> = Vec::with_capacity(inputs.len());
+            let mut segments: Vec<OwnedSegment> = Vec::with_capacity(inputs.len());
             let mut constrained = Vec::new();
             for (row, (i, tokens, completes, all)) in inputs.iter_mut().enumerate() {
                 let s = by_index[*i].take().expect("each sequence once per step");
@@ -439,24 +463,24 @@ impl EngineLoop {
                 if *completes && let Some(c) = constraint.as_mut() {
                     constrained.push((row, c));
                 }
-                segments.push(Segment {
-                    tokens,
-                    cache: cache.as_mut().expect("admitted sequences have a cache"),
-                    adapter: adapter.as_deref(),
+                segments.push(OwnedSegment {
+                    tokens: std::mem::take(tokens),
+                    cache: cache.take().expect("admitted sequences have a cache"),
+                    adapter: adapter.clone(),
                     want_logits: *completes,
                     all_logits: *all,
                 });
             }
-            let model = self.model.as_ref().ok_or_else(|| {
-                LlmError::Internal("a step ran while the weights were released".into())
-            })?;
-            if self.stats.inject_panic.swap(false, Ordering::SeqCst) {
-                panic!("injected fault: a panic in the step's forward pass");
-            }
-            let (logits, masks) =
-                super::constrain::forward_with_masks(constrained, || model.forward(&mut segments));
-            (logits?, masks)
+            let member = self.member;
+            super::constrain::forward_with_masks(constrained, || {
+                model.forward_shared(member, segments)
+            })
         };
+        for ((i, tokens, _, _), segment) in inputs.iter_mut().zip(segments) {
+            *tokens = segment.tokens;
+            self.running[*i].cache = Some(segment.cache);
+        }
+        let logits = logits.map_err(LlmError::Internal)?;
         self.stats
             .prompt_tokens
             .fetch_add(prompt_rows as u64, Ordering::Relaxed);
