@@ -70,15 +70,6 @@ impl<'a> ColumnsMut<'a> {
         (left, right)
     }
 
-    /// The same columns, borrowed from this value for a shorter time (to hand to a function
-    /// that takes a `ColumnsMut` by value and still use this one after it).
-    pub fn reborrow(&mut self) -> ColumnsMut<'_> {
-        ColumnsMut {
-            _buffer: PhantomData,
-            ..*self
-        }
-    }
-
     /// This value's columns of row `row`.
     ///
     /// # Panics

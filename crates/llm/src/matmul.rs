@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor, ggml_file::qtensor_from_ggml};
 use candle_core::{Device, Module, Tensor};
-use modelmux_kernels::{BLOCK, ColumnsMut, Int8Matrix, Int8Rows, PANEL};
+use modelmux_kernels::{BLOCK, Int8Matrix, Int8Rows, PANEL};
 
 use crate::error::Result;
 use crate::parallel;
@@ -131,26 +131,13 @@ impl Matrix {
     /// `out = x W^T`: `x` is `rows x in`, `out` is `rows x out`. `scratch` holds the
     /// quantized `x` (reused from call to call).
     pub(crate) fn forward(&self, x: &[f32], out: &mut [f32], scratch: &mut Int8Rows) -> Result<()> {
-        self.forward_with(x, out, scratch, |_| {})
-    }
-
-    /// [`Matrix::forward`], then `then(band)` on every band of output columns, by the thread
-    /// that wrote the band while it is still in its cache (all columns at once on candle's
-    /// kernels).
-    pub(crate) fn forward_with(
-        &self,
-        x: &[f32],
-        out: &mut [f32],
-        scratch: &mut Int8Rows,
-        then: impl Fn(&mut ColumnsMut<'_>) + Sync,
-    ) -> Result<()> {
         let rows = x.len() / self.in_dim;
         debug_assert_eq!(x.len(), rows * self.in_dim);
         debug_assert_eq!(out.len(), rows * self.out_dim);
         match &self.kernel {
             Kernel::Int8(m) => {
                 scratch.quantize(x, self.in_dim);
-                parallel_matmul(m, scratch, out, then);
+                parallel_matmul(m, scratch, out);
             }
             Kernel::Candle(parts) => {
                 let x = Tensor::from_slice(x, (rows, self.in_dim), &Device::Cpu)?;
@@ -162,7 +149,6 @@ impl Matrix {
                     }
                     first += n;
                 }
-                then(&mut ColumnsMut::new(out, self.out_dim));
             }
         }
         Ok(())
@@ -186,12 +172,7 @@ fn stacked_dims(parts: &[&QTensor]) -> Result<(usize, usize)> {
 
 /// The product with its output columns split in chunks of whole panels that the pool's
 /// threads take in turn (`parallel`).
-fn parallel_matmul(
-    m: &Int8Matrix,
-    x: &Int8Rows,
-    out: &mut [f32],
-    then: impl Fn(&mut ColumnsMut<'_>) + Sync,
-) {
+fn parallel_matmul(m: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
     let n = m.out_dim();
     let threads = parallel::threads();
     let chunk = if x.rows() * n * m.in_dim() < PARALLEL_MIN_WORK {
@@ -199,10 +180,7 @@ fn parallel_matmul(
     } else {
         n.div_ceil(PANEL).div_ceil(threads * 4).max(1) * PANEL
     };
-    parallel::for_each_column_chunk(out, n, chunk, |mut columns| {
-        m.matmul(x, columns.reborrow());
-        then(&mut columns);
-    });
+    parallel::for_each_column_chunk(out, n, chunk, |columns| m.matmul(x, columns));
 }
 
 /// Column ranges of a stacked output: `ranges(&[a, b, c])` is `[0..a, a..a+b, a+b..a+b+c]`.

@@ -7,7 +7,7 @@ use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
 use crate::kv::KvCache;
 use crate::lockstep::Lockstep;
-use crate::lora::{AdapterLease, Deltas, LoraAdapter};
+use crate::lora::{AdapterLease, LoraAdapter};
 use std::ops::Range;
 
 use modelmux_kernels::Int8Rows;
@@ -215,22 +215,27 @@ impl LlamaModel {
         runs: &[AdapterRun<'_>],
         scratch: &mut Int8Rows,
     ) -> Result<()> {
-        let in_dim = x.len() / (out.len() / matrix.out_dim());
-        let deltas = Deltas::shrink(
-            runs.iter().flat_map(|run| {
-                targets.iter().filter_map(move |(target, columns)| {
-                    let pair = run.adapter.pair(layer, *target)?;
-                    Some((run.start..run.end, columns.clone(), pair))
-                })
-            }),
-            x,
-            in_dim,
-        );
-        if deltas.is_empty() {
-            matrix.forward(x, out, scratch)
-        } else {
-            matrix.forward_with(x, out, scratch, |band| deltas.expand(band))
+        matrix.forward(x, out, scratch)?;
+        let rows = out.len() / matrix.out_dim();
+        let (in_dim, width) = (x.len() / rows, matrix.out_dim());
+        // Each adapter's rows of `out`, apart, so the adapters run on all threads at once.
+        let mut pieces: Vec<(&AdapterRun<'_>, &mut [f32])> = Vec::with_capacity(runs.len());
+        let (mut rest, mut offset) = (&mut out[..], 0);
+        for run in runs {
+            let (_, tail) = rest.split_at_mut((run.start - offset) * width);
+            let (rows, tail) = tail.split_at_mut((run.end - run.start) * width);
+            pieces.push((run, rows));
+            (rest, offset) = (tail, run.end);
         }
+        parallel::for_each(&mut pieces, |(run, y)| {
+            for (target, columns) in targets {
+                if let Some(pair) = run.adapter.pair(layer, *target) {
+                    let x = &x[run.start * in_dim..run.end * in_dim];
+                    pair.apply(x, in_dim, y, width, columns.clone());
+                }
+            }
+        });
+        Ok(())
     }
 
     /// Runs one step. Returns, for each segment, the logits after its last token when it

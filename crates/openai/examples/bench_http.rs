@@ -16,6 +16,9 @@
 //!   its ratio to `engine8`.
 //! - `ttft_http_N` for N = 1, 8, 32 concurrent streams (adapters cycling over 16, all loaded
 //!   beforehand): p50 and p99 time from sending the request to the first streamed text.
+//! - `replicas`: 8 streams on the base model over HTTP with 1 LLM replica, then with 2 (the
+//!   demo's configuration), and 8 streams on 8 adapters with 2: aggregate tok/s (medians of
+//!   `--runs`), 2 replicas against 1, and adapters against the base model on 2.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -242,5 +245,50 @@ async fn main() -> Res<()> {
         );
     }
     server.shutdown().await;
+
+    let mut base = Vec::new();
+    let mut adapters8 = 0.0;
+    for replicas in [1, 2] {
+        let (server, addr) = serve(&config, replicas).await?;
+        batch(addr, &adapters[..8], &prompt, 2).await?; // warm-up: the adapters loaded
+        let base_models = vec!["smollm2".to_owned(); 8];
+        base.push(rate(addr, &base_models, &prompt, &a).await?);
+        if replicas == 2 {
+            adapters8 = rate(addr, &adapters[..8], &prompt, &a).await?;
+        }
+        server.shutdown().await;
+    }
+    println!(
+        "{}",
+        json!({"scenario": "replicas", "base8_1_tok_s": base[0], "base8_2_tok_s": base[1],
+            "adapters8_2_tok_s": adapters8, "two_vs_one": base[1] / base[0],
+            "adapters_vs_base_2": adapters8 / base[1]})
+    );
     Ok(())
+}
+
+/// A server in this process with the LLM deployment on `replicas` replicas.
+async fn serve(config: &LlmConfig, replicas: usize) -> Res<(Server, SocketAddr)> {
+    let both = llm_deployments("llm", config, "/", None, &Default::default())?;
+    let server = Server::builder()
+        .bind("127.0.0.1:0".parse()?)
+        .application(
+            Application::new("llm")
+                .ingress(both.ingress)
+                .deployment(both.server.num_replicas(replicas)),
+        )
+        .start()
+        .await?;
+    let addr = server.local_addr();
+    Ok((server, addr))
+}
+
+/// Aggregate tok/s of concurrent streams on `models`, median of `--runs`.
+async fn rate(addr: SocketAddr, models: &[String], prompt: &[u32], a: &Args) -> Res<f64> {
+    let mut rates = Vec::new();
+    for _ in 0..a.runs {
+        let (out, wall) = batch(addr, models, prompt, a.tokens).await?;
+        rates.push(out.iter().map(|o| o.1).sum::<usize>() as f64 / wall.as_secs_f64());
+    }
+    Ok(pct(rates, 0.5))
 }

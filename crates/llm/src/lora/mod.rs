@@ -9,22 +9,22 @@
 //! - The scale is `lora_alpha / r`, or `lora_alpha / sqrt(r)` with `use_rslora`, per module
 //!   when `rank_pattern` / `alpha_pattern` say so. It is folded into `B` once, at load.
 
-use std::ops::Deref;
+use std::ops::{Deref, Range};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use modelmux_kernels::vector;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
+use crate::parallel;
 use crate::weights::Target;
 
 mod config;
-mod delta;
 mod source;
 
 use config::parse_config;
-pub(crate) use delta::Deltas;
 pub use source::{AdapterSources, AllowedSources, InvalidSourceEntry, SourceMatch};
 
 /// The configuration file of an adapter directory.
@@ -39,6 +39,46 @@ pub(crate) struct LoraPair {
     a: Vec<f32>,
     /// `rank x out`: `B^T * scale`, q/k rows in GGUF order.
     bt: Vec<f32>,
+}
+
+impl LoraPair {
+    /// Adds this projection's delta for the rows of `x` (`rows x in_dim`) to `columns` of
+    /// `y` (rows of `y_width` values: the projection's output may be stacked with others').
+    pub(crate) fn apply(
+        &self,
+        x: &[f32],
+        in_dim: usize,
+        y: &mut [f32],
+        y_width: usize,
+        columns: Range<usize>,
+    ) {
+        let out_dim = columns.len();
+        let one_row = |(x, y): (&[f32], &mut [f32])| {
+            let y = &mut y[columns.clone()];
+            let mut u = [0.0f32; 64];
+            let mut big = Vec::new();
+            let u: &mut [f32] = if self.rank <= 64 {
+                &mut u[..self.rank]
+            } else {
+                big.resize(self.rank, 0.0);
+                &mut big
+            };
+            vector::dots(x, &self.a, in_dim, u);
+            vector::axpys(y, u, &self.bt, out_dim);
+        };
+        let rows = x.len() / in_dim;
+        let chunk_rows = if rows * self.rank * (in_dim + out_dim) < 1 << 20 {
+            rows
+        } else {
+            rows.div_ceil(4 * parallel::threads())
+        };
+        parallel::for_each_chunk(y, chunk_rows * y_width, |chunk, y| {
+            let x = &x[chunk * chunk_rows * in_dim..];
+            x.chunks_exact(in_dim)
+                .zip(y.chunks_exact_mut(y_width))
+                .for_each(&one_row);
+        });
+    }
 }
 
 /// An adapter held for as long as a sequence uses it: a cache guard (`ModelGuard`) or any
