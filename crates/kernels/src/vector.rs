@@ -71,6 +71,9 @@ macro_rules! multiversion {
     };
 }
 
+mod half;
+pub use half::{axpys_f16, dots_f16};
+
 /// `a * b + c`, fused where the copy has FMA.
 #[inline(always)]
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {

@@ -44,8 +44,8 @@ pub use gguf::{AttentionTemperature, GgufFile, LlamaConfig, RopeScaling};
 pub use kv::{KvBudget, KvCache, KvReservation};
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, token_logprob};
 pub use lora::{
-    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterLease, AdapterSources, AllowedSources,
-    InvalidSourceEntry, LoraAdapter, SourceMatch,
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterLease, AdapterPrecision, AdapterSources,
+    AllowedSources, InvalidSourceEntry, LoraAdapter, SourceMatch,
 };
 pub use model::{LlamaModel, Segment};
 pub use runtime::{AdapterLoader, LlmRuntime, RuntimeOptions};

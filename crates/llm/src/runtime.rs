@@ -16,10 +16,10 @@ use crate::chat::{ChatMessage, ChatTemplate};
 use crate::engine::{Engine, EngineConfig, GenerationRequest, GenerationStream};
 use crate::error::{LlmError, Result};
 use crate::gguf::{GgufFile, LlamaConfig};
-use crate::lora::AdapterLease;
 use crate::lora::{
     ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterSources, AllowedSources, LoraAdapter,
 };
+use crate::lora::{AdapterLease, AdapterPrecision};
 use crate::model::LlamaModel;
 use crate::sampling::SamplingParams;
 use crate::tokenizer::TextTokenizer;
@@ -38,6 +38,7 @@ pub struct AdapterLoader {
     repository: ModelRepository,
     sources: AdapterSources,
     base: Arc<LlamaConfig>,
+    precision: AdapterPrecision,
 }
 
 fn store_error(adapter: &ModelId, repository: &ModelRepository, error: StoreError) -> LlmError {
@@ -71,7 +72,14 @@ impl AdapterLoader {
             repository,
             sources,
             base: Arc::new(base),
+            precision: AdapterPrecision::default(),
         }
+    }
+
+    /// Stores the adapters' matrices in `precision` (default: binary16).
+    pub fn with_precision(mut self, precision: AdapterPrecision) -> Self {
+        self.precision = precision;
+        self
     }
 
     /// Where adapter `id` is read: the repository, or for a source the repository of the
@@ -100,10 +108,10 @@ impl AdapterLoader {
     pub async fn load_adapter(&self, id: &ModelId) -> Result<LoraAdapter> {
         let config = self.read(id, ADAPTER_CONFIG_FILE).await?;
         let weights = self.read(id, ADAPTER_WEIGHTS_FILE).await?;
-        let base = self.base.clone();
+        let (base, precision) = (self.base.clone(), self.precision);
         let owned = id.to_string();
         let parsed = tokio::task::spawn_blocking(move || {
-            LoraAdapter::from_peft(&owned, &config, &weights, &base)
+            LoraAdapter::from_peft_in(&owned, &config, &weights, &base, precision)
         })
         .await
         .map_err(|e| LlmError::Internal(format!("adapter parsing task: {e}")))?;
@@ -258,7 +266,10 @@ impl LlmRuntime {
             if let Some(bytes) = options.max_adapter_bytes {
                 builder = builder.max_bytes(bytes);
             }
-            builder.build(AdapterLoader::with_sources(repository, sources, base))
+            builder.build(
+                AdapterLoader::with_sources(repository, sources, base)
+                    .with_precision(AdapterPrecision::for_weights(format)),
+            )
         });
         tracing::info!(
             model = %options.model_id,

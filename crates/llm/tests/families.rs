@@ -17,7 +17,9 @@ use common::family_files::{
 };
 use common::tiny::{ROTARY_PAIRS, write_with};
 use common::{env_path, last_logits_of, reference_py};
-use modelmux_llm::{KvCache, LlamaModel, LlamaWeights, LoraAdapter, Segment, WeightFormat};
+use modelmux_llm::{
+    AdapterPrecision, KvCache, LlamaModel, LlamaWeights, LoraAdapter, Segment, WeightFormat,
+};
 
 /// Llama 3.1's rope_scaling with a short original context, so that the tiny model's eight
 /// frequencies fall in all three bands (kept, interpolated, divided by the factor).
@@ -71,11 +73,12 @@ fn engine_logits_with(path: &Path, adapter: Option<&Path>) -> Vec<f32> {
     let weights = LlamaWeights::load(path, WeightFormat::F32).unwrap();
     let model = LlamaModel::new(weights, 256);
     let adapter = adapter.map(|dir| {
-        LoraAdapter::from_peft(
+        LoraAdapter::from_peft_in(
             "family-adapter",
             &std::fs::read(dir.join("adapter_config.json")).unwrap(),
             &std::fs::read(dir.join("adapter_model.safetensors")).unwrap(),
             model.config(),
+            AdapterPrecision::Exact,
         )
         .unwrap()
     });

@@ -11,8 +11,8 @@ use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 use modelmux_llm::{
-    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, KvCache, LlamaModel, LlamaWeights, LoraAdapter,
-    Segment, WeightFormat,
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterPrecision, KvCache, LlamaModel, LlamaWeights,
+    LoraAdapter, Segment, WeightFormat,
 };
 use modelmux_lora_train::data::{Example, batch};
 use modelmux_lora_train::lora::{LoraSet, LoraShape, Target};
@@ -103,11 +103,13 @@ fn the_trainers_logits_equal_the_engines_with_and_without_a_saved_adapter() {
         "HuggingFaceTB/SmolLM2-135M-Instruct",
     )
     .unwrap();
-    let adapter = LoraAdapter::from_peft(
+    // f32 weights, so the adapter's matrices f32 as well (as the runtime stores them then).
+    let adapter = LoraAdapter::from_peft_in(
         "trained",
         &std::fs::read(dir.path().join(ADAPTER_CONFIG_FILE)).unwrap(),
         &std::fs::read(dir.path().join(ADAPTER_WEIGHTS_FILE)).unwrap(),
         model.config(),
+        AdapterPrecision::Exact,
     )
     .unwrap();
     // The file holds f16: the trainer computes with A and B rounded the same way.

@@ -9,77 +9,29 @@
 //! - The scale is `lora_alpha / r`, or `lora_alpha / sqrt(r)` with `use_rslora`, per module
 //!   when `rank_pattern` / `alpha_pattern` say so. It is folded into `B` once, at load.
 
-use std::ops::{Deref, Range};
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use modelmux_kernels::vector;
 use safetensors::{Dtype, SafeTensors};
 
 use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
-use crate::parallel;
 use crate::weights::Target;
 
 mod config;
+mod pair;
 mod source;
 
 use config::parse_config;
+pub use pair::AdapterPrecision;
+pub(crate) use pair::LoraPair;
 pub use source::{AdapterSources, AllowedSources, InvalidSourceEntry, SourceMatch};
 
 /// The configuration file of an adapter directory.
 pub const ADAPTER_CONFIG_FILE: &str = "adapter_config.json";
 /// The weights file of an adapter directory.
 pub const ADAPTER_WEIGHTS_FILE: &str = "adapter_model.safetensors";
-
-/// One adapted projection: `y += (x A^T) B^T * scale`, with `scale` folded into `bt`.
-pub(crate) struct LoraPair {
-    rank: usize,
-    /// `rank x in`
-    a: Vec<f32>,
-    /// `rank x out`: `B^T * scale`, q/k rows in GGUF order.
-    bt: Vec<f32>,
-}
-
-impl LoraPair {
-    /// Adds this projection's delta for the rows of `x` (`rows x in_dim`) to `columns` of
-    /// `y` (rows of `y_width` values: the projection's output may be stacked with others').
-    pub(crate) fn apply(
-        &self,
-        x: &[f32],
-        in_dim: usize,
-        y: &mut [f32],
-        y_width: usize,
-        columns: Range<usize>,
-    ) {
-        let out_dim = columns.len();
-        let one_row = |(x, y): (&[f32], &mut [f32])| {
-            let y = &mut y[columns.clone()];
-            let mut u = [0.0f32; 64];
-            let mut big = Vec::new();
-            let u: &mut [f32] = if self.rank <= 64 {
-                &mut u[..self.rank]
-            } else {
-                big.resize(self.rank, 0.0);
-                &mut big
-            };
-            vector::dots(x, &self.a, in_dim, u);
-            vector::axpys(y, u, &self.bt, out_dim);
-        };
-        let rows = x.len() / in_dim;
-        let chunk_rows = if rows * self.rank * (in_dim + out_dim) < 1 << 20 {
-            rows
-        } else {
-            rows.div_ceil(4 * parallel::threads())
-        };
-        parallel::for_each_chunk(y, chunk_rows * y_width, |chunk, y| {
-            let x = &x[chunk * chunk_rows * in_dim..];
-            x.chunks_exact(in_dim)
-                .zip(y.chunks_exact_mut(y_width))
-                .for_each(&one_row);
-        });
-    }
-}
 
 /// An adapter held for as long as a sequence uses it: a cache guard (`ModelGuard`) or any
 /// other owner of a [`LoraAdapter`].
@@ -221,8 +173,20 @@ fn permute_rows(bt: &mut [f32], rank: usize, heads: usize, out_dim: usize) {
 
 impl LoraAdapter {
     /// Reads adapter `id` from its two files, checks it against the base model `base`, and
-    /// prepares it for the engine. CPU-bound: call it on a blocking thread.
+    /// prepares it for the engine, its matrices in binary16 ([`AdapterPrecision::Half`]).
+    /// CPU-bound: call it on a blocking thread.
     pub fn from_peft(id: &str, config: &[u8], weights: &[u8], base: &LlamaConfig) -> Result<Self> {
+        Self::from_peft_in(id, config, weights, base, AdapterPrecision::Half)
+    }
+
+    /// [`from_peft`](Self::from_peft), its matrices stored in `precision`.
+    pub fn from_peft_in(
+        id: &str,
+        config: &[u8],
+        weights: &[u8],
+        base: &LlamaConfig,
+        precision: AdapterPrecision,
+    ) -> Result<Self> {
         let cfg = parse_config(id, config)?;
         // Made for another family: refused even when the shapes happen to agree.
         if let Some(name) = &cfg.base_model
@@ -356,9 +320,11 @@ impl LoraAdapter {
                     _ => {}
                 }
             }
-            bytes += 4 * (a.len() + bt.len()) as u64;
+            let pair = LoraPair::new(rank, a, bt, precision)
+                .map_err(|e| LlmError::adapter(id, format!("{module}: {e}")))?;
+            bytes += pair.size_bytes();
             max_rank = max_rank.max(rank);
-            layers[layer][target.index()] = Some(LoraPair { rank, a, bt });
+            layers[layer][target.index()] = Some(pair);
         }
         // What the adapter computes depends on these two files only: their digest names its
         // content (the prefix cache's key), whatever the adapter is called.

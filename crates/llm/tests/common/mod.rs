@@ -10,8 +10,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use modelmux_llm::{
-    Engine, EngineConfig, GgufFile, LlamaModel, LlamaWeights, LoraAdapter, TextTokenizer,
-    WeightFormat,
+    AdapterPrecision, Engine, EngineConfig, GgufFile, LlamaModel, LlamaWeights, LoraAdapter,
+    TextTokenizer, WeightFormat,
 };
 
 /// A directory of this test process's own, `name-<pid>` under the target's scratch directory
@@ -48,6 +48,8 @@ pub fn env_path(name: &str) -> PathBuf {
 
 pub struct Runtime {
     model: Arc<LlamaModel>,
+    /// How adapters are stored: as the runtime stores them with these weights.
+    precision: AdapterPrecision,
     pub tokenizer: Arc<TextTokenizer>,
     adapters: parking_lot::Mutex<HashMap<String, Arc<LoraAdapter>>>,
 }
@@ -62,6 +64,17 @@ impl Runtime {
         Engine::start(self.model.clone(), self.tokenizer.clone(), config).unwrap()
     }
 
+    /// Adapter `id` stored in `precision` (not kept).
+    pub fn adapter_in(&self, id: &str, precision: AdapterPrecision) -> Arc<LoraAdapter> {
+        let dir = env_path("MODELMUX_TEST_ADAPTERS").join(id);
+        let config = std::fs::read(dir.join("adapter_config.json")).unwrap();
+        let weights = std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
+        Arc::new(
+            LoraAdapter::from_peft_in(id, &config, &weights, self.model.config(), precision)
+                .unwrap(),
+        )
+    }
+
     pub fn adapter(&self, id: &str) -> Arc<LoraAdapter> {
         let mut adapters = self.adapters.lock();
         adapters
@@ -71,7 +84,14 @@ impl Runtime {
                 let config = std::fs::read(dir.join("adapter_config.json")).unwrap();
                 let weights = std::fs::read(dir.join("adapter_model.safetensors")).unwrap();
                 Arc::new(
-                    LoraAdapter::from_peft(id, &config, &weights, self.model.config()).unwrap(),
+                    LoraAdapter::from_peft_in(
+                        id,
+                        &config,
+                        &weights,
+                        self.model.config(),
+                        self.precision,
+                    )
+                    .unwrap(),
                 )
             })
             .clone()
@@ -86,6 +106,7 @@ fn load(format: WeightFormat) -> Runtime {
     let weights = LlamaWeights::load(&path, format).unwrap();
     Runtime {
         model: Arc::new(LlamaModel::new(weights, 2048)),
+        precision: AdapterPrecision::for_weights(format),
         tokenizer: Arc::new(tokenizer),
         adapters: Default::default(),
     }
