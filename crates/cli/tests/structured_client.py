@@ -120,10 +120,12 @@ for i, ((model, text, reason), schema) in enumerate(zip(results, all_schemas)):
         raise AssertionError((i, model, text, e))
     jsonschema.validate(value, schema)
 
-# json_object: an object, whatever the prompt asks.
+# json_object: an object, whatever the prompt asks. (A question with a short answer: on a
+# joke, greedy decoding of this 135M model with the test adapter can loop ("aye, aye, ...")
+# until max_tokens, which says nothing about the constraint.)
 r = client.chat.completions.create(
     model="smollm2:pirate", max_tokens=200, temperature=0,
-    messages=[{"role": "user", "content": "Tell me a joke about ships."}],
+    messages=[{"role": "user", "content": "What is the capital of France?"}],
     response_format={"type": "json_object"},
 )
 check(r.choices[0].finish_reason == "stop", r)
