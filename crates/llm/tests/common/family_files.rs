@@ -195,8 +195,16 @@ pub fn write_family_file(
     );
     let metadata: Vec<(&str, &Value)> = all.iter().map(|(k, v)| (k.as_str(), v)).collect();
     let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
-    let mut out = std::fs::File::create(path).unwrap();
+    // Tests running at once may write the same file (same spec): each writes its own copy and
+    // renames it into place, so a reader never sees one half written (a reference.py run
+    // once failed reading a file another test was rewriting).
+    static COPIES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let copy = COPIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let partial = path.with_extension(format!("gguf.partial-{copy}"));
+    let mut out = std::fs::File::create(&partial).unwrap();
     gguf_file::write(&mut out, &metadata, &tensors).unwrap();
+    drop(out);
+    std::fs::rename(&partial, path).unwrap();
 }
 
 /// A random rank-4 PEFT adapter on q, k, v, o and down for a tiny family model, in `dir`.
