@@ -43,11 +43,11 @@ fn level() -> Level {
     })
 }
 
-/// A public function that runs `$body::<FMA>` in the widest copy the CPU supports.
+/// A function that runs `$body::<FMA>` in the widest copy the CPU supports.
 macro_rules! multiversion {
-    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
         $(#[$doc])*
-        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
@@ -80,8 +80,28 @@ fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }
 }
 
+/// The lanes of a dot product's accumulators summed pairwise, halves first (the order every
+/// dot product here sums its lanes in).
+#[inline(always)]
+fn tree_sum<const N: usize>(mut acc: [f32; N]) -> f32 {
+    let mut width = N;
+    while width > 1 {
+        width /= 2;
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+    }
+    acc[0]
+}
+
 #[inline(always)]
 fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    dot_of::<FMA, f32>(a, b, |v| v)
+}
+
+/// `a · b` with `b`'s values read by `value` (f32 as they are, or converted).
+#[inline(always)]
+fn dot_of<const FMA: bool, T: Copy>(a: &[f32], b: &[T], value: impl Fn(T) -> f32) -> f32 {
     let mut acc = [0.0f32; LANES];
     let whole = a.len() / LANES * LANES;
     for (x, y) in a[..whole]
@@ -89,19 +109,12 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
         .zip(b[..whole].chunks_exact(LANES))
     {
         for i in 0..LANES {
-            acc[i] = madd::<FMA>(x[i], y[i], acc[i]);
+            acc[i] = madd::<FMA>(x[i], value(y[i]), acc[i]);
         }
     }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    let mut sum = acc[0];
+    let mut sum = tree_sum(acc);
     for (x, y) in a[whole..].iter().zip(&b[whole..]) {
-        sum = madd::<FMA>(*x, *y, sum);
+        sum = madd::<FMA>(*x, value(*y), sum);
     }
     sum
 }
@@ -231,14 +244,7 @@ fn dot_fixed<const FMA: bool, const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32
             acc[i] = madd::<FMA>(a[c * W + i], b[c * W + i], acc[i]);
         }
     }
-    let mut width = W;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    acc[0]
+    tree_sum(acc)
 }
 
 /// Attention of a group of query heads sharing one key/value head, for head size `D`: the

@@ -1,7 +1,65 @@
 //! The LoRA loops over weights stored in IEEE binary16 (half the bytes of f32; the adapters'
-//! matrices), converting as they read.
+//! matrices), converting as they read: with the hardware's conversion (`vcvtph2ps`, AVX-512F
+//! or F16C) where the CPU has it, else with a branch-free conversion that vectorises
+//! anywhere. Every path computes the same operations in the same order as the f32 loops on
+//! the converted values, so the results are the same bit for bit (the tests check it).
 
-use super::{LANES, Level, level, madd};
+use super::{LANES, Level, dot_of, level, madd, tree_sum};
+
+/// Which hardware conversion the x86 paths may use.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Convert {
+    Avx512,
+    Avx2F16c,
+    Portable,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn convert() -> Convert {
+    static CONVERT: std::sync::OnceLock<Convert> = std::sync::OnceLock::new();
+    *CONVERT.get_or_init(|| match level() {
+        Level::Avx512 => Convert::Avx512,
+        Level::Avx2 if is_x86_feature_detected!("f16c") => Convert::Avx2F16c,
+        _ => Convert::Portable,
+    })
+}
+
+/// `out[j] = x · rows[j * stride..j * stride + x.len()]` for every `j < out.len()`, with
+/// `rows` in IEEE binary16 (bits): zero or normal values only (a subnormal, infinite or NaN
+/// one reads as another number). As [`dots`](super::dots) computes it on the converted values.
+///
+/// # Panics
+/// When a row runs past the end of `rows`.
+pub fn dots_f16(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match convert() {
+        // SAFETY: `convert` found AVX-512 F (with FMA: `level`'s AVX-512 copy's features).
+        Convert::Avx512 => return unsafe { x86::dots_avx512(x, rows, stride, out) },
+        // SAFETY: `convert` found AVX2, FMA and F16C.
+        Convert::Avx2F16c => return unsafe { x86::dots_avx2(x, rows, stride, out) },
+        Convert::Portable => {}
+    }
+    dots_f16_portable(x, rows, stride, out)
+}
+
+/// `y += Σ_j coefficients[j] * rows[j * stride..j * stride + y.len()]`, with `rows` in IEEE
+/// binary16 (bits): zero or normal values only. As [`axpys`](super::axpys) computes it on the
+/// converted values.
+///
+/// # Panics
+/// When a row runs past the end of `rows`.
+pub fn axpys_f16(y: &mut [f32], coefficients: &[f32], rows: &[u16], stride: usize) {
+    #[cfg(target_arch = "x86_64")]
+    match convert() {
+        // SAFETY: `convert` found AVX-512 F (with FMA).
+        Convert::Avx512 => return unsafe { x86::axpys_avx512(y, coefficients, rows, stride) },
+        // SAFETY: `convert` found AVX2, FMA and F16C.
+        Convert::Avx2F16c => return unsafe { x86::axpys_avx2(y, coefficients, rows, stride) },
+        Convert::Portable => {}
+    }
+    axpys_f16_portable(y, coefficients, rows, stride)
+}
 
 /// An IEEE binary16 value (its bits) as f32: exact for zero and normal values, which is all
 /// [`dots_f16`] and [`axpys_f16`] are given (no subnormals, infinities or NaNs). Branch-free
@@ -15,35 +73,9 @@ fn half_to_f32(h: u16) -> f32 {
 }
 
 #[inline(always)]
-fn dot_half<const FMA: bool>(a: &[f32], b: &[u16]) -> f32 {
-    let mut acc = [0.0f32; LANES];
-    let whole = a.len() / LANES * LANES;
-    for (x, y) in a[..whole]
-        .chunks_exact(LANES)
-        .zip(b[..whole].chunks_exact(LANES))
-    {
-        for i in 0..LANES {
-            acc[i] = madd::<FMA>(x[i], half_to_f32(y[i]), acc[i]);
-        }
-    }
-    let mut width = LANES;
-    while width > 1 {
-        width /= 2;
-        for i in 0..width {
-            acc[i] += acc[i + width];
-        }
-    }
-    let mut sum = acc[0];
-    for (x, y) in a[whole..].iter().zip(&b[whole..]) {
-        sum = madd::<FMA>(*x, half_to_f32(*y), sum);
-    }
-    sum
-}
-
-#[inline(always)]
 fn dots_f16_body<const FMA: bool>(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
     for (j, o) in out.iter_mut().enumerate() {
-        *o = dot_half::<FMA>(x, &rows[j * stride..j * stride + x.len()]);
+        *o = dot_of::<FMA, u16>(x, &rows[j * stride..j * stride + x.len()], half_to_f32);
     }
 }
 
@@ -63,20 +95,170 @@ fn axpys_f16_body<const FMA: bool>(
 }
 
 multiversion! {
-    /// [`dots`](super::dots) with `rows` in IEEE binary16 (bits): zero or normal values only (a subnormal,
-    /// infinite or NaN one reads as another number).
-    ///
-    /// # Panics
-    /// When a row runs past the end of `rows`.
-    pub fn dots_f16(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) => dots_f16_body
+    /// [`dots_f16`] without the hardware's conversion.
+    pub(crate) fn dots_f16_portable(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) => dots_f16_body
 }
 
 multiversion! {
-    /// [`axpys`](super::axpys) with `rows` in IEEE binary16 (bits): zero or normal values only.
-    ///
-    /// # Panics
-    /// When a row runs past the end of `rows`.
-    pub fn axpys_f16(y: &mut [f32], coefficients: &[f32], rows: &[u16], stride: usize) => axpys_f16_body
+    /// [`axpys_f16`] without the hardware's conversion.
+    pub(crate) fn axpys_f16_portable(y: &mut [f32], coefficients: &[f32], rows: &[u16], stride: usize) => axpys_f16_body
+}
+
+/// The loops with `vcvtph2ps`: 16 lanes of accumulators, as the portable loops keep them,
+/// then the same reduction and tail.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::{LANES, axpys_tail, dot_tail, tree_sum};
+
+    /// Outputs computed together: their accumulators are independent chains, so the adds
+    /// overlap instead of each waiting for the last (one chain per output left the loop
+    /// bound by the FMA's latency), and each chunk of `x` is loaded once for all of them.
+    const TOGETHER: usize = 4;
+
+    /// # Safety
+    /// The CPU has AVX-512 F and FMA.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn dots_avx512(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
+        let whole = x.len() / LANES * LANES;
+        let row = |j: usize| &rows[j * stride..j * stride + x.len()];
+        for (group, outs) in out.chunks_mut(TOGETHER).enumerate() {
+            let first = group * TOGETHER;
+            let n = outs.len();
+            let group_rows: [&[u16]; TOGETHER] = std::array::from_fn(|i| row(first + i.min(n - 1)));
+            let mut acc = [_mm512_setzero_ps(); TOGETHER];
+            for c in (0..whole).step_by(LANES) {
+                // SAFETY: `c + LANES <= whole <= x.len()`, and each row holds `x.len()` values.
+                unsafe {
+                    let xv = _mm512_loadu_ps(x.as_ptr().add(c));
+                    for (acc, r) in acc.iter_mut().zip(&group_rows) {
+                        let w = _mm512_cvtph_ps(_mm256_loadu_si256(r.as_ptr().add(c).cast()));
+                        *acc = _mm512_fmadd_ps(xv, w, *acc);
+                    }
+                }
+            }
+            for (i, o) in outs.iter_mut().enumerate() {
+                let mut lanes = [0.0f32; LANES];
+                // SAFETY: `lanes` is 16 f32s.
+                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
+                *o = dot_tail(tree_sum(lanes), &x[whole..], &group_rows[i][whole..]);
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dots_avx2(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
+        let whole = x.len() / LANES * LANES;
+        let row = |j: usize| &rows[j * stride..j * stride + x.len()];
+        for (group, outs) in out.chunks_mut(TOGETHER).enumerate() {
+            let first = group * TOGETHER;
+            let n = outs.len();
+            let group_rows: [&[u16]; TOGETHER] = std::array::from_fn(|i| row(first + i.min(n - 1)));
+            // Lanes 0..8 and 8..16 of each output's accumulators.
+            let mut acc = [[_mm256_setzero_ps(); 2]; TOGETHER];
+            for c in (0..whole).step_by(LANES) {
+                // SAFETY: `c + LANES <= whole <= x.len()`, and each row holds `x.len()` values.
+                unsafe {
+                    let xv = [
+                        _mm256_loadu_ps(x.as_ptr().add(c)),
+                        _mm256_loadu_ps(x.as_ptr().add(c + 8)),
+                    ];
+                    for (acc, r) in acc.iter_mut().zip(&group_rows) {
+                        for h in 0..2 {
+                            let w =
+                                _mm256_cvtph_ps(_mm_loadu_si128(r.as_ptr().add(c + 8 * h).cast()));
+                            acc[h] = _mm256_fmadd_ps(xv[h], w, acc[h]);
+                        }
+                    }
+                }
+            }
+            for (i, o) in outs.iter_mut().enumerate() {
+                let mut lanes = [0.0f32; LANES];
+                // SAFETY: `lanes` is 16 f32s: two stores of 8.
+                unsafe {
+                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i][0]);
+                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[i][1]);
+                }
+                *o = dot_tail(tree_sum(lanes), &x[whole..], &group_rows[i][whole..]);
+            }
+        }
+    }
+
+    /// # Safety
+    /// The CPU has AVX-512 F and FMA.
+    #[target_feature(enable = "avx512f,fma")]
+    pub(super) unsafe fn axpys_avx512(
+        y: &mut [f32],
+        coefficients: &[f32],
+        rows: &[u16],
+        stride: usize,
+    ) {
+        let whole = y.len() / LANES * LANES;
+        let len = y.len();
+        let row = |j: usize| &rows[j * stride..j * stride + len];
+        // Each chunk of `y` stays in a register through every row (rows in order, as the
+        // portable loop adds them).
+        for c in (0..whole).step_by(LANES) {
+            // SAFETY: `c + LANES <= whole <= y.len()`, and each row holds `y.len()` values.
+            unsafe {
+                let mut sum = _mm512_loadu_ps(y.as_ptr().add(c));
+                for (j, coefficient) in coefficients.iter().enumerate() {
+                    let w = _mm512_cvtph_ps(_mm256_loadu_si256(row(j).as_ptr().add(c).cast()));
+                    sum = _mm512_fmadd_ps(_mm512_set1_ps(*coefficient), w, sum);
+                }
+                _mm512_storeu_ps(y.as_mut_ptr().add(c), sum);
+            }
+        }
+        axpys_tail(y, whole, coefficients, rows, stride);
+    }
+
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpys_avx2(
+        y: &mut [f32],
+        coefficients: &[f32],
+        rows: &[u16],
+        stride: usize,
+    ) {
+        let whole = y.len() / 8 * 8;
+        let len = y.len();
+        let row = |j: usize| &rows[j * stride..j * stride + len];
+        for c in (0..whole).step_by(8) {
+            // SAFETY: `c + 8 <= whole <= y.len()`, and each row holds `y.len()` values.
+            unsafe {
+                let mut sum = _mm256_loadu_ps(y.as_ptr().add(c));
+                for (j, coefficient) in coefficients.iter().enumerate() {
+                    let w = _mm256_cvtph_ps(_mm_loadu_si128(row(j).as_ptr().add(c).cast()));
+                    sum = _mm256_fmadd_ps(_mm256_set1_ps(*coefficient), w, sum);
+                }
+                _mm256_storeu_ps(y.as_mut_ptr().add(c), sum);
+            }
+        }
+        axpys_tail(y, whole, coefficients, rows, stride);
+    }
+}
+
+/// `y[whole..]` of [`axpys_f16`], fused, rows in order.
+#[inline(always)]
+fn axpys_tail(y: &mut [f32], whole: usize, coefficients: &[f32], rows: &[u16], stride: usize) {
+    for (i, y) in y.iter_mut().enumerate().skip(whole) {
+        for (j, coefficient) in coefficients.iter().enumerate() {
+            *y = coefficient.mul_add(half_to_f32(rows[j * stride + i]), *y);
+        }
+    }
+}
+
+/// `sum` plus the products of the values past the last whole chunk, fused.
+#[inline(always)]
+fn dot_tail(mut sum: f32, x: &[f32], row: &[u16]) -> f32 {
+    for (x, y) in x.iter().zip(row) {
+        sum = x.mul_add(half_to_f32(*y), sum);
+    }
+    sum
 }
 
 #[cfg(test)]
@@ -101,7 +283,7 @@ mod tests {
     /// The f16 loops compute what the f32 ones do on the converted values, bit for bit.
     #[test]
     fn the_f16_loops_equal_the_f32_ones_on_the_same_values() {
-        let (rank, width) = (5, 37);
+        let (rank, width) = (5, 37 + 16 * 3);
         let halves: Vec<u16> = (0..rank * width)
             .map(|i| ::half::f16::from_f32(((i * 7919 % 211) as f32 - 105.0) / 64.0).to_bits())
             .collect();
@@ -114,10 +296,48 @@ mod tests {
         dots_f16(&x, &halves, width, &mut a);
         super::super::dots(&x, &floats, width, &mut b);
         assert_eq!(a, b);
+        dots_f16_portable(&x, &halves, width, &mut a);
+        assert_eq!(a, b, "the portable loop");
         let coefficients: Vec<f32> = (0..rank).map(|j| j as f32 - 1.5).collect();
         let (mut y, mut z) = (x.clone(), x.clone());
         axpys_f16(&mut y, &coefficients, &halves, width);
         super::super::axpys(&mut z, &coefficients, &floats, width);
         assert_eq!(y, z);
+        let mut portable = x.clone();
+        axpys_f16_portable(&mut portable, &coefficients, &halves, width);
+        assert_eq!(portable, z, "the portable loop");
+
+        // Every hardware path this CPU has, whichever `convert` picks.
+        #[cfg(target_arch = "x86_64")]
+        {
+            let has = |f: &[bool]| f.iter().all(|x| *x);
+            let avx2 = has(&[
+                is_x86_feature_detected!("avx2"),
+                is_x86_feature_detected!("fma"),
+                is_x86_feature_detected!("f16c"),
+            ]);
+            let avx512 = has(&[
+                is_x86_feature_detected!("avx512f"),
+                is_x86_feature_detected!("fma"),
+            ]);
+            if avx2 {
+                let mut y = x.clone();
+                // SAFETY: the CPU has AVX2, FMA and F16C (checked above).
+                unsafe {
+                    x86::dots_avx2(&x, &halves, width, &mut a);
+                    x86::axpys_avx2(&mut y, &coefficients, &halves, width);
+                }
+                assert_eq!((&a, &y), (&b, &z), "the AVX2 + F16C loops");
+            }
+            if avx512 {
+                let mut y = x.clone();
+                // SAFETY: the CPU has AVX-512 F and FMA (checked above).
+                unsafe {
+                    x86::dots_avx512(&x, &halves, width, &mut a);
+                    x86::axpys_avx512(&mut y, &coefficients, &halves, width);
+                }
+                assert_eq!((&a, &y), (&b, &z), "the AVX-512 loops");
+            }
+        }
     }
 }
