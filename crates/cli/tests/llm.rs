@@ -103,6 +103,53 @@ fn structured_output_and_tool_calls_hold_for_the_official_client() {
     );
 }
 
+/// Two LLM replicas in one process (one copy of the weights, steps run as shared passes):
+/// concurrent requests on the base model and an adapter, more than one replica takes at once
+/// (`max_num_seqs: 2` each), so both serve, each get exactly the engine's own greedy answer.
+#[test]
+fn two_replicas_sharing_one_model_answer_as_the_engine_alone() {
+    let question = "What is the capital of France?";
+    let max_tokens = 12;
+    let models = [None, Some("pirate")];
+    let answers = direct(question, &models, max_tokens);
+    let config = llm_config(&env("MODELMUX_TEST_ADAPTERS"), "")
+        .replace("num_replicas: 1", "num_replicas: 2")
+        .replace("max_num_seqs: 8", "max_num_seqs: 2");
+    let mut server = serve(&config);
+    let asks: Vec<_> = (0..8)
+        .map(|i| {
+            let (url, which) = (server.url.clone(), i % 2);
+            let model = match models[which] {
+                Some(adapter) => format!("smollm2:{adapter}"),
+                None => "smollm2".to_owned(),
+            };
+            std::thread::spawn(move || {
+                let body = serde_json::json!({
+                    "model": model,
+                    "messages": [{"role": "user", "content": question}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                });
+                let request = hyper::Request::post("/v1/chat/completions")
+                    .header("content-type", "application/json");
+                (which, send(&url, request, body.to_string().into_bytes()))
+            })
+        })
+        .collect();
+    for ask in asks {
+        let (which, (status, body)) = ask.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(
+            v["choices"][0]["message"]["content"].as_str(),
+            Some(answers[which].as_str()),
+            "{:?}: {body}",
+            models[which]
+        );
+    }
+    server.terminate();
+}
+
 #[test]
 fn the_official_openai_client_works_against_modelmux_serve() {
     let question = "What is the capital of France?";
