@@ -131,23 +131,17 @@ impl<Q, A> Lockstep<Q, A> {
                 break;
             }
         }
-        let pending = std::mem::take(&mut state.pending);
-        let (members, tickets, requests): (Vec<u64>, Vec<u64>, Vec<Q>) = {
-            let mut members = Vec::with_capacity(pending.len());
-            let mut tickets = Vec::with_capacity(pending.len());
-            let mut requests = Vec::with_capacity(pending.len());
-            for (m, t, q) in pending {
-                members.push(m);
-                tickets.push(t);
-                requests.push(q);
-            }
-            (members, tickets, requests)
-        };
+        let (who, requests): (Vec<(u64, u64)>, Vec<Q>) = std::mem::take(&mut state.pending)
+            .into_iter()
+            .map(|(member, ticket, request)| ((member, ticket), request))
+            .unzip();
         self.rounds.fetch_add(1, Ordering::Relaxed);
         let answers = MutexGuard::unlocked(state, || round(requests));
-        assert_eq!(answers.len(), tickets.len(), "one answer per request");
-        state.finished.extend(tickets.into_iter().zip(answers));
-        state.last = members;
+        assert_eq!(answers.len(), who.len(), "one answer per request");
+        state.last = who.iter().map(|(member, _)| *member).collect();
+        state
+            .finished
+            .extend(who.into_iter().map(|(_, ticket)| ticket).zip(answers));
         state.leading = false;
         self.changed.notify_all();
     }

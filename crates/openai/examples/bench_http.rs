@@ -209,25 +209,10 @@ async fn main() -> Res<()> {
         "engine_kwargs": {"max_num_seqs": 32},
         "experimental_configs": {"stream_batching_interval_ms": a.interval_ms},
     }))?;
-    let both = llm_deployments("llm", &config, "/", None, &Default::default())?;
-    let server = Server::builder()
-        .bind("127.0.0.1:0".parse()?)
-        .application(
-            Application::new("llm")
-                .ingress(both.ingress)
-                .deployment(both.server),
-        )
-        .start()
-        .await?;
-    let addr = server.local_addr();
+    let (server, addr) = serve(&config, 1).await?;
     let adapters: Vec<String> = (0..16).map(|i| format!("smollm2:bench-{i:02}")).collect();
     batch(addr, &adapters, &prompt, 2).await?; // warm-up: every adapter loaded
-    let mut rates = Vec::new();
-    for _ in 0..a.runs {
-        let (out, wall) = batch(addr, &adapters[..8], &prompt, a.tokens).await?;
-        rates.push(out.iter().map(|o| o.1).sum::<usize>() as f64 / wall.as_secs_f64());
-    }
-    let http = pct(rates, 0.5);
+    let http = rate(addr, &adapters[..8], &prompt, &a).await?;
     println!(
         "{}",
         json!({"scenario": "http8", "aggregate_tok_s": http, "vs_engine8": http / direct})

@@ -112,38 +112,25 @@ mod x86 {
 
     use super::{LANES, axpys_tail, dot_tail, tree_sum};
 
-    /// Outputs computed together: their accumulators are independent chains, so the adds
-    /// overlap instead of each waiting for the last (one chain per output left the loop
-    /// bound by the FMA's latency), and each chunk of `x` is loaded once for all of them.
-    const TOGETHER: usize = 4;
-
     /// # Safety
     /// The CPU has AVX-512 F and FMA.
     #[target_feature(enable = "avx512f,fma")]
     pub(super) unsafe fn dots_avx512(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
         let whole = x.len() / LANES * LANES;
-        let row = |j: usize| &rows[j * stride..j * stride + x.len()];
-        for (group, outs) in out.chunks_mut(TOGETHER).enumerate() {
-            let first = group * TOGETHER;
-            let n = outs.len();
-            let group_rows: [&[u16]; TOGETHER] = std::array::from_fn(|i| row(first + i.min(n - 1)));
-            let mut acc = [_mm512_setzero_ps(); TOGETHER];
+        for (j, o) in out.iter_mut().enumerate() {
+            let row = &rows[j * stride..j * stride + x.len()];
+            let mut acc = _mm512_setzero_ps();
             for c in (0..whole).step_by(LANES) {
-                // SAFETY: `c + LANES <= whole <= x.len()`, and each row holds `x.len()` values.
+                // SAFETY: `c + LANES <= whole <= x.len() == row.len()`.
                 unsafe {
-                    let xv = _mm512_loadu_ps(x.as_ptr().add(c));
-                    for (acc, r) in acc.iter_mut().zip(&group_rows) {
-                        let w = _mm512_cvtph_ps(_mm256_loadu_si256(r.as_ptr().add(c).cast()));
-                        *acc = _mm512_fmadd_ps(xv, w, *acc);
-                    }
+                    let w = _mm512_cvtph_ps(_mm256_loadu_si256(row.as_ptr().add(c).cast()));
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(x.as_ptr().add(c)), w, acc);
                 }
             }
-            for (i, o) in outs.iter_mut().enumerate() {
-                let mut lanes = [0.0f32; LANES];
-                // SAFETY: `lanes` is 16 f32s.
-                unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc[i]) };
-                *o = dot_tail(tree_sum(lanes), &x[whole..], &group_rows[i][whole..]);
-            }
+            let mut lanes = [0.0f32; LANES];
+            // SAFETY: `lanes` is 16 f32s.
+            unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
+            *o = dot_tail(tree_sum(lanes), &x[whole..], &row[whole..]);
         }
     }
 
@@ -152,38 +139,27 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dots_avx2(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
         let whole = x.len() / LANES * LANES;
-        let row = |j: usize| &rows[j * stride..j * stride + x.len()];
-        for (group, outs) in out.chunks_mut(TOGETHER).enumerate() {
-            let first = group * TOGETHER;
-            let n = outs.len();
-            let group_rows: [&[u16]; TOGETHER] = std::array::from_fn(|i| row(first + i.min(n - 1)));
-            // Lanes 0..8 and 8..16 of each output's accumulators.
-            let mut acc = [[_mm256_setzero_ps(); 2]; TOGETHER];
+        for (j, o) in out.iter_mut().enumerate() {
+            let row = &rows[j * stride..j * stride + x.len()];
+            // Lanes 0..8 and 8..16 of the accumulators.
+            let mut acc = [_mm256_setzero_ps(); 2];
             for c in (0..whole).step_by(LANES) {
-                // SAFETY: `c + LANES <= whole <= x.len()`, and each row holds `x.len()` values.
-                unsafe {
-                    let xv = [
-                        _mm256_loadu_ps(x.as_ptr().add(c)),
-                        _mm256_loadu_ps(x.as_ptr().add(c + 8)),
-                    ];
-                    for (acc, r) in acc.iter_mut().zip(&group_rows) {
-                        for h in 0..2 {
-                            let w =
-                                _mm256_cvtph_ps(_mm_loadu_si128(r.as_ptr().add(c + 8 * h).cast()));
-                            acc[h] = _mm256_fmadd_ps(xv[h], w, acc[h]);
-                        }
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: `c + 8 * h + 8 <= whole <= x.len() == row.len()`.
+                    unsafe {
+                        let w =
+                            _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(c + 8 * h).cast()));
+                        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(c + 8 * h)), w, *acc);
                     }
                 }
             }
-            for (i, o) in outs.iter_mut().enumerate() {
-                let mut lanes = [0.0f32; LANES];
-                // SAFETY: `lanes` is 16 f32s: two stores of 8.
-                unsafe {
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[i][0]);
-                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[i][1]);
-                }
-                *o = dot_tail(tree_sum(lanes), &x[whole..], &group_rows[i][whole..]);
+            let mut lanes = [0.0f32; LANES];
+            // SAFETY: `lanes` is 16 f32s: two stores of 8.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
             }
+            *o = dot_tail(tree_sum(lanes), &x[whole..], &row[whole..]);
         }
     }
 
