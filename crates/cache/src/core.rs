@@ -120,6 +120,9 @@ impl<M: Model> Draining<M> {
     }
 }
 
+/// The longest a load waits for a cheaper model in use rather than evict a dearer idle one.
+const MAX_PATIENCE: Duration = Duration::from_secs(1);
+
 /// Whether a reservation fits.
 #[derive(Debug, PartialEq, Eq)]
 enum Room {
@@ -128,6 +131,9 @@ enum Room {
     /// It will fit once models already draining (possibly just evicted for it) are unloaded,
     /// or once a model in use becomes idle: wait and look again.
     Wait,
+    /// It would fit by evicting idle models worth more than one in use (GDSF): wait for that
+    /// one to become idle, but look again after this long at most even if it does not.
+    WaitAtMost(Duration),
 }
 
 impl<M: Model> Core<M> {
@@ -232,7 +238,12 @@ impl<M: Model> Core<M> {
     /// Decides whether `slots` more slots and `bytes` more bytes fit, evicting idle models
     /// (least recently used first) when that is what it takes. Evicts nothing unless the
     /// evictions are enough: a load that will have to wait anyway must not empty the cache.
-    fn make_room(&self, st: &mut State<M>, slots: usize, bytes: u64) -> Room {
+    ///
+    /// Under GDSF, a load that would evict an idle model worth more than a model in use waits
+    /// for the cheaper one to become idle instead (a hot model is idle between its requests;
+    /// a cold one just loaded is still serving the request it was loaded for), as long as it
+    /// has waited (`waited`) less than reloading the dearer one took, and at most a second.
+    fn make_room(&self, st: &mut State<M>, slots: usize, bytes: u64, waited: Duration) -> Room {
         if self.fits(st.used_slots + slots, st.used_bytes + bytes) {
             return Room::Now;
         }
@@ -253,6 +264,7 @@ impl<M: Model> Core<M> {
         let idle = self.eviction_order(&index);
         let mut victims = Vec::new();
         let mut victims_priority = Vec::new();
+        let mut dearest = None;
         for r in idle {
             if self.fits(after_slots, after_bytes) {
                 break;
@@ -261,8 +273,16 @@ impl<M: Model> Core<M> {
             after_bytes -= r.charged;
             victims.push(r.id.clone());
             victims_priority.push(r.gdsf_priority());
+            dearest = Some(r);
         }
         if self.fits(after_slots, after_bytes) {
+            if self.config.eviction == EvictionPolicy::Gdsf
+                && let Some(dearest) = dearest
+                && waited < dearest.load_time.min(MAX_PATIENCE)
+                && self.cheapest_busy(&index) < dearest.gdsf_priority()
+            {
+                return Room::WaitAtMost(dearest.load_time.min(MAX_PATIENCE) - waited);
+            }
             self.metrics
                 .evictions
                 .fetch_add(victims.len() as u64, Ordering::Relaxed);
@@ -277,6 +297,15 @@ impl<M: Model> Core<M> {
             self.evict_locked(st, &victims, EvictReason::Capacity);
         }
         Room::Wait
+    }
+
+    /// The lowest GDSF priority of a model in use and not pinned (infinity if none is).
+    fn cheapest_busy(&self, index: &Index<M>) -> f64 {
+        index
+            .values()
+            .filter(|r| !r.is_idle() && !r.pinned.load(Ordering::Relaxed))
+            .map(|r| r.gdsf_priority())
+            .fold(f64::INFINITY, f64::min)
     }
 
     /// The models that may be evicted (idle: unused and unpinned), first to go first.
@@ -345,6 +374,7 @@ impl<M: Model> Core<M> {
         deadline: Instant,
     ) -> Result<(), Error> {
         let started = Instant::now();
+        let mut look_again = None;
         let _waiting = WaiterCount::new(&self.room);
         loop {
             let notified = self.room.notify.notified();
@@ -356,11 +386,19 @@ impl<M: Model> Core<M> {
                 if st.shutting_down {
                     return Err(Error::ShuttingDown);
                 }
-                if self.make_room(&mut st, slots, bytes) == Room::Now {
-                    st.used_slots += slots;
-                    st.used_bytes += bytes;
-                    return Ok(());
+                match self.make_room(&mut st, slots, bytes, started.elapsed()) {
+                    Room::Now => {
+                        st.used_slots += slots;
+                        st.used_bytes += bytes;
+                        return Ok(());
+                    }
+                    Room::Wait => {}
+                    Room::WaitAtMost(most) => look_again = Some(Instant::now() + most),
                 }
+            }
+            if let Some(at) = look_again.take().filter(|at| *at < deadline) {
+                let _ = tokio::time::timeout_at(at, notified).await;
+                continue;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 let st = self.state.lock();

@@ -85,6 +85,8 @@ pub(crate) struct Resident<M: Model> {
     pub(crate) aged_at: AtomicU64,
     /// GDSF: what reloading it would cost per byte (load seconds per MiB, at least 1 ms / MiB).
     pub(crate) cost_per_mib: f64,
+    /// How long its load took.
+    pub(crate) load_time: std::time::Duration,
     pub(crate) id: ModelId,
     pub(crate) size: Option<u64>,
     /// Bytes counted against `max_bytes`: the reported size, or, for a model that reports
@@ -115,6 +117,7 @@ impl<M: Model> Resident<M> {
             hits: AtomicU64::new(1),
             aged_at: AtomicU64::new(core.inflation().to_bits()),
             cost_per_mib: load_time.as_secs_f64().max(0.001) / mib,
+            load_time,
             id,
             size,
             charged,

@@ -53,7 +53,9 @@ pub enum EvictionPolicy {
     /// Greedy-Dual-Size-Frequency: lowest `L + hits × load_time / size` first, where `L`
     /// rises to the priority of each model evicted, so popularity that stops ages out. It
     /// keeps models that are used often, were slow to load, or are small; on skewed
-    /// (Zipf-like) traffic it needs markedly fewer loads than LRU for the same room.
+    /// (Zipf-like) traffic it needs markedly fewer loads than LRU for the same room. A load
+    /// that would evict an idle model worth more than one in use waits (at most the dearer
+    /// model's load time, and a second) for the cheaper one to become idle instead.
     Gdsf,
 }
 
