@@ -44,32 +44,44 @@ fn differences(got: &[f32], want: &[f32]) -> (f32, f32) {
     (max, diffs.iter().sum::<f32>() / diffs.len() as f32)
 }
 
-/// The quantized engine's measured differences from the reference per case, max and mean
-/// |diff| over the 49152 logits at the last prompt position (weights in the int8 kernel's
-/// format, activations quantized to 8 bits per block of 32 as it runs them; logits up to 34).
-/// `poet` adapts all seven projections of every layer and amplifies any perturbation (at 1.5x
-/// its strength its output is no longer language, in the reference too); `zero` (scale 0)
-/// equals the base model. The same run with the file's own Q4_1 weights (llama.cpp's
-/// arithmetic) differs from the reference as much.
-const QUANTIZED_MEASURED: [(&str, f32, f32); 9] = [
+/// The quantized engine's measured differences from the reference for the base model, max
+/// and mean |diff| over the 49152 logits at the last prompt position (weights in the int8
+/// kernel's format, activations quantized to 8 bits per block of 32 as it runs them; logits up
+/// to 34). These cases' inputs are fixed (the shipped GGUF, the prompts), so their
+/// differences are the same on every machine; the bounds are 1.5x these. The same run with
+/// the file's own Q4_1 weights (llama.cpp's arithmetic) differs from the reference as much.
+const QUANTIZED_BASE_MEASURED: [(&str, f32, f32); 3] = [
     ("chat", 0.688, 0.122),
     ("plain", 1.329, 0.440),
     ("code", 1.443, 0.589),
-    ("chat+pirate", 0.931, 0.168),
-    ("chat+tutor", 0.896, 0.149),
-    ("chat+poet", 2.578, 0.735),
-    ("chat+chef", 0.914, 0.182),
-    ("chat+patterns", 0.798, 0.156),
-    ("chat+zero", 0.688, 0.122),
 ];
 
-/// The bounds the quantized engine must stay within: 1.5x what was measured, per case.
+/// The bound on every adapter case, (max, mean) |diff|. Unlike the base cases', an adapter
+/// case's difference is not one fixed number: quantizing activations to 8 bits turns a change
+/// in the last bits of the adapter's weights (what numpy's BLAS on the machine that wrote them
+/// decides) into a different rounding pattern over 30 layers, and the adapters push the model
+/// hard (up to 0.2 of each weight's norm). `scripts/llm/quantized-spread` measures the spread:
+/// the test adapters perturbed by 1e-6 relative noise. Over 25 draws the mean |diff| was
+/// 0.10-0.43, and once 0.73 (`chef`, rank 64 on every MLP projection); the max |diff| at most
+/// 1.76; the argmax never moved. (A new machine's adapters once gave `tutor` 0.24 where a
+/// bound of 1.5x one earlier measurement allowed 0.22.) An engine that ignored the adapter
+/// would be 4.9 (`chef`) to 10.3 mean |diff| away: `adapters_are_told_apart` checks that is
+/// more than four times this bound and the base case's together.
+const QUANTIZED_ADAPTER_BOUNDS: (f32, f32) = (2.6, 1.0);
+
+/// The bounds the quantized engine must stay within for `case`.
 fn quantized_bounds(case: &Case) -> (f32, f32) {
-    let &(_, max, mean) = QUANTIZED_MEASURED
+    let base = case.name.split('+').next().unwrap_or_default();
+    let &(_, max, mean) = QUANTIZED_BASE_MEASURED
         .iter()
-        .find(|(name, _, _)| *name == case.name)
-        .unwrap_or_else(|| panic!("{}: no measured bound for this case", case.name));
-    (1.5 * max, 1.5 * mean)
+        .find(|(name, _, _)| *name == base)
+        .unwrap_or_else(|| panic!("{}: no measured bound for its prompt", case.name));
+    if case.adapter.as_deref().is_some_and(|a| a != "zero") {
+        QUANTIZED_ADAPTER_BOUNDS
+    } else {
+        // The zero-scale adapter's logits are the base model's.
+        (1.5 * max, 1.5 * mean)
+    }
 }
 
 /// With f32 weights (the same arithmetic as the reference, in another order and layout).
@@ -80,7 +92,7 @@ const F32_BOUNDS: (f32, f32) = (2e-4, 5e-5);
 /// With f32 weights and the adapters in binary16. Measured: max |diff| 1.7e-3 (`pirate`) to
 /// 1.35e-2 (`poet`, which adapts every projection and amplifies any perturbation), mean
 /// 2.9e-4 to 3.2e-3; `zero` stays within `F32_BOUNDS`. A hundredth of what the int8 kernel's
-/// rounding moves the same logits by (`QUANTIZED_MEASURED`).
+/// rounding moves the same logits by (`QUANTIZED_BASE_MEASURED`).
 const HALF_ADAPTER_BOUNDS: (f32, f32) = (3e-2, 6e-3);
 
 /// Checks that the bounds can tell every adapter from the base model: each adapter case's
@@ -176,27 +188,32 @@ fn binary16_adapters_stay_near_the_f32_reference() {
 }
 
 /// Quantized as the engine runs by default, each logit moves by the rounding of hundreds of
-/// products per layer over 30 layers: within 1.5x the measured difference of each case
-/// (`QUANTIZED_MEASURED`), and the argmax must not move; the greedy test below checks whole
-/// continuations. Ignoring an adapter would be 8 to 46 times the adapter case's bound on the
-/// mean (`adapters_are_told_apart`).
+/// products per layer over 30 layers: within 1.5x the measured difference for the base model
+/// (`QUANTIZED_BASE_MEASURED`), within `QUANTIZED_ADAPTER_BOUNDS` with an adapter, and the
+/// argmax must not move; the greedy test below checks whole continuations. Every case is
+/// printed before any is judged (`scripts/llm/quantized-spread` reads the lines).
 #[test]
 fn quantized_logits_stay_within_quantization_error() {
     let reference = Reference::load();
     adapters_are_told_apart(&reference, quantized_bounds);
     let rt = runtime();
+    let mut wrong = Vec::new();
     for case in &reference.cases {
         let got = last_logits(rt, case);
         let (max, mean) = differences(&got, &case.last_logits);
         println!("{}: max |diff| {max}, mean {mean}", case.name);
         let (max_bound, mean_bound) = quantized_bounds(case);
-        assert!(
-            max < max_bound && mean < mean_bound,
-            "{}: max |diff| {max}, mean {mean} (bounds {max_bound}, {mean_bound})",
-            case.name
-        );
-        assert_eq!(argmax(&got), argmax(&case.last_logits), "{}", case.name);
+        if !(max < max_bound && mean < mean_bound) {
+            wrong.push(format!(
+                "{}: max |diff| {max}, mean {mean} (bounds {max_bound}, {mean_bound})",
+                case.name
+            ));
+        }
+        if argmax(&got) != argmax(&case.last_logits) {
+            wrong.push(format!("{}: the argmax moved", case.name));
+        }
     }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
