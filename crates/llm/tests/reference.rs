@@ -57,11 +57,11 @@ const QUANTIZED_BASE_MEASURED: [(&str, f32, f32); 3] = [
 ];
 
 /// The bound on every adapter case, (max, mean) |diff|. Unlike the base cases', an adapter
-/// case's difference is not one fixed number: quantizing activations to 8 bits turns a change
-/// in the last bits of the adapter's weights (what numpy's BLAS on the machine that wrote them
-/// decides) into a different rounding pattern over 30 layers, and the adapters push the model
-/// hard (up to 0.2 of each weight's norm). `scripts/llm/quantized-spread` measures the spread:
-/// the test adapters perturbed by 1e-6 relative noise. Over 25 draws the mean |diff| was
+/// case's difference is not one fixed number: with activations quantized to 8 bits, a change
+/// in the last bits of the adapter's weights becomes a different rounding pattern over 30
+/// layers, and the adapters push the model hard (up to 0.2 of each weight's norm).
+/// `scripts/llm/quantized-spread` measures the spread: the test adapters perturbed by 1e-6
+/// relative noise. Over 25 draws the mean |diff| was
 /// 0.10-0.43, and once 0.73 (`chef`, rank 64 on every MLP projection); the max |diff| at most
 /// 1.76; the argmax never moved. (A new machine's adapters once gave `tutor` 0.24 where a
 /// bound of 1.5x one earlier measurement allowed 0.22.) An engine that ignored the adapter
