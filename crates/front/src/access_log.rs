@@ -83,11 +83,8 @@ impl AccessEntry<'_> {
     }
 
     fn text(&self, out: &mut Vec<u8>) {
-        let _ = write!(
-            out,
-            "{}  INFO modelmux::access: request_id=",
-            humantime::format_rfc3339_micros(std::time::SystemTime::now())
-        );
+        timestamp(out, std::time::SystemTime::now());
+        out.extend_from_slice(b"  INFO modelmux::access: request_id=");
         quoted(out, self.request_id.as_str());
         for (key, value) in [
             (" method=", self.method),
@@ -99,7 +96,9 @@ impl AccessEntry<'_> {
             out.extend_from_slice(key.as_bytes());
             quoted(out, value);
         }
-        let _ = write!(out, " status={} ms=", self.status);
+        out.extend_from_slice(b" status=");
+        out.extend_from_slice(itoa::Buffer::new().format(self.status).as_bytes());
+        out.extend_from_slice(b" ms=");
         milliseconds(out, self.ms);
         if let Some(error) = self.error {
             out.extend_from_slice(b" error=");
@@ -109,11 +108,9 @@ impl AccessEntry<'_> {
     }
 
     fn json(&self, out: &mut Vec<u8>) {
-        let _ = write!(
-            out,
-            "{{\"timestamp\":\"{}\",\"level\":\"INFO\",\"fields\":{{\"request_id\":",
-            humantime::format_rfc3339_micros(std::time::SystemTime::now())
-        );
+        out.extend_from_slice(b"{\"timestamp\":\"");
+        timestamp(out, std::time::SystemTime::now());
+        out.extend_from_slice(b"\",\"level\":\"INFO\",\"fields\":{\"request_id\":");
         let _ = serde_json::to_writer(&mut *out, self.request_id.as_str());
         for (key, value) in [
             (",\"method\":", self.method),
@@ -125,7 +122,9 @@ impl AccessEntry<'_> {
             out.extend_from_slice(key.as_bytes());
             let _ = serde_json::to_writer(&mut *out, value);
         }
-        let _ = write!(out, ",\"status\":{},\"ms\":", self.status);
+        out.extend_from_slice(b",\"status\":");
+        out.extend_from_slice(itoa::Buffer::new().format(self.status).as_bytes());
+        out.extend_from_slice(b",\"ms\":");
         milliseconds(out, self.ms);
         if let Some(error) = self.error {
             out.extend_from_slice(b",\"error\":");
@@ -143,7 +142,71 @@ fn milliseconds(out: &mut Vec<u8>, ms: f64) {
         return;
     }
     let hundredths = (ms * 100.0).round() as u64;
-    let _ = write!(out, "{}.{:02}", hundredths / 100, hundredths % 100);
+    out.extend_from_slice(itoa::Buffer::new().format(hundredths / 100).as_bytes());
+    let cents = (hundredths % 100) as u8;
+    out.extend_from_slice(&[b'.', b'0' + cents / 10, b'0' + cents % 10]);
+}
+
+/// The current time as `tracing`'s lines show it (RFC 3339 in UTC, to the microsecond). The
+/// date and time of day are formatted once a second per thread; each line adds its
+/// microseconds (a calendar conversion per line was a visible share of its cost).
+fn timestamp(out: &mut Vec<u8>, now: std::time::SystemTime) {
+    thread_local! {
+        /// The second last formatted on this thread, and its `YYYY-MM-DDTHH:MM:SS.`.
+        static SECOND: std::cell::Cell<(u64, [u8; 20])> = const {
+            std::cell::Cell::new((u64::MAX, [0; 20]))
+        };
+    }
+    let Ok(since) = now.duration_since(std::time::UNIX_EPOCH) else {
+        // A clock before 1970 (humantime panics on one).
+        return out.push(b'-');
+    };
+    let secs = since.as_secs();
+    let prefix = SECOND.with(|second| {
+        let (cached, prefix) = second.get();
+        if cached == secs {
+            return Some(prefix);
+        }
+        // `YYYY-MM-DDTHH:MM:SSZ`; a time humantime cannot write (past the year 9999) is
+        // left to the slow path.
+        let mut whole = String::with_capacity(20);
+        std::fmt::Write::write_fmt(
+            &mut whole,
+            format_args!("{}", humantime::format_rfc3339_seconds(now)),
+        )
+        .ok()?;
+        let mut prefix = [0; 20];
+        prefix[..19].copy_from_slice(whole.as_bytes().get(..19)?);
+        prefix[19] = b'.';
+        (whole.len() == 20).then(|| {
+            second.set((secs, prefix));
+            prefix
+        })
+    });
+    let Some(prefix) = prefix else {
+        return rfc3339_or_dash(out, now);
+    };
+    out.extend_from_slice(&prefix);
+    let mut micros = since.subsec_micros();
+    let mut digits = [b'0'; 6];
+    for digit in digits.iter_mut().rev() {
+        *digit = b'0' + (micros % 10) as u8;
+        micros /= 10;
+    }
+    out.extend_from_slice(&digits);
+    out.push(b'Z');
+}
+
+/// `now` (after 1970) as humantime writes it, or `-` past the year 9999, which it cannot write.
+fn rfc3339_or_dash(out: &mut Vec<u8>, now: std::time::SystemTime) {
+    let mut text = String::new();
+    match std::fmt::Write::write_fmt(
+        &mut text,
+        format_args!("{}", humantime::format_rfc3339_micros(now)),
+    ) {
+        Ok(()) => out.extend_from_slice(text.as_bytes()),
+        Err(_) => out.push(b'-'),
+    }
 }
 
 /// `value` in double quotes as `tracing`'s text lines show a string (its `Debug` form).
@@ -232,6 +295,40 @@ mod tests {
         assert_eq!(line["fields"]["ms"], 1.23);
         assert_eq!(line["fields"]["error"], "not_found");
         assert!(humantime::parse_rfc3339(line["timestamp"].as_str().unwrap()).is_ok());
+    }
+
+    #[test]
+    fn timestamps_read_as_humantime_writes_them() {
+        use std::time::{Duration, UNIX_EPOCH};
+        let at =
+            |secs: u64, micros: u64| UNIX_EPOCH + Duration::from_micros(secs * 1_000_000 + micros);
+        // The same second twice (the cached date), the next second, a new day and year, the
+        // first second after the epoch, and times the cache does not cover.
+        for now in [
+            at(1_764_150_748, 6_016),
+            at(1_764_150_748, 999_999),
+            at(1_764_150_749, 0),
+            at(1_767_225_599, 500_000),
+            at(1_767_225_600, 1),
+            at(0, 7),
+            at(1_767_225_600, 1),
+            at(400_000_000_000, 12),
+            UNIX_EPOCH - Duration::from_secs(5),
+        ] {
+            let mut out = Vec::new();
+            timestamp(&mut out, now);
+            let mut want = String::new();
+            if now < UNIX_EPOCH
+                || std::fmt::Write::write_fmt(
+                    &mut want,
+                    format_args!("{}", humantime::format_rfc3339_micros(now)),
+                )
+                .is_err()
+            {
+                want = "-".into();
+            }
+            assert_eq!(String::from_utf8(out).unwrap(), want);
+        }
     }
 
     #[test]

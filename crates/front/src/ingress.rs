@@ -35,23 +35,35 @@ pub const REPLICA_HEADER: HeaderName = HeaderName::from_static("x-modelmux-repli
 /// W3C Trace Context: the caller's span in a request, this server's in its response.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 
-/// What the access line says of a request that reached an application: put on its response by
-/// [`route`], with the model the innermost call that named one used (an OpenAI request's
-/// adapter, named in its body, comes back this way from the LLM deployment).
-#[derive(Clone)]
+/// An application request's response, with what its access line says of the request when it
+/// reached an application. Returned beside the response rather than put on it: an extension
+/// costs allocations on every request.
+pub(crate) struct Routed {
+    pub(crate) response: Response,
+    pub(crate) served: Option<Served>,
+}
+
+/// What the access line says of a request that reached an application's ingress deployment.
 pub(crate) struct Served {
     pub(crate) app: Arc<str>,
+    /// The model the request's header named; else the one the innermost call that named one
+    /// used comes back on the response (an OpenAI request's adapter, named in its body, from
+    /// the LLM deployment: [`modelmux_serve::ServedModel`]).
     pub(crate) model: Option<ModelId>,
+    pub(crate) replica: Option<Arc<str>>,
 }
 
 /// An application request, behind the front door's layers: route it to its application's
 /// ingress deployment.
-pub(crate) async fn route(state: &FrontState, mut request: http::Request<Incoming>) -> Response {
-    let request_id = request
-        .extensions_mut()
-        .remove::<RequestId>()
-        .unwrap_or_else(RequestId::generate);
-    let fail = |e: ServeError| e.into_response(Some(request_id.as_str()));
+pub(crate) async fn route(
+    state: &FrontState,
+    request_id: RequestId,
+    request: http::Request<Incoming>,
+) -> Routed {
+    let fail = |e: ServeError| Routed {
+        response: e.into_response(Some(request_id.as_str())),
+        served: None,
+    };
     let Some(app) = state.controller.app_for(request.uri().path()) else {
         return fail(ServeError::NoRoute {
             path: request.uri().path().to_string(),
@@ -66,12 +78,13 @@ pub(crate) async fn route(state: &FrontState, mut request: http::Request<Incomin
     let (body, _held) = match read_body(&parts.headers, body, state).await {
         Ok(read) => read,
         Err(e) => {
-            let mut response = fail(e);
+            let mut routed = fail(e);
             // The rest of the body may still be on its way: do not read it, close.
-            response
+            routed
+                .response
                 .headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return response;
+            return routed;
         }
     };
     // A request another node forwarded here is served by this node's replicas, never
@@ -107,7 +120,7 @@ pub(crate) async fn route(state: &FrontState, mut request: http::Request<Incomin
     let (result, replica) = app
         .dispatch(http::Request::from_parts(parts, body), context, route)
         .await;
-    let mut response = result.unwrap_or_else(fail);
+    let mut response = result.unwrap_or_else(|e| e.into_response(Some(request_id.as_str())));
     if let Some(v) = replica.as_ref().and_then(|r| HeaderValue::from_str(r).ok()) {
         response.headers_mut().insert(REPLICA_HEADER, v);
     }
@@ -122,14 +135,14 @@ pub(crate) async fn route(state: &FrontState, mut request: http::Request<Incomin
             response.headers_mut().insert(TRACEPARENT, v);
         }
     }
-    if modelmux_serve::access_log_on() {
-        let served = Served {
+    Routed {
+        response,
+        served: Some(Served {
             app: app.name().clone(),
             model,
-        };
-        response.extensions_mut().insert(served);
+            replica,
+        }),
     }
-    response
 }
 
 /// The model id from either spelling of the header. Absent or empty: a normal request. Both

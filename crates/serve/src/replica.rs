@@ -146,16 +146,24 @@ impl Replica {
         // span (so a `Loading model` line names the request that triggered it); otherwise the
         // replica's span is reused.
         let request_span = tracing::debug_span!(parent: &self.span, "request", request_id = context.request_id().map_or("-", |r| r.as_str()));
-        let span = if request_span.is_disabled() {
-            self.span.clone()
-        } else {
-            request_span
-        };
         // Building the future is user code too (a hand-written `fn call` may panic before it
         // returns one), so it happens inside the guarded future.
         let instance = self.instance.clone();
         let call = context.scope(async move { instance.call_boxed(request).await });
-        match AssertUnwindSafe(call).catch_unwind().instrument(span).await {
+        let call = AssertUnwindSafe(call).catch_unwind();
+        let result = if request_span.is_disabled() {
+            // In the replica's span, entered by reference on each poll: a clone of it per
+            // request (what `instrument` needs) costs the subscriber a clone and a close.
+            let mut call = std::pin::pin!(call);
+            std::future::poll_fn(|cx| {
+                let _entered = self.span.enter();
+                call.as_mut().poll(cx)
+            })
+            .await
+        } else {
+            call.instrument(request_span).await
+        };
+        match result {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(error)) => Err(ServeError::from_deployment(&self.deployment, error)),
             Err(panic) => {

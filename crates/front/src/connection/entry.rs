@@ -15,7 +15,7 @@ use tower::ServiceExt;
 use super::stack::Apps;
 use crate::Response;
 use crate::access_log::AccessEntry;
-use crate::ingress::{REPLICA_HEADER, REQUEST_ID_HEADER, Served};
+use crate::ingress::{REQUEST_ID_HEADER, Routed, Served};
 use crate::state::FrontState;
 use modelmux_serve::ServeError;
 use modelmux_serve::{ServedModel, access_log_on};
@@ -23,7 +23,7 @@ use modelmux_serve::{ServedModel, access_log_on};
 pub(crate) async fn handle(
     state: Arc<FrontState>,
     apps: Apps,
-    mut request: http::Request<Incoming>,
+    request: http::Request<Incoming>,
 ) -> Result<Response, Infallible> {
     // A client's request id is echoed if it is usable, else one is made up.
     let request_id = request
@@ -46,13 +46,21 @@ pub(crate) async fn handle(
                 Instant::now(),
             )
         });
-        request.extensions_mut().insert(request_id.clone());
-        let response = match apps.oneshot(request).await {
-            Ok(response) => response,
-            Err(e) => front_error(e, &state).into_response(Some(request_id.as_str())),
+        let (response, served) = match apps.oneshot((request_id.clone(), request)).await {
+            Ok(Routed { response, served }) => (response, served),
+            Err(e) => (
+                front_error(e, &state).into_response(Some(request_id.as_str())),
+                None,
+            ),
         };
         if let Some((method, uri, started)) = asked {
-            access_line(&state, &method, &uri, &request_id, &response, started);
+            let asked = Asked {
+                method: &method,
+                uri: &uri,
+                request_id: &request_id,
+                started,
+            };
+            access_line(&state, &asked, &response, served.as_ref());
         }
         response
     };
@@ -83,32 +91,33 @@ fn front_error(error: BoxError, state: &FrontState) -> ServeError {
     }
 }
 
+/// What the access line says of the request as it came in.
+struct Asked<'a> {
+    method: &'a http::Method,
+    uri: &'a http::Uri,
+    request_id: &'a RequestId,
+    started: Instant,
+}
+
 /// One line per application request (see `access_log.rs`): formatted here, on the request's
 /// task, and written by the log's writer off it.
 fn access_line(
     state: &FrontState,
-    method: &http::Method,
-    uri: &http::Uri,
-    request_id: &RequestId,
+    asked: &Asked<'_>,
     response: &Response,
-    started: Instant,
+    served: Option<&Served>,
 ) {
-    let served = response.extensions().get::<Served>();
     let entry = AccessEntry {
-        request_id,
-        method: method.as_str(),
-        path: uri.path(),
+        request_id: asked.request_id,
+        method: asked.method.as_str(),
+        path: asked.uri.path(),
         app: served.map_or("-", |s| &*s.app),
-        replica: response
-            .headers()
-            .get(&REPLICA_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-"),
+        replica: served.and_then(|s| s.replica.as_deref()).unwrap_or("-"),
         model: served
             .and_then(|s| s.model.as_ref())
             .or_else(|| response.extensions().get::<ServedModel>().map(|m| &m.0)),
         status: response.status().as_u16(),
-        ms: started.elapsed().as_secs_f64() * 1e3,
+        ms: asked.started.elapsed().as_secs_f64() * 1e3,
         error: response
             .extensions()
             .get::<modelmux_serve::ErrorType>()

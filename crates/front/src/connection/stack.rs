@@ -8,15 +8,17 @@ use std::sync::Arc;
 
 use hyper::body::Incoming;
 use modelmux_cache::BoxError;
+use modelmux_context::RequestId;
 use tower::ServiceBuilder;
 use tower::limit::GlobalConcurrencyLimitLayer;
 use tower::util::BoxCloneSyncService;
 
-use crate::Response;
+use crate::ingress::Routed;
 use crate::state::FrontState;
 
-/// The application requests' service, cloned into every connection.
-pub(crate) type Apps = BoxCloneSyncService<http::Request<Incoming>, Response, BoxError>;
+/// The application requests' service, cloned into every connection: a request with the id it
+/// goes by in, its answer with what its access line says out.
+pub(crate) type Apps = BoxCloneSyncService<(RequestId, http::Request<Incoming>), Routed, BoxError>;
 
 /// Builds the stack over [`crate::ingress::route`].
 pub(super) fn build(state: Arc<FrontState>) -> Apps {
@@ -25,16 +27,19 @@ pub(super) fn build(state: Arc<FrontState>) -> Apps {
     let timeout = options
         .request_timeout
         .map(tower::timeout::TimeoutLayer::new);
-    let service = ServiceBuilder::new()
-        .load_shed()
-        .layer(GlobalConcurrencyLimitLayer::with_semaphore(cap))
-        .option_layer(timeout)
-        .service_fn(move |request: http::Request<Incoming>| {
-            let state = state.clone();
-            // The route's future (about 3 KB: the body read, then the dispatch) is boxed once
-            // here. Each layer above wraps its inner future by value, and moving 3 KB through
-            // all of them cost more, in copies, than this one allocation.
-            async move { Ok::<_, BoxError>(Box::pin(crate::ingress::route(&state, request)).await) }
-        });
+    let service =
+        ServiceBuilder::new()
+            .load_shed()
+            .layer(GlobalConcurrencyLimitLayer::with_semaphore(cap))
+            .option_layer(timeout)
+            .service_fn(move |(id, request): (RequestId, http::Request<Incoming>)| {
+                let state = state.clone();
+                // The route's future (about 3 KB: the body read, then the dispatch) is boxed once
+                // here. Each layer above wraps its inner future by value, and moving 3 KB through
+                // all of them cost more, in copies, than this one allocation.
+                async move {
+                    Ok::<_, BoxError>(Box::pin(crate::ingress::route(&state, id, request)).await)
+                }
+            });
     BoxCloneSyncService::new(service)
 }

@@ -123,14 +123,15 @@ impl AppState {
 
     /// Sends `request` to its ingress deployment: what [`Dispatch::dispatch`](crate::Dispatch)
     /// on that deployment does, without boxing the call's future or cloning the
-    /// port (the HTTP front's path, once per request).
+    /// port (the HTTP front's path, once per request). The response does not carry the
+    /// request's model as a [`ServedModel`](crate::ServedModel): the caller named it.
     pub fn dispatch(
         &self,
         request: crate::Request,
         context: modelmux_context::RequestContext,
         route: crate::Route,
     ) -> impl Future<Output = crate::Dispatched> + Send + '_ {
-        self.ingress.run(request, context, route)
+        self.ingress.run(request, context, route, false)
     }
 }
 

@@ -23,7 +23,7 @@ impl Dispatch for DeploymentRouter {
         context: RequestContext,
         route: Route,
     ) -> BoxFuture<'static, Dispatched> {
-        Box::pin(async move { self.run(request, context, route).await })
+        Box::pin(async move { self.run(request, context, route, true).await })
     }
 
     fn held_models(&self) -> Vec<(String, Vec<(ModelId, Holding)>)> {

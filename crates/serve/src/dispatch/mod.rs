@@ -164,12 +164,15 @@ impl DeploymentRouter {
 
     /// Routes `request` to a replica and runs it there (or forwards it to the node that
     /// has it). Returns the response (or the error) and the replica that served it, if one was
-    /// reached.
+    /// reached. With `record_model`, a response to a call that named a model carries it
+    /// ([`ServedModel`](crate::port::ServedModel)) for the access line of the HTTP request
+    /// around it; the front's own call does not need that (it knows the header's model).
     pub(crate) async fn run(
         self: &Arc<Self>,
         request: Request,
         context: RequestContext,
         route: Route,
+        record_model: bool,
     ) -> Dispatched {
         let start = Instant::now();
         let model = context.multiplexed_model_id().cloned();
@@ -262,6 +265,7 @@ impl DeploymentRouter {
         // here); each call to a deployment, a handle's too, is a debug line.
         let mut result = result;
         if let (Ok(response), Some(model)) = (&mut result, &model)
+            && record_model
             && crate::port::access_log_on()
             && response
                 .extensions()
