@@ -8,7 +8,8 @@
 //! - a connection that has not sent a whole request head within `header_read_timeout` is cut
 //!   off by hyper's own timer;
 //! - a connection with no request in progress and no bytes moving for `keep_alive_timeout` is
-//!   closed here (hyper has no idle timeout of its own), by the connection's watchdog;
+//!   closed here (hyper has no idle timeout of its own) by the connection's watchdog, which
+//!   looks every quarter of the timeout: within 1.25x of it;
 //! - a body that has not fully arrived within `body_read_timeout` gets 408 (`ingress.rs`);
 //! - memory: connections × [`MAX_BUF_BYTES`] plus `max_inflight_body_bytes`.
 
@@ -28,7 +29,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::options::{HttpOptions, MAX_BUF_BYTES};
 use crate::state::FrontState;
 
-use activity::{Activity, Watched};
+use activity::{Activity, Watchdog, Watched};
 
 /// Streams one HTTP/2 connection carries at once (a peer node's forwarded requests).
 const MAX_H2_STREAMS: u32 = 1024;
@@ -119,8 +120,8 @@ async fn serve_connection(
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let mut closing = false;
+    let mut watchdog = Watchdog::new(&activity, options.keep_alive_timeout);
     loop {
-        let idle_at = activity.idle_deadline(options.keep_alive_timeout);
         tokio::select! {
             result = conn.as_mut() => {
                 if let Err(e) = result {
@@ -135,8 +136,8 @@ async fn serve_connection(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = tokio::time::sleep_until(idle_at), if !closing => {
-                if activity.is_idle_since(options.keep_alive_timeout) {
+            _ = tokio::time::sleep_until(watchdog.next_look()), if !closing => {
+                if watchdog.look(&activity) {
                     tracing::trace!(%peer, "closing an idle keep-alive connection");
                     closing = true;
                     // On an idle connection this closes it at once; a request that slipped in
