@@ -167,24 +167,20 @@ fn timestamp(out: &mut Vec<u8>, now: std::time::SystemTime) {
         if cached == secs {
             return Some(prefix);
         }
-        // `YYYY-MM-DDTHH:MM:SSZ`; a time humantime cannot write (past the year 9999) is
-        // left to the slow path.
-        let mut whole = String::with_capacity(20);
+        // `YYYY-MM-DDTHH:MM:SS.uuuuuuZ`, of which the part before the microseconds is kept;
+        // none past the year 9999, which humantime cannot write.
+        let mut whole = String::with_capacity(27);
         std::fmt::Write::write_fmt(
             &mut whole,
-            format_args!("{}", humantime::format_rfc3339_seconds(now)),
+            format_args!("{}", humantime::format_rfc3339_micros(now)),
         )
         .ok()?;
-        let mut prefix = [0; 20];
-        prefix[..19].copy_from_slice(whole.as_bytes().get(..19)?);
-        prefix[19] = b'.';
-        (whole.len() == 20).then(|| {
-            second.set((secs, prefix));
-            prefix
-        })
+        let prefix: [u8; 20] = whole.as_bytes().get(..20)?.try_into().ok()?;
+        second.set((secs, prefix));
+        Some(prefix)
     });
     let Some(prefix) = prefix else {
-        return rfc3339_or_dash(out, now);
+        return out.push(b'-');
     };
     out.extend_from_slice(&prefix);
     let mut micros = since.subsec_micros();
@@ -195,18 +191,6 @@ fn timestamp(out: &mut Vec<u8>, now: std::time::SystemTime) {
     }
     out.extend_from_slice(&digits);
     out.push(b'Z');
-}
-
-/// `now` (after 1970) as humantime writes it, or `-` past the year 9999, which it cannot write.
-fn rfc3339_or_dash(out: &mut Vec<u8>, now: std::time::SystemTime) {
-    let mut text = String::new();
-    match std::fmt::Write::write_fmt(
-        &mut text,
-        format_args!("{}", humantime::format_rfc3339_micros(now)),
-    ) {
-        Ok(()) => out.extend_from_slice(text.as_bytes()),
-        Err(_) => out.push(b'-'),
-    }
 }
 
 /// `value` in double quotes as `tracing`'s text lines show a string (its `Debug` form).

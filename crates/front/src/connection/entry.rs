@@ -39,12 +39,10 @@ pub(crate) async fn handle(
         Box::pin(crate::admin::handle(&state, request, &request_id)).await
     } else {
         // What the access line needs of the request, kept only while it is written.
-        let asked = access_log_on().then(|| {
-            (
-                request.method().clone(),
-                request.uri().clone(),
-                Instant::now(),
-            )
+        let asked = access_log_on().then(|| Asked {
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+            started: Instant::now(),
         });
         let (response, served) = match apps.oneshot((request_id.clone(), request)).await {
             Ok(Routed { response, served }) => (response, served),
@@ -53,14 +51,8 @@ pub(crate) async fn handle(
                 None,
             ),
         };
-        if let Some((method, uri, started)) = asked {
-            let asked = Asked {
-                method: &method,
-                uri: &uri,
-                request_id: &request_id,
-                started,
-            };
-            access_line(&state, &asked, &response, served.as_ref());
+        if let Some(asked) = asked {
+            access_line(&state, &asked, &request_id, &response, served.as_ref());
         }
         response
     };
@@ -92,10 +84,9 @@ fn front_error(error: BoxError, state: &FrontState) -> ServeError {
 }
 
 /// What the access line says of the request as it came in.
-struct Asked<'a> {
-    method: &'a http::Method,
-    uri: &'a http::Uri,
-    request_id: &'a RequestId,
+struct Asked {
+    method: http::Method,
+    uri: http::Uri,
     started: Instant,
 }
 
@@ -103,12 +94,13 @@ struct Asked<'a> {
 /// task, and written by the log's writer off it.
 fn access_line(
     state: &FrontState,
-    asked: &Asked<'_>,
+    asked: &Asked,
+    request_id: &RequestId,
     response: &Response,
     served: Option<&Served>,
 ) {
     let entry = AccessEntry {
-        request_id: asked.request_id,
+        request_id,
         method: asked.method.as_str(),
         path: asked.uri.path(),
         app: served.map_or("-", |s| &*s.app),
