@@ -13,9 +13,10 @@
 //! in the lanes: no horizontal sums, and each weight vector loaded serves up to 8 activation
 //! rows (register blocking), so a step of 8 decode rows reads the weights once.
 //!
-//! Three kernels compute identical results (the same integer sums, then the same f32
-//! operations in the same order): AVX-512 VNNI, AVX2 (`vpmaddubsw` with the sign trick), and
-//! portable scalar code; [`Isa::detect`] picks the best the CPU has at run time.
+//! The kernels compute identical results (the same integer sums, then the same f32
+//! operations in the same order): AVX-512 VNNI, AVX2 (`vpmaddwd` on 16-bit pairs for tiles of
+//! 3 to 8 rows, `vpmaddubsw` with the sign trick for 1 or 2), and portable scalar code;
+//! [`Isa::detect`] picks the best the CPU has at run time.
 //!
 //! Threads are the caller's: [`ColumnChunks`] hands out disjoint column ranges of one output
 //! buffer to any number of threads, each of which calls [`Int8Matrix::matmul`] on its chunk.
@@ -124,7 +125,7 @@ impl Isa {
     pub(crate) fn tile_rows(self) -> usize {
         match self {
             Isa::Scalar => 4,
-            Isa::Avx2 => 2,
+            Isa::Avx2 => 8,
             Isa::Avx512Vnni => 8,
         }
     }

@@ -164,6 +164,11 @@ impl Int8Matrix {
         );
         let blocks = self.k / BLOCK;
         let tile_rows = isa.tile_rows();
+        let wide = if isa == Isa::Avx2 {
+            x.wide()
+        } else {
+            std::borrow::Cow::Borrowed(&[][..])
+        };
         let mut tile = [[0.0f32; PANEL]; 8];
         // Rows in blocks, so a prefill's output rows being written stay in L2 across panels.
         for first_row in (0..x.rows()).step_by(ROW_BLOCK) {
@@ -180,6 +185,9 @@ impl Int8Matrix {
                     let rows = tile_rows.min(end_row - row);
                     let t = Tile {
                         q: &x.q[row * self.k..(row + rows) * self.k],
+                        wide: wide
+                            .get(row * self.k..(row + rows) * self.k)
+                            .unwrap_or_default(),
                         scales: &x.scales[row * blocks..(row + rows) * blocks],
                         bias: &x.bias[row * blocks..(row + rows) * blocks],
                     };

@@ -23,10 +23,12 @@ pub(crate) struct Panel<'a> {
 }
 
 /// `R` consecutive rows of quantized activations: `q` is `R x k`, `scales` and `bias` are
-/// `R x blocks`.
+/// `R x blocks`; `wide` is `q` sign-extended to `i16` (`R x k`) for the AVX2 kernel, empty
+/// for the others.
 #[derive(Clone, Copy)]
 pub(crate) struct Tile<'a> {
     pub(crate) q: &'a [i8],
+    pub(crate) wide: &'a [i16],
     pub(crate) scales: &'a [f32],
     pub(crate) bias: &'a [i32],
 }

@@ -14,6 +14,9 @@ pub struct Int8Rows {
     /// `-128 * sum(q)` of each block: VNNI multiplies unsigned by signed bytes, so the
     /// kernel feeds it `w + 128` and starts each block's sum here to take the 128s back.
     pub(crate) bias: Vec<i32>,
+    /// `q` sign-extended to `i16`, filled when quantized for the AVX2 kernel (which multiplies
+    /// 16-bit pairs), empty otherwise.
+    pub(crate) wide: Vec<i16>,
 }
 
 impl Int8Rows {
@@ -47,6 +50,7 @@ impl Int8Rows {
         self.q.resize(x.len(), 0);
         self.scales.resize(blocks, 0.0);
         self.bias.resize(blocks, 0);
+        self.wide.clear();
         #[cfg(target_arch = "x86_64")]
         if isa == Isa::Avx512Vnni {
             crate::x86::quantize_avx512(x, &mut self.q, &mut self.scales, &mut self.bias);
@@ -61,6 +65,19 @@ impl Int8Rows {
             let (d, sum) = quantize_block(x, q.try_into().expect("a block"));
             *scale = d;
             *bias = -128 * sum;
+        }
+        if isa == Isa::Avx2 {
+            self.wide.extend(self.q.iter().map(|&q| i16::from(q)));
+        }
+    }
+
+    /// `q` as `i16`: the copy `quantize` made for the AVX2 kernel, or one made now when the
+    /// rows were quantized for another kernel (tests comparing kernels on one quantization).
+    pub(crate) fn wide(&self) -> std::borrow::Cow<'_, [i16]> {
+        if self.wide.len() == self.q.len() {
+            std::borrow::Cow::Borrowed(&self.wide)
+        } else {
+            self.q.iter().map(|&q| i16::from(q)).collect()
         }
     }
 
@@ -152,6 +169,21 @@ mod tests {
                 (&got.q, &got.scales, &got.bias),
                 (&want.q, &want.scales, &want.bias)
             );
+        }
+    }
+
+    #[test]
+    fn the_wide_copy_is_the_quantized_values_for_every_isa() {
+        let x: Vec<f32> = (0..3 * 64)
+            .map(|i| ((i * 53 % 255) as f32 - 127.0) / 3.0)
+            .collect();
+        for isa in Isa::ALL.into_iter().filter(|i| i.is_available()) {
+            let mut rows = Int8Rows::new();
+            rows.quantize_with(isa, &x, 64);
+            // Filled by the AVX2 quantization only; made on demand for the others.
+            assert_eq!(rows.wide.is_empty(), isa != Isa::Avx2, "{isa:?}");
+            let want: Vec<i16> = rows.q.iter().map(|&q| i16::from(q)).collect();
+            assert_eq!(&*rows.wide(), &want[..], "{isa:?}");
         }
     }
 

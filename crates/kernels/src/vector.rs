@@ -305,21 +305,26 @@ fn heads<const FMA: bool, const D: usize, const G: usize>(
         soft_cap::<FMA>(s, cap);
         softmax_body::<FMA>(s);
     }
-    // The heads' outputs stay in registers across all positions.
-    let mut acc = [[0.0f32; D]; G];
-    for j in 0..len {
-        let v: &[f32; D] = values[j * stride..j * stride + D]
-            .try_into()
-            .expect("D values");
-        for h in 0..G {
-            let p = scores[h * len + j];
-            for i in 0..D {
-                acc[h][i] = madd::<FMA>(p, v[i], acc[h][i]);
+    // The heads' outputs in column bands of `BAND` values, each band's `G` accumulators in
+    // registers across all positions (all of `D` for `G` heads would not fit: AVX2 has 16
+    // vector registers, and spilling them cost a load and a store per multiply-add).
+    const BAND: usize = 2 * LANES;
+    for band in 0..D / BAND {
+        let mut acc = [[0.0f32; BAND]; G];
+        for j in 0..len {
+            let v: &[f32; BAND] = values[j * stride + band * BAND..][..BAND]
+                .try_into()
+                .expect("BAND values");
+            for h in 0..G {
+                let p = scores[h * len + j];
+                for i in 0..BAND {
+                    acc[h][i] = madd::<FMA>(p, v[i], acc[h][i]);
+                }
             }
         }
-    }
-    for (o, acc) in out.chunks_exact_mut(D).zip(&acc) {
-        o.copy_from_slice(acc);
+        for (o, acc) in out.chunks_exact_mut(D).zip(&acc) {
+            o[band * BAND..(band + 1) * BAND].copy_from_slice(acc);
+        }
     }
 }
 

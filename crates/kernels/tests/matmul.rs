@@ -158,6 +158,23 @@ fn weights_come_back_within_half_a_step() {
     assert_eq!(m.size_bytes(), 2 * 16 * (k / BLOCK) * 34);
 }
 
+/// The scalar kernel's product within the reference's bound, and every other kernel this CPU
+/// has equal to it bit for bit.
+fn every_kernel_agrees(m: &Int8Matrix, x: &[f32], q: &Int8Rows, what: &str) {
+    let want = product(Isa::Scalar, m, q);
+    check_against_reference(m, x, q, &want);
+    for isa in available() {
+        assert_eq!(
+            product(isa, m, q)
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            "{isa:?}, {what}"
+        );
+    }
+}
+
 #[test]
 fn a_product_of_256_rows_matches_the_reference_and_the_scalar_kernel() {
     let (n, k, rows) = (40, 288, 256);
@@ -166,17 +183,28 @@ fn a_product_of_256_rows_matches_the_reference_and_the_scalar_kernel() {
     let m = Int8Matrix::quantize(&w, n, k);
     let mut q = Int8Rows::new();
     q.quantize(&x, k);
-    let want = product(Isa::Scalar, &m, &q);
-    check_against_reference(&m, &x, &q, &want);
-    for isa in available() {
-        assert_eq!(
-            product(isa, &m, &q)
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>(),
-            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "{isa:?}"
-        );
+    every_kernel_agrees(&m, &x, &q, "256 rows");
+}
+
+/// Every weight and activation at the edge of the int8 range (`±127` in every block, in
+/// every sign pattern the rows give): the AVX2 kernels' 16-bit pair sums are exact only if
+/// no intermediate saturates or wraps, so the largest products must come out as the scalar
+/// kernel's. Rows 1 to 8 cover every tile size of both AVX2 kernels.
+#[test]
+fn products_at_the_edge_of_the_int8_range_are_exact_in_every_kernel() {
+    let (n, k) = (32, 4 * BLOCK);
+    let w: Vec<f32> = (0..n * k)
+        .map(|i| if (i / 3 + i / k) % 2 == 0 { 1.0 } else { -1.0 })
+        .collect();
+    let m = Int8Matrix::quantize(&w, n, k);
+    for rows in 1..=8 {
+        let x: Vec<f32> = (0..rows * k)
+            .map(|i| if (i / 5 + i / k) % 3 == 0 { -2.0 } else { 2.0 })
+            .collect();
+        let mut q = Int8Rows::new();
+        q.quantize(&x, k);
+        assert!(q.quantized(0).iter().all(|v| v.abs() == 127));
+        every_kernel_agrees(&m, &x, &q, &format!("{rows} rows"));
     }
 }
 

@@ -85,9 +85,11 @@ fn quantized_bounds(case: &Case) -> (f32, f32) {
 }
 
 /// With f32 weights (the same arithmetic as the reference, in another order and layout).
-/// Measured: max |diff| 0.7-1.2e-4 (`poet` 1.22e-4), mean 1.9-3.1e-5; the reference file's 6
-/// significant digits alone round logits of 10 to 34 by up to 5e-5.
-const F32_BOUNDS: (f32, f32) = (2e-4, 5e-5);
+/// Measured on AVX-512 CPUs: max |diff| 0.7-1.2e-4 (`poet` 1.22e-4), mean 1.9-3.1e-5; on an
+/// AVX2-only Zen 3 (candle's and OpenBLAS's f32 kernels sum in other orders there) max
+/// 0.8-1.95e-4, mean 0.8-5.6e-5 (`poet`, which adapts every projection, the largest). The
+/// reference file's 6 significant digits alone round logits of 10 to 34 by up to 5e-5.
+const F32_BOUNDS: (f32, f32) = (4e-4, 1e-4);
 
 /// With f32 weights and the adapters in binary16. Measured: max |diff| 1.7e-3 (`pirate`) to
 /// 1.35e-2 (`poet`, which adapts every projection and amplifies any perturbation), mean
@@ -141,7 +143,7 @@ fn adapters_are_told_apart(reference: &Reference, bounds: impl Fn(&Case) -> (f32
 
 /// With f32 weights the engine does the reference's arithmetic in another order and layout
 /// (GGUF rows, interleaved rotary, adapters unmerged with their q/k rows permuted): the logits
-/// agree within `F32_BOUNDS` (2e-4), about the reference file's precision. Getting the
+/// agree within `F32_BOUNDS` (4e-4 max, 1e-4 mean), about the reference file's precision. Getting the
 /// permutation, a scale, rslora or a rank/alpha pattern wrong moves them by 0.1 to 10, and
 /// ignoring an adapter by 5 to 10 on average (`adapters_are_told_apart`).
 #[test]
@@ -338,7 +340,8 @@ async fn logprobs_are_the_log_softmax_of_the_reference_logits() {
                 .sum::<f64>()
                 .ln();
         let want = |t: u32| case.last_logits[t as usize] as f64 - log_z;
-        // The logits agree within 2e-4 (F32_BOUNDS); a log-softmax moves by at most twice that.
+        // The logits agree within 2e-4 at most (measured; F32_BOUNDS allows 4e-4 for the worst
+        // case): a log-softmax moves by at most twice the largest difference.
         const BOUND: f64 = 5e-4;
         assert!(
             (got.logprob as f64 - want(id)).abs() < BOUND,
