@@ -41,6 +41,8 @@
 mod columns;
 mod matrix;
 mod panel;
+#[cfg(target_arch = "x86_64")]
+mod quantize_x86;
 mod rows;
 mod scalar;
 pub mod vector;

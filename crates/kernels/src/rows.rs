@@ -52,9 +52,19 @@ impl Int8Rows {
         self.bias.resize(blocks, 0);
         self.wide.clear();
         #[cfg(target_arch = "x86_64")]
-        if isa == Isa::Avx512Vnni {
-            crate::x86::quantize_avx512(x, &mut self.q, &mut self.scales, &mut self.bias);
-            return;
+        match isa {
+            Isa::Avx512Vnni => {
+                let (q, scales, bias) = (&mut self.q, &mut self.scales, &mut self.bias);
+                crate::quantize_x86::quantize_avx512(x, q, scales, bias);
+                return;
+            }
+            Isa::Avx2 => {
+                self.wide.resize(x.len(), 0);
+                let (q, scales, bias) = (&mut self.q, &mut self.scales, &mut self.bias);
+                crate::quantize_x86::quantize_avx2(x, q, scales, bias, &mut self.wide);
+                return;
+            }
+            Isa::Scalar => {}
         }
         for (((x, q), scale), bias) in x
             .chunks_exact(BLOCK)
@@ -65,9 +75,6 @@ impl Int8Rows {
             let (d, sum) = quantize_block(x, q.try_into().expect("a block"));
             *scale = d;
             *bias = -128 * sum;
-        }
-        if isa == Isa::Avx2 {
-            self.wide.extend(self.q.iter().map(|&q| i16::from(q)));
         }
     }
 
@@ -156,9 +163,15 @@ mod tests {
 
     #[test]
     fn every_isa_quantizes_alike() {
+        // Blocks of small and large values, a zero row, blocks whose largest magnitude is
+        // negative or alone, values at the edges of f32's normal range, and halves (ties).
         let x: Vec<f32> = (0..7 * 96)
             .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * if i % 96 < 32 { 1e-3 } else { 0.37 })
             .chain([0.0; 96])
+            .chain((0..96).map(|i| if i % 32 == 5 { -3.5 } else { (i % 7) as f32 * 0.25 }))
+            .chain((0..96).map(|i| if i % 32 == 0 { 2.0 } else { 0.0 }))
+            .chain((0..96).map(|i| (i as f32 - 48.0) * if i < 48 { 1e-36 } else { 1e36 }))
+            .chain((0..96).map(|i| (i % 32) as f32 - 15.5))
             .collect();
         let mut want = Int8Rows::new();
         want.quantize_with(Isa::Scalar, &x, 96);
@@ -167,8 +180,11 @@ mod tests {
             got.quantize_with(isa, &x, 96);
             assert_eq!(
                 (&got.q, &got.scales, &got.bias),
-                (&want.q, &want.scales, &want.bias)
+                (&want.q, &want.scales, &want.bias),
+                "{isa:?}"
             );
+            let widened: Vec<i16> = want.q.iter().map(|&q| i16::from(q)).collect();
+            assert_eq!(&*got.wide(), &widened[..], "{isa:?}");
         }
     }
 
