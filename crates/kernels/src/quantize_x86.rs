@@ -133,7 +133,10 @@ fn quantize_blocks_avx2(
         let w01 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(r[0], r[1]));
         let w23 = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(r[2], r[3]));
         let bytes = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi16(w01, w23));
-        let (q, wide) = (&mut q[b * BLOCK..][..BLOCK], &mut wide[b * BLOCK..][..BLOCK]);
+        let (q, wide) = (
+            &mut q[b * BLOCK..][..BLOCK],
+            &mut wide[b * BLOCK..][..BLOCK],
+        );
         // SAFETY: `q` is 32 bytes and `wide` 32 i16s: one and two unaligned 32-byte stores.
         unsafe {
             _mm256_storeu_si256(q.as_mut_ptr().cast(), bytes);

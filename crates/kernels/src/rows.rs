@@ -168,7 +168,13 @@ mod tests {
         let x: Vec<f32> = (0..7 * 96)
             .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * if i % 96 < 32 { 1e-3 } else { 0.37 })
             .chain([0.0; 96])
-            .chain((0..96).map(|i| if i % 32 == 5 { -3.5 } else { (i % 7) as f32 * 0.25 }))
+            .chain((0..96).map(|i| {
+                if i % 32 == 5 {
+                    -3.5
+                } else {
+                    (i % 7) as f32 * 0.25
+                }
+            }))
             .chain((0..96).map(|i| if i % 32 == 0 { 2.0 } else { 0.0 }))
             .chain((0..96).map(|i| (i as f32 - 48.0) * if i < 48 { 1e-36 } else { 1e36 }))
             .chain((0..96).map(|i| (i % 32) as f32 - 15.5))

@@ -236,7 +236,7 @@ fn exp_body<const FMA: bool>(x: f32) -> f32 {
 /// vectors' worth of lanes, then a halving tree; shaped so the compiler keeps it in whole
 /// vector registers.
 #[inline(always)]
-fn dot_fixed<const FMA: bool, const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32 {
+pub(crate) fn dot_fixed<const FMA: bool, const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32 {
     const W: usize = 4 * LANES;
     let mut acc = [0.0f32; W];
     for c in 0..D / W {
@@ -293,7 +293,15 @@ fn heads<const FMA: bool, const D: usize, const G: usize>(
     let len = scores.len() / G;
     let q: [&[f32; D]; G] =
         std::array::from_fn(|h| q[h * D..(h + 1) * D].try_into().expect("D values"));
-    for j in 0..len {
+    #[allow(unused_mut)]
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if FMA {
+        // SAFETY: `FMA` is true only in the copies `multiversion!` runs after `level` found
+        // AVX2 and FMA on this CPU.
+        done = unsafe { crate::attend_x86::scores(&q, keys, values, stride, scale, len, scores) };
+    }
+    for j in done..len {
         let k: &[f32; D] = keys[j * stride..j * stride + D]
             .try_into()
             .expect("D values");
