@@ -21,7 +21,10 @@
 //!   over the time from the first submission to the last finish; median of `--runs`), median
 //!   and max TTFT over every stream, and the mean time of one engine step.
 //! - `adapters8`: the same with stream i on adapter `bench-0i`, all loaded beforehand
-//!   (`max_adapters` = streams).
+//!   (`max_adapters` = streams). Each run is paired with a run of the same streams on the base
+//!   model in the same runtime (before it in even runs, after it in odd ones):
+//!   `vs_base_paired` is the median over runs of the adapters' aggregate tok/s over its base
+//!   run's (`paired_base_aggregate_tok_s`, their median).
 //! - `cycle16`: rounds of `--streams` concurrent requests, round k on adapters
 //!   `(s*k .. s*k+s-1) mod 2s`; first through `s` cache slots (the other half loaded
 //!   beforehand, so every round evicts and loads `s` adapters), then through `2s` slots with
@@ -34,7 +37,8 @@
 //!   the engine reserves).
 //! - `forward`: where a step's time goes, `LlamaModel::forward` alone (no engine): the
 //!   prompt's prefill, a 256-token prefill, and decode steps of 1 row, `--streams` rows, and
-//!   `--streams` rows on as many adapters; medians.
+//!   `--streams` rows on as many adapters (these two alternating, so both attend over the
+//!   same lengths of context); medians.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -234,7 +238,19 @@ async fn concurrent(args: &Args, name: &str, streams: usize, adapters: bool) -> 
     }
     batch(&rt, &prompt, 2, ids.clone()).await?;
     let (mut rates, mut decode, mut ttfts, mut step_ms) = (vec![], vec![], vec![], vec![]);
-    for _ in 0..args.runs {
+    // With adapters, each run is paired with a run of the same streams on the base model in
+    // the same runtime (before it in even runs, after it in odd ones), and the two rates are
+    // compared pair by pair: the clock of a shared machine drifts between separate runs by
+    // more than the difference being measured.
+    let base_run = async || -> Res<f64> {
+        let (wall, outcomes) = batch(&rt, &prompt, args.tokens, vec![None; streams]).await?;
+        Ok(outcomes.iter().map(|o| o.tokens).sum::<usize>() as f64 / wall.as_secs_f64())
+    };
+    let (mut base_rates, mut paired) = (vec![], vec![]);
+    for run in 0..args.runs {
+        if adapters && run % 2 == 0 {
+            base_rates.push(base_run().await?);
+        }
         let steps = rt.engine().snapshot().steps;
         let (wall, outcomes) = batch(&rt, &prompt, args.tokens, ids.clone()).await?;
         let steps = rt.engine().snapshot().steps - steps;
@@ -245,14 +261,25 @@ async fn concurrent(args: &Args, name: &str, streams: usize, adapters: bool) -> 
         decode.extend(
             (outcomes.iter()).map(|o| (o.tokens.max(2) - 1) as f64 / o.decode.as_secs_f64()),
         );
+        if adapters && run % 2 == 1 {
+            base_rates.push(base_run().await?);
+        }
+        if let (Some(rate), Some(base)) = (rates.last(), base_rates.last()) {
+            paired.push(rate / base);
+        }
     }
-    Ok(json!({
+    let mut result = json!({
         "scenario": name, "streams": streams, "tokens": args.tokens, "runs": args.runs,
         "prompt_tokens": prompt.len(), "decode_tok_s": pct(&decode, 0.5),
         "aggregate_tok_s": pct(&rates, 0.5),
         "ttft_median_ms": pct(&ttfts, 0.5), "ttft_max_ms": pct(&ttfts, 1.0),
         "step_ms": pct(&step_ms, 0.5),
-    }))
+    });
+    if adapters {
+        result["paired_base_aggregate_tok_s"] = json!(pct(&base_rates, 0.5));
+        result["vs_base_paired"] = json!(pct(&paired, 0.5));
+    }
+    Ok(result)
 }
 
 fn chat_prompt(rt: &LlmRuntime) -> Res<Vec<u32>> {
@@ -429,28 +456,30 @@ async fn forward(args: &Args) -> Res<Value> {
     }
     let token = [prompt[prompt.len() - 1]];
     let mut step = |rows: usize, with_adapters: bool| -> Res<f64> {
-        let mut times = Vec::new();
-        for _ in 0..steps {
-            let mut segments: Vec<Segment<'_>> = (caches.iter_mut().zip(&adapters).take(rows))
-                .map(|(cache, a)| Segment {
-                    tokens: &token,
-                    cache,
-                    adapter: with_adapters.then_some(&**a),
-                    want_logits: true,
-                    all_logits: false,
-                })
-                .collect();
-            let t = Instant::now();
-            model.forward(&mut segments)?;
-            times.push(ms(t.elapsed()));
-        }
-        Ok(pct(&times, 0.5))
+        let mut segments: Vec<Segment<'_>> = (caches.iter_mut().zip(&adapters).take(rows))
+            .map(|(cache, a)| Segment {
+                tokens: &token,
+                cache,
+                adapter: with_adapters.then_some(&**a),
+                want_logits: true,
+                all_logits: false,
+            })
+            .collect();
+        let t = Instant::now();
+        model.forward(&mut segments)?;
+        Ok(ms(t.elapsed()))
     };
-    let (one, base, lora) = (
-        step(1, false)?,
-        step(args.streams, false)?,
-        step(args.streams, true)?,
-    );
+    let one = (0..steps)
+        .map(|_| step(1, false))
+        .collect::<Res<Vec<_>>>()?;
+    // The base and adapter steps alternate, so both attend over the same lengths of context
+    // (each step adds a position to every cache).
+    let (mut base, mut lora) = (Vec::new(), Vec::new());
+    for _ in 0..steps {
+        base.push(step(args.streams, false)?);
+        lora.push(step(args.streams, true)?);
+    }
+    let (one, base, lora) = (pct(&one, 0.5), pct(&base, 0.5), pct(&lora, 0.5));
     Ok(json!({
         "scenario": "forward", "rows": args.streams, "prompt_tokens": prompt.len(),
         "prefill_ms": pct(&prefill, 0.5),
