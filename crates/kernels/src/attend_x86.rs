@@ -22,7 +22,8 @@ const AHEAD: usize = 16;
 /// The CPU has AVX2 and FMA.
 ///
 /// # Panics
-/// When `keys` holds fewer than `len` positions or `scores` fewer than `G * len` values.
+/// When `keys` holds fewer than the positions it scores or `scores` fewer than `G * len`
+/// values.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) unsafe fn scores<const D: usize, const G: usize>(
     q: &[&[f32; D]; G],

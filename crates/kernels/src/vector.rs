@@ -233,8 +233,9 @@ fn exp_body<const FMA: bool>(x: f32) -> f32 {
 }
 
 /// `a · b` for a fixed length (a multiple of `4 * LANES`): element-wise products into four
-/// vectors' worth of lanes, then a halving tree; shaped so the compiler keeps it in whole
-/// vector registers.
+/// vectors' worth of lanes, then a halving tree. Compiled for AVX2 the tree went through
+/// the stack, so the x86 copies score attention with `attend_x86::scores`, which does these
+/// operations in this order (and is tested against this function bit for bit).
 #[inline(always)]
 pub(crate) fn dot_fixed<const FMA: bool, const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32 {
     const W: usize = 4 * LANES;
