@@ -21,6 +21,8 @@ fn main() {
         (3072, 576),
         (576, 1536),
         (49152, 576),
+        // 108 MiB: larger than any L3 here, so the weights come from memory, as in a step.
+        (196608, 576),
     ];
     for isa in Isa::ALL
         .into_iter()
