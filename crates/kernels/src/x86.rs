@@ -12,7 +12,8 @@ use std::arch::x86_64::*;
 use crate::panel::{GROUPS, Panel, Tile};
 use crate::{BLOCK, PANEL};
 
-/// How many blocks (of 512 bytes) ahead the VNNI kernel prefetches weights.
+/// How many blocks (of 512 bytes) ahead the kernels prefetch weights (the VNNI kernel for
+/// tiles of 4 or more rows, both AVX2 kernels always).
 const PREFETCH_BLOCKS: usize = 8;
 
 pub(crate) fn has_avx2() -> bool {
