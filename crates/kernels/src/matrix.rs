@@ -7,8 +7,6 @@ use crate::panel::{GROUPS, Line, Panel, Tile};
 use crate::rows::round_to_i8;
 use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL};
 
-/// Activation rows multiplied by every panel of a call before the next rows start.
-const ROW_BLOCK: usize = 64;
 /// An `n x k` weight matrix as int8 blocks of [`BLOCK`] values with an f16 scale each,
 /// repacked into panels of [`PANEL`] rows (see the crate docs). `k` is a multiple of
 /// [`BLOCK`]; rows past `n` in the last panel are zeros.
@@ -140,66 +138,16 @@ impl Int8Matrix {
     ///
     /// # Panics
     /// As `matmul`, and when this CPU cannot run `isa`.
-    pub fn matmul_with(&self, isa: Isa, x: &Int8Rows, mut out: ColumnsMut<'_>) {
-        assert!(isa.is_available(), "this CPU cannot run the {isa:?} kernel");
-        let columns = out.columns();
-        assert!(
-            x.k() == self.k && out.rows() == x.rows(),
-            "{} x {} activations times a {} x {} matrix into {} rows",
-            x.rows(),
-            x.k(),
-            self.n,
-            self.k,
-            out.rows()
-        );
-        if columns.is_empty() {
-            return;
-        }
-        assert!(
-            columns.start.is_multiple_of(PANEL)
-                && columns.end <= self.n
-                && (columns.end.is_multiple_of(PANEL) || columns.end == self.n),
-            "columns {columns:?} of {} are not whole panels of {PANEL}",
-            self.n
-        );
+    pub fn matmul_with(&self, isa: Isa, x: &Int8Rows, out: ColumnsMut<'_>) {
         let blocks = self.k / BLOCK;
-        let tile_rows = isa.tile_rows();
-        let wide = if isa == Isa::Avx2 {
-            x.wide()
-        } else {
-            std::borrow::Cow::Borrowed(&[][..])
-        };
-        let mut tile = [[0.0f32; PANEL]; 8];
-        // Rows in blocks, so a prefill's output rows being written stay in L2 across panels.
-        for first_row in (0..x.rows()).step_by(ROW_BLOCK) {
-            let end_row = x.rows().min(first_row + ROW_BLOCK);
-            for panel in columns.start / PANEL..columns.end.div_ceil(PANEL) {
-                let weights = Panel {
-                    lines: &self.lines[panel * blocks * GROUPS..(panel + 1) * blocks * GROUPS],
-                    scales: &self.scales[panel * blocks * PANEL..(panel + 1) * blocks * PANEL],
-                };
-                let first = panel * PANEL - columns.start;
-                let width = PANEL.min(self.n - panel * PANEL);
-                let mut row = first_row;
-                while row < end_row {
-                    let rows = tile_rows.min(end_row - row);
-                    let t = Tile {
-                        q: &x.q[row * self.k..(row + rows) * self.k],
-                        wide: wide
-                            .get(row * self.k..(row + rows) * self.k)
-                            .unwrap_or_default(),
-                        scales: &x.scales[row * blocks..(row + rows) * blocks],
-                        bias: &x.bias[row * blocks..(row + rows) * blocks],
-                    };
-                    run_tile(isa, weights, t, &mut tile[..rows]);
-                    for (i, values) in tile[..rows].iter().enumerate() {
-                        out.row_mut(row + i)[first..first + width]
-                            .copy_from_slice(&values[..width]);
-                    }
-                    row += rows;
-                }
-            }
-        }
+        let wide = isa == Isa::Avx2;
+        crate::product::product((self.n, self.k), isa, wide, x, out, |panel, t, out| {
+            let weights = Panel {
+                lines: &self.lines[panel * blocks * GROUPS..(panel + 1) * blocks * GROUPS],
+                scales: &self.scales[panel * blocks * PANEL..(panel + 1) * blocks * PANEL],
+            };
+            run_tile(isa, weights, t, out);
+        });
     }
 }
 

@@ -56,6 +56,7 @@ macro_rules! dispatch_rows {
         }
     };
 }
+pub(crate) use dispatch_rows;
 
 /// One panel times `out.len()` rows (1 to 8) with AVX-512 VNNI.
 pub(crate) fn tile_vnni(panel: Panel<'_>, x: Tile<'_>, out: &mut [[f32; PANEL]]) {

@@ -1,66 +1,14 @@
 //! The int8 product against an independent f64 reference, and every SIMD kernel against the
 //! scalar one, bit for bit, over random shapes.
 
+mod common;
+
+use common::{
+    available, check_against_reference, every_kernel_agrees, first_split_disagreement, product,
+    values,
+};
 use modelmux_kernels::{BLOCK, ColumnChunks, ColumnsMut, Int8Matrix, Int8Rows, Isa, PANEL};
 use proptest::prelude::*;
-
-/// Deterministic values in `-scale..scale`, with every 5th block 50x smaller, every 7th
-/// zero and an outlier now and then, so blocks get very different scales.
-fn values(len: usize, seed: u64, scale: f32) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|i| {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-            let block = i / BLOCK;
-            let v = if block % 7 == 3 {
-                0.0
-            } else if block % 5 == 1 {
-                u * scale / 50.0
-            } else {
-                u * scale
-            };
-            if s.is_multiple_of(97) { v * 8.0 } else { v }
-        })
-        .collect()
-}
-
-fn product(isa: Isa, m: &Int8Matrix, x: &Int8Rows) -> Vec<f32> {
-    let n = m.out_dim();
-    let mut y = vec![f32::NAN; x.rows() * n];
-    m.matmul_with(isa, x, ColumnsMut::new(&mut y, n));
-    y
-}
-
-/// The kernels this CPU runs. Those it cannot are named once per test binary, on standard
-/// error and in the suite's list of parts not run (`MODELMUX_TEST_GAPS`, which `scripts/test`
-/// repeats in its closing line): a CPU feature is not something the test command can install,
-/// so the gap is reported, not failed.
-fn available() -> Vec<Isa> {
-    static REPORTED: std::sync::Once = std::sync::Once::new();
-    let (runs, cannot): (Vec<Isa>, Vec<Isa>) = Isa::ALL.into_iter().partition(|i| i.is_available());
-    if !cannot.is_empty() {
-        REPORTED.call_once(|| {
-            let line = format!(
-                "kernels this CPU cannot run, not compared with the scalar one: {cannot:?}"
-            );
-            eprintln!("{line}");
-            if let Ok(path) = std::env::var("MODELMUX_TEST_GAPS") {
-                use std::io::Write as _;
-                let mut file = std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .expect("the gaps file opens");
-                file.write_all(format!("{line}\n").as_bytes())
-                    .expect("the gaps file takes a line");
-            }
-        });
-    }
-    runs
-}
 
 #[test]
 fn every_kernel_this_cpu_has_is_tested() {
@@ -80,57 +28,6 @@ fn every_kernel_this_cpu_has_is_tested() {
             flag("avx512f") && flag("avx512bw") && flag("avx512_vnni"),
             "AVX-512 VNNI kernel"
         );
-    }
-}
-
-/// Checks `y` against an f64 reference written from the format's definition, in two parts:
-/// - the activations: each value of `rows` (`scale * q`, as stored) is within half a step
-///   (`scale / 2`, plus the f32 rounding of `x / scale`: `1e-4` of a step covers `|q| <= 127`)
-///   of the unquantized `x`, and the block's scale is `max|x| / 127`;
-/// - the product: `y` equals `sum(w_deq * x_deq)` in f64 (both operands as stored) to the f32
-///   arithmetic's error, a relative `1e-5` of `sum|w_deq * x_deq|` at most for these sizes
-///   (k <= 2048: the integer dot products are exact, one rounding per block and per product
-///   of scales). A single weight off by one quantization step is outside this bound.
-fn check_against_reference(m: &Int8Matrix, x: &[f32], rows: &Int8Rows, y: &[f32]) {
-    let (n, k) = (m.out_dim(), m.in_dim());
-    let mut x_deq = vec![0.0f64; rows.rows() * k];
-    for r in 0..rows.rows() {
-        let q = rows.quantized(r);
-        for b in 0..k / BLOCK {
-            let scale = rows.scale(r, b) as f64;
-            let block = &x[r * k + b * BLOCK..][..BLOCK];
-            let amax = block.iter().fold(0.0f64, |a, v| a.max(v.abs() as f64));
-            assert!(
-                (scale - amax / 127.0).abs() <= amax / 127.0 * 1e-6,
-                "row {r} block {b}: scale {scale}, max {amax}"
-            );
-            for c in 0..BLOCK {
-                let i = b * BLOCK + c;
-                let back = scale * q[i] as f64;
-                assert!(
-                    (back - x[r * k + i] as f64).abs() <= scale * (0.5 + 1e-4),
-                    "row {r} value {i}: {back} vs {} (scale {scale}, q {})",
-                    x[r * k + i],
-                    q[i]
-                );
-                x_deq[r * k + i] = back;
-            }
-        }
-    }
-    let mut w = vec![0.0f32; k];
-    for o in 0..n {
-        m.dequantize_row(o, &mut w);
-        for r in 0..rows.rows() {
-            let xr = &x_deq[r * k..(r + 1) * k];
-            let exact: f64 = w.iter().zip(xr).map(|(a, b)| *a as f64 * b).sum();
-            let magnitude: f64 = w.iter().zip(xr).map(|(a, b)| (*a as f64 * b).abs()).sum();
-            let bound = 1e-5 * magnitude + 1e-30;
-            let got = y[r * n + o] as f64;
-            assert!(
-                (got - exact).abs() <= bound,
-                "row {r} column {o}: {got} vs {exact} (bound {bound})"
-            );
-        }
     }
 }
 
@@ -156,23 +53,6 @@ fn weights_come_back_within_half_a_step() {
         }
     }
     assert_eq!(m.size_bytes(), 2 * 16 * (k / BLOCK) * 34);
-}
-
-/// The scalar kernel's product within the reference's bound, and every other kernel this CPU
-/// has equal to it bit for bit.
-fn every_kernel_agrees(m: &Int8Matrix, x: &[f32], q: &Int8Rows, what: &str) {
-    let want = product(Isa::Scalar, m, q);
-    check_against_reference(m, x, q, &want);
-    for isa in available() {
-        assert_eq!(
-            product(isa, m, q)
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>(),
-            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            "{isa:?}, {what}"
-        );
-    }
 }
 
 #[test]
@@ -292,18 +172,6 @@ proptest! {
         q.quantize(&x, k);
         let want = product(Isa::Scalar, &m, &q);
         check_against_reference(&m, &x, &q, &want);
-        for isa in available() {
-            // The columns in two parts split at a panel boundary, as threads split them.
-            let at = (split * PANEL).min(n);
-            let mut y = vec![f32::NAN; rows * n];
-            let (left, right) = ColumnsMut::new(&mut y, n).split_at(at);
-            m.matmul_with(isa, &q, left);
-            m.matmul_with(isa, &q, right);
-            prop_assert_eq!(
-                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                "{:?}", isa
-            );
-        }
+        prop_assert_eq!(first_split_disagreement(&m, &q, &want, split), None);
     }
 }

@@ -28,6 +28,7 @@ mod matmul;
 mod model;
 mod ops;
 mod parallel;
+mod q4;
 mod runtime;
 mod sampling;
 mod tokenizer;

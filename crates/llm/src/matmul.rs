@@ -1,14 +1,15 @@
-//! The weight matrices of the forward pass and how a product by one runs: the int8 kernel of
-//! `modelmux-kernels` with its columns split over the thread pool (`parallel`), or, for
-//! the reference formats, candle's `QMatMul`. Slices in, slices out; no allocation per
-//! product on the int8 path (the quantized activations live in a buffer the caller reuses).
+//! The weight matrices of the forward pass and how a product by one runs: the 4-bit or int8
+//! kernel of `modelmux-kernels` with its columns split over the thread pool (`parallel`),
+//! or, for the reference formats, candle's `QMatMul`. Slices in, slices out; no allocation
+//! per product on the kernels' path (the quantized activations live in a buffer the caller
+//! reuses).
 
 use std::ops::Range;
 use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor, ggml_file::qtensor_from_ggml};
 use candle_core::{Device, Module, Tensor};
-use modelmux_kernels::{BLOCK, Int8Matrix, Int8Rows, PANEL};
+use modelmux_kernels::{BLOCK, ColumnsMut, Int4Matrix, Int8Matrix, Int8Rows, PANEL};
 
 use crate::error::Result;
 use crate::parallel;
@@ -29,13 +30,39 @@ pub(crate) struct Matrix {
 }
 
 enum Kernel {
-    /// This crate's int8 kernel.
+    /// `modelmux-kernels`' int8 kernel.
     Int8(Int8Matrix),
+    /// `modelmux-kernels`' 4-bit kernel (the file's 4-bit weights as they are).
+    Int4(Int4Matrix),
     /// candle's kernel for the format held, one per stacked part, with its output rows.
     Candle(Vec<(QMatMul, usize)>),
 }
 
 impl Matrix {
+    /// `parts` stacked in the 4-bit kernel's format, each block as the file stores it. `None`
+    /// when a part is not a 4-bit type (`q4`), a row's length is not a multiple of the
+    /// kernel's block, or a Q4_K scale does not fit an f16.
+    pub(crate) fn int4(parts: &[&QTensor]) -> Result<Option<Self>> {
+        let (out_dim, in_dim) = stacked_dims(parts)?;
+        if !in_dim.is_multiple_of(BLOCK) || !parts.iter().all(|p| crate::q4::is_four_bit(p.dtype()))
+        {
+            return Ok(None);
+        }
+        let mut matrix = Int4Matrix::zeros(out_dim, in_dim);
+        let mut first = 0;
+        for part in parts {
+            if !crate::q4::fill(&mut matrix, first, part)? {
+                return Ok(None);
+            }
+            first += part.shape().dims2()?.0;
+        }
+        Ok(Some(Self {
+            out_dim,
+            in_dim,
+            kernel: Kernel::Int4(matrix),
+        }))
+    }
+
     /// `parts` stacked (their rows one after another) in the int8 kernel's format: each
     /// dequantized a slice of rows at a time and quantized to int8 blocks. `None` when a
     /// row's length is not a multiple of the kernel's block.
@@ -92,18 +119,19 @@ impl Matrix {
         })
     }
 
-    /// Whether [`Matrix::dequantize_row`] can read rows back (the int8 format).
+    /// Whether [`Matrix::dequantize_row`] can read rows back (the kernels' formats).
     pub(crate) fn has_rows(&self) -> bool {
-        matches!(self.kernel, Kernel::Int8(_))
+        !matches!(self.kernel, Kernel::Candle(_))
     }
 
     /// Row `row` (`in` values) as the kernel multiplies by it.
     ///
     /// # Panics
-    /// When the matrix is not in the int8 format (see [`Matrix::has_rows`]).
+    /// When the matrix is in candle's format (see [`Matrix::has_rows`]).
     pub(crate) fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         match &self.kernel {
             Kernel::Int8(m) => m.dequantize_row(row, out),
+            Kernel::Int4(m) => m.dequantize_row(row, out),
             Kernel::Candle(_) => panic!("rows of candle's matrices are not read back"),
         }
     }
@@ -116,6 +144,7 @@ impl Matrix {
     pub(crate) fn size_bytes(&self) -> u64 {
         match &self.kernel {
             Kernel::Int8(m) => m.size_bytes() as u64,
+            Kernel::Int4(m) => m.size_bytes() as u64,
             Kernel::Candle(parts) => parts
                 .iter()
                 .map(|(m, _)| match m {
@@ -137,7 +166,11 @@ impl Matrix {
         match &self.kernel {
             Kernel::Int8(m) => {
                 scratch.quantize(x, self.in_dim);
-                parallel_matmul(m, scratch, out);
+                parallel_matmul(self.in_dim, scratch, out, |c| m.matmul(scratch, c));
+            }
+            Kernel::Int4(m) => {
+                scratch.quantize(x, self.in_dim);
+                parallel_matmul(self.in_dim, scratch, out, |c| m.matmul(scratch, c));
             }
             Kernel::Candle(parts) => {
                 let x = Tensor::from_slice(x, (rows, self.in_dim), &Device::Cpu)?;
@@ -170,17 +203,22 @@ fn stacked_dims(parts: &[&QTensor]) -> Result<(usize, usize)> {
     Ok((out_dim, in_dim.unwrap_or(0)))
 }
 
-/// The product with its output columns split in chunks of whole panels that the pool's
-/// threads take in turn (`parallel`).
-fn parallel_matmul(m: &Int8Matrix, x: &Int8Rows, out: &mut [f32]) {
-    let n = m.out_dim();
+/// The product (`matmul` of a column range) with its output columns split in chunks of whole
+/// panels that the pool's threads take in turn (`parallel`).
+fn parallel_matmul(
+    in_dim: usize,
+    x: &Int8Rows,
+    out: &mut [f32],
+    matmul: impl Fn(ColumnsMut<'_>) + Sync,
+) {
+    let n = out.len() / x.rows();
     let threads = parallel::threads();
-    let chunk = if x.rows() * n * m.in_dim() < PARALLEL_MIN_WORK {
+    let chunk = if x.rows() * n * in_dim < PARALLEL_MIN_WORK {
         n
     } else {
         n.div_ceil(PANEL).div_ceil(threads * 4).max(1) * PANEL
     };
-    parallel::for_each_column_chunk(out, n, chunk, |columns| m.matmul(x, columns));
+    parallel::for_each_column_chunk(out, n, chunk, matmul);
 }
 
 /// Column ranges of a stacked output: `ranges(&[a, b, c])` is `[0..a, a..a+b, a+b..a+b+c]`.

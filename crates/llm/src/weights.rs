@@ -15,11 +15,14 @@ use crate::matmul::Matrix;
 /// them. See `docs/ARCHITECTURE.md` for measurements.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
-    /// Every matrix, the vocabulary head included, as int8 blocks of 32 with an f16 scale
-    /// (34 bytes per 32 weights, like Q8_0), converted at load from any type candle can
-    /// dequantize, for `modelmux-kernels`' int8 kernel (AVX-512 VNNI / AVX2 / scalar); q, k, v
-    /// and gate, up are stacked into one matrix each; a tied head's int8 rows also serve the
-    /// embedding lookup. The default and the fast path.
+    /// Every matrix, the vocabulary head included, in one of `modelmux-kernels`' formats
+    /// (AVX-512 VNNI / AVX2 / scalar kernels): a matrix stored in a 4-bit type (Q4_0, Q4_1,
+    /// Q4_K) keeps its weights in the 4-bit format (20 bytes per 32 weights: `d * q + m`
+    /// blocks of 32, f16 `d` and `m`); any other as int8 blocks of 32 with an f16 scale (34
+    /// bytes per 32 weights, like Q8_0), converted at load from any type candle can
+    /// dequantize. q, k, v and gate, up are stacked into one matrix each (4-bit when all the
+    /// parts are); a tied head's rows also serve the embedding lookup. The default and the
+    /// fast path.
     #[default]
     Auto,
     /// Exactly as the file stores them, multiplied by candle's kernels (a baseline).
@@ -216,6 +219,9 @@ fn matrix(
 fn stacked(tensors: Vec<Arc<QTensor>>, format: WeightFormat) -> Result<Matrix> {
     if format == WeightFormat::Auto {
         let refs: Vec<&QTensor> = tensors.iter().map(|t| &**t).collect();
+        if let Some(m) = Matrix::int4(&refs)? {
+            return Ok(m);
+        }
         if let Some(m) = Matrix::int8(&refs)? {
             return Ok(m);
         }
