@@ -166,11 +166,15 @@ impl Matrix {
         match &self.kernel {
             Kernel::Int8(m) => {
                 scratch.quantize(x, self.in_dim);
-                parallel_matmul(self.in_dim, scratch, out, |c| m.matmul(scratch, c));
+                parallel_matmul(self.out_dim, self.in_dim, scratch, out, |c| {
+                    m.matmul(scratch, c)
+                });
             }
             Kernel::Int4(m) => {
                 scratch.quantize(x, self.in_dim);
-                parallel_matmul(self.in_dim, scratch, out, |c| m.matmul(scratch, c));
+                parallel_matmul(self.out_dim, self.in_dim, scratch, out, |c| {
+                    m.matmul(scratch, c)
+                });
             }
             Kernel::Candle(parts) => {
                 let x = Tensor::from_slice(x, (rows, self.in_dim), &Device::Cpu)?;
@@ -206,12 +210,12 @@ fn stacked_dims(parts: &[&QTensor]) -> Result<(usize, usize)> {
 /// The product (`matmul` of a column range) with its output columns split in chunks of whole
 /// panels that the pool's threads take in turn (`parallel`).
 fn parallel_matmul(
+    n: usize,
     in_dim: usize,
     x: &Int8Rows,
     out: &mut [f32],
     matmul: impl Fn(ColumnsMut<'_>) + Sync,
 ) {
-    let n = out.len() / x.rows();
     let threads = parallel::threads();
     let chunk = if x.rows() * n * in_dim < PARALLEL_MIN_WORK {
         n

@@ -21,8 +21,9 @@ pub(crate) fn is_four_bit(dtype: GgmlDType) -> bool {
 const MAX_SCALE_ERROR: f32 = 1.0 / 2048.0;
 
 /// Writes `tensor` (a 4-bit type, see [`is_four_bit`]) into rows `first..` of `matrix`.
-/// `false` when a Q4_K scale or offset does not fit an f16 within [`MAX_SCALE_ERROR`]
-/// (the matrix is then incomplete and must not be used).
+/// `false` when a scale or offset does not fit an f16 within [`MAX_SCALE_ERROR`] (a Q4_K
+/// product or a Q4_0 offset `-8 d` past f16's range; the matrix is then incomplete and must
+/// not be used).
 pub(crate) fn fill(matrix: &mut Int4Matrix, first: usize, tensor: &QTensor) -> Result<bool> {
     let (rows, columns) = tensor.shape().dims2()?;
     let data = tensor.data()?;
@@ -68,6 +69,9 @@ fn q4_0(row: &[u8], mut set: impl FnMut(usize, f32, f32, &[u8; BLOCK])) -> bool 
     for (b, block) in row.chunks_exact(18).enumerate() {
         let d = half(block, 0);
         // `-8 d` is exact in f16 (a power of two times an f16) unless it overflows.
+        if !fits_f16(-8.0 * d) {
+            return false;
+        }
         set(b, d, -8.0 * d, &nibbles(&block[2..]));
     }
     true
@@ -180,6 +184,15 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_q4_0_offset_past_f16_range_is_refused() {
+        let mut block = vec![0u8; 18];
+        block[0..2].copy_from_slice(&f16::from_f32(10000.0).to_le_bytes());
+        assert!(!q4_0(&block, |_, _, _, _| {}));
+        block[0..2].copy_from_slice(&f16::from_f32(0.01).to_le_bytes());
+        assert!(q4_0(&block, |_, _, _, _| {}));
     }
 
     #[test]
