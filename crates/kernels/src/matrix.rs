@@ -1,5 +1,6 @@
-//! The weight matrix in panels of 16 output rows, and the product's loop over panels and
-//! row tiles; the kernels for one (panel, row tile) are in `scalar` and `x86`.
+//! The int8 weight matrix in panels of 16 output rows. The product's loop over panels and row
+//! tiles is `product`'s (shared with the 4-bit format); the kernels for one (panel, row tile)
+//! are in `scalar` and `x86`.
 
 use half::f16;
 
