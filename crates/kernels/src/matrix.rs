@@ -34,10 +34,7 @@ impl Int8Matrix {
     /// # Panics
     /// When `k` is not a positive multiple of [`BLOCK`].
     pub fn zeros(n: usize, k: usize) -> Self {
-        assert!(
-            k > 0 && k.is_multiple_of(BLOCK),
-            "k = {k} is not a positive multiple of {BLOCK}"
-        );
+        crate::panel::check_row_length(k);
         let panels = n.div_ceil(PANEL);
         let blocks = k / BLOCK;
         Self {

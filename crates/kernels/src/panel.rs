@@ -4,6 +4,17 @@
 
 use crate::{BLOCK, PANEL};
 
+/// Checks that rows of `k` values are whole blocks, as both weight formats need.
+///
+/// # Panics
+/// When `k` is not a positive multiple of [`BLOCK`].
+pub(crate) fn check_row_length(k: usize) {
+    assert!(
+        k > 0 && k.is_multiple_of(BLOCK),
+        "k = {k} is not a positive multiple of {BLOCK}"
+    );
+}
+
 /// 4-byte groups per block.
 pub(crate) const GROUPS: usize = BLOCK / 4;
 
