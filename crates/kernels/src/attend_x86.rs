@@ -8,6 +8,8 @@
 
 use std::arch::x86_64::*;
 
+use crate::vector::KvValue;
+
 /// Positions per pass: one vector of results.
 const POSITIONS: usize = 8;
 /// How many positions ahead keys and values are prefetched.
@@ -15,20 +17,20 @@ const AHEAD: usize = 16;
 
 /// `scores[h * len + j] = (q[h] · keys[j * stride..][..D]) * scale` for every head `h < G`
 /// and every position `j` below `len` rounded down to a multiple of eight; returns that
-/// count (the caller does the rest). Asks for `values` (laid out as `keys`) to be brought
-/// into cache as it goes.
+/// count (the caller does the rest). Keys in binary16 are converted exactly as they are
+/// read. Asks for `values` (laid out as `keys`) to be brought into cache as it goes.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA.
+/// The CPU has AVX2, FMA and F16C.
 ///
 /// # Panics
 /// When `keys` holds fewer than the positions it scores or `scores` fewer than `G * len`
 /// values.
-#[target_feature(enable = "avx2,fma")]
-pub(crate) unsafe fn scores<const D: usize, const G: usize>(
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn scores<const D: usize, const G: usize, T: KvValue>(
     q: &[&[f32; D]; G],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[T],
+    values: &[T],
     stride: usize,
     scale: f32,
     len: usize,
@@ -46,13 +48,14 @@ pub(crate) unsafe fn scores<const D: usize, const G: usize>(
         scores.len()
     );
     let scale = _mm256_set1_ps(scale);
-    // Keys and values of positions further on, a line (16 values) at a time: they are
+    // Keys and values of positions further on, a line (64 bytes) at a time: they are
     // usually in memory (a decode step's weights have pushed them out of cache), and rows
     // `stride` apart are not a stream the hardware prefetcher follows well. The values are
     // read after every score is known; by then they are in cache.
     let prefetch = |positions: std::ops::Range<usize>| {
         let positions = positions.start..positions.end.min(len);
-        for at in positions.flat_map(|p| (0..D).step_by(16).map(move |l| p * stride + l)) {
+        let line = 64 / std::mem::size_of::<T>();
+        for at in positions.flat_map(|p| (0..D).step_by(line).map(move |l| p * stride + l)) {
             _mm_prefetch::<_MM_HINT_T0>(keys.as_ptr().wrapping_add(at).cast());
             _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().wrapping_add(at).cast());
         }
@@ -74,25 +77,79 @@ pub(crate) unsafe fn scores<const D: usize, const G: usize>(
     full
 }
 
+/// `out[h * D + d] = Σ_j scores[h * len + j] * values[j * stride + d]` for every head
+/// `h < G`, one fused multiply-add per position in position order (as the portable loop in
+/// `vector::attend` does, so the results are the same bit for bit); values in binary16 are
+/// converted exactly as they are read.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C.
+///
+/// # Panics
+/// When `values` holds fewer than `len` positions, `scores` fewer than `G * len` values or
+/// `out` fewer than `G * D`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn weighted_sums<const D: usize, const G: usize, T: KvValue>(
+    scores: &[f32],
+    len: usize,
+    values: &[T],
+    stride: usize,
+    out: &mut [f32],
+) {
+    const { assert!(D.is_multiple_of(16), "bands of two vectors") };
+    assert!(
+        len > 0
+            && values.len() >= (len - 1) * stride + D
+            && scores.len() >= G * len
+            && out.len() >= G * D,
+        "{len} positions of {D} values (stride {stride}) in {} values, {} scores, {} outputs \
+         for {G} heads",
+        values.len(),
+        scores.len(),
+        out.len()
+    );
+    // Bands of 16 values: two accumulators per head, at most 8 in all, beside the two
+    // vectors of values and a broadcast score (AVX2 has 16 registers).
+    for band in (0..D).step_by(16) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; G];
+        for j in 0..len {
+            // SAFETY: `j * stride + band + 16 <= (len - 1) * stride + D <= values.len()`
+            // (asserted above).
+            let (v0, v1) = unsafe {
+                let at = values.as_ptr().add(j * stride + band);
+                (load8(at), load8(at.add(8)))
+            };
+            for (h, acc) in acc.iter_mut().enumerate() {
+                let p = _mm256_set1_ps(scores[h * len + j]);
+                acc[0] = _mm256_fmadd_ps(p, v0, acc[0]);
+                acc[1] = _mm256_fmadd_ps(p, v1, acc[1]);
+            }
+        }
+        for (h, acc) in acc.iter().enumerate() {
+            // SAFETY: `h * D + band + 16 <= G * D <= out.len()` (asserted above).
+            unsafe {
+                let at = out.as_mut_ptr().add(h * D + band);
+                _mm256_storeu_ps(at, acc[0]);
+                _mm256_storeu_ps(at.add(8), acc[1]);
+            }
+        }
+    }
+}
+
 /// `dot_fixed`'s accumulators for one position (lanes `8m..8m + 8` of its 64 in vector `m`)
 /// summed down to eight lanes: its halving tree's widths 32, 16 and 8.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA; `k` points at `D` readable values.
+/// The CPU has AVX2, FMA and F16C; `k` points at `D` readable values.
 #[inline]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot<const D: usize>(q: &[f32; D], k: *const f32) -> __m256 {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot<const D: usize, T: KvValue>(q: &[f32; D], k: *const T) -> __m256 {
     let mut acc = [_mm256_setzero_ps(); 8];
     for c in 0..D / 64 {
         for (m, acc) in acc.iter_mut().enumerate() {
             let at = c * 64 + 8 * m;
             // SAFETY: `at + 8 <= D`: within `q`, and within `k`'s `D` values (the caller's).
-            let (a, b) = unsafe {
-                (
-                    _mm256_loadu_ps(q.as_ptr().add(at)),
-                    _mm256_loadu_ps(k.add(at)),
-                )
-            };
+            let (a, b) = unsafe { (_mm256_loadu_ps(q.as_ptr().add(at)), load8(k.add(at))) };
             *acc = _mm256_fmadd_ps(a, b, *acc);
         }
     }
@@ -103,6 +160,23 @@ unsafe fn dot<const D: usize>(q: &[f32; D], k: *const f32) -> __m256 {
         acc[m] = _mm256_add_ps(acc[m], acc[m + 2]);
     }
     _mm256_add_ps(acc[0], acc[1])
+}
+
+/// Eight keys from `k` as f32: loaded, or converted from binary16 (exactly).
+///
+/// # Safety
+/// The CPU has AVX2 and F16C; `k` points at eight readable values.
+#[inline]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn load8<T: KvValue>(k: *const T) -> __m256 {
+    // SAFETY: eight values at `k` (the caller's), 16 or 32 bytes.
+    unsafe {
+        if T::HALF {
+            _mm256_cvtph_ps(_mm_loadu_si128(k.cast()))
+        } else {
+            _mm256_loadu_ps(k.cast())
+        }
+    }
 }
 
 /// The last three steps of the halving tree (widths 4, 2, 1) for eight positions at once:
@@ -156,7 +230,9 @@ mod tests {
             .collect()
     }
 
-    fn check<const D: usize, const G: usize>() {
+    /// The scores of `keys` (f32, or binary16 with `half`) against `dot_fixed` of the keys
+    /// as f32 (converted exactly).
+    fn check<const D: usize, const G: usize>(half: bool) {
         let stride = 3 * D + 8;
         for len in [1, 8, 37, 64] {
             let (keys, vals) = (values(len * stride, D + G), values(len * stride, 7));
@@ -164,15 +240,35 @@ mod tests {
             let q: [&[f32; D]; G] =
                 std::array::from_fn(|h| q[h * D..][..D].try_into().expect("D values"));
             let mut got = vec![f32::NAN; G * len];
-            // SAFETY: the caller checked the CPU has AVX2 and FMA.
-            let done = unsafe { scores(&q, &keys, &vals, stride, 0.125, len, &mut got) };
+            let (mut k16, mut v16) = (vec![0u16; keys.len()], vec![0u16; vals.len()]);
+            crate::vector::f16_bits(&keys, &mut k16);
+            crate::vector::f16_bits(&vals, &mut v16);
+            // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
+            let done = unsafe {
+                if half {
+                    scores(&q, &k16, &v16, stride, 0.125, len, &mut got)
+                } else {
+                    scores(&q, &keys, &vals, stride, 0.125, len, &mut got)
+                }
+            };
+            let keys: Vec<f32> = if half {
+                k16.iter()
+                    .map(|b| ::half::f16::from_bits(*b).to_f32())
+                    .collect()
+            } else {
+                keys
+            };
             assert_eq!(done, len / 8 * 8);
             for h in 0..G {
                 for j in 0..done {
                     let k = keys[j * stride..][..D].try_into().expect("D values");
                     let want = dot_fixed::<true, D>(q[h], k) * 0.125;
                     let got = got[h * len + j];
-                    assert_eq!(got.to_bits(), want.to_bits(), "D {D} G {G} head {h} at {j}");
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "D {D} G {G} half {half} head {h} at {j}"
+                    );
                 }
             }
             // Positions past the last whole eight are the caller's: untouched.
@@ -184,17 +280,74 @@ mod tests {
         }
     }
 
+    /// `weighted_sums` against the portable loop's arithmetic: one `mul_add` per position, in
+    /// position order, for f32 and binary16 values.
+    fn check_sums<const D: usize, const G: usize>(half: bool) {
+        let stride = 2 * D + 8;
+        for len in [1, 7, 37] {
+            let vals = values(len * stride, D * G + len);
+            let scores = values(G * len, 3);
+            let mut v16 = vec![0u16; vals.len()];
+            crate::vector::f16_bits(&vals, &mut v16);
+            let mut got = vec![f32::NAN; G * D];
+            // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
+            unsafe {
+                if half {
+                    weighted_sums::<D, G, u16>(&scores, len, &v16, stride, &mut got);
+                } else {
+                    weighted_sums::<D, G, f32>(&scores, len, &vals, stride, &mut got);
+                }
+            }
+            let vals: Vec<f32> = if half {
+                v16.iter()
+                    .map(|b| ::half::f16::from_bits(*b).to_f32())
+                    .collect()
+            } else {
+                vals
+            };
+            for h in 0..G {
+                for d in 0..D {
+                    let want = (0..len).fold(0.0f32, |acc, j| {
+                        scores[h * len + j].mul_add(vals[j * stride + d], acc)
+                    });
+                    let got = got[h * D + d];
+                    assert_eq!(
+                        got.to_bits(),
+                        want.to_bits(),
+                        "D {D} G {G} half {half} head {h} value {d}: {got} vs {want}"
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
-    fn scores_are_dot_fixed_bit_for_bit() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
-            eprintln!("NOT RUN: this CPU has no AVX2 and FMA");
+    fn weighted_sums_are_the_portable_loops_bit_for_bit() {
+        if !crate::x86::has_avx2() {
+            eprintln!("NOT RUN: this CPU has no AVX2, FMA and F16C");
             return;
         }
-        check::<64, 1>();
-        check::<64, 3>();
-        check::<64, 4>();
-        check::<128, 2>();
-        check::<256, 1>();
-        check::<256, 4>();
+        for half in [false, true] {
+            check_sums::<64, 1>(half);
+            check_sums::<64, 3>(half);
+            check_sums::<128, 4>(half);
+            check_sums::<256, 2>(half);
+        }
+    }
+
+    #[test]
+    fn scores_are_dot_fixed_bit_for_bit() {
+        if !crate::x86::has_avx2() {
+            eprintln!("NOT RUN: this CPU has no AVX2, FMA and F16C");
+            return;
+        }
+        for half in [false, true] {
+            check::<64, 1>(half);
+            check::<64, 3>(half);
+            check::<64, 4>(half);
+            check::<128, 2>(half);
+            check::<256, 1>(half);
+            check::<256, 4>(half);
+        }
     }
 }

@@ -43,20 +43,24 @@ fn level() -> Level {
     })
 }
 
-/// A function that runs `$body::<FMA>` in the widest copy the CPU supports.
+/// A function that runs `$body::<FMA>` (or `$body::<FMA, T>` for `=> body<T>`) in the widest
+/// copy the CPU supports.
 macro_rules! multiversion {
     ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident) => {
+        multiversion!($(#[$doc])* $vis fn $name($($arg: $ty),*) $(-> $ret)? => $body<>);
+    };
+    ($(#[$doc:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),*) $(-> $ret:ty)? => $body:ident<$($t:ty)?>) => {
         $(#[$doc])*
         $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
                 fn avx512($($arg: $ty),*) $(-> $ret)? {
-                    $body::<true>($($arg),*)
+                    $body::<true $(, $t)?>($($arg),*)
                 }
                 #[target_feature(enable = "avx2,fma")]
                 fn avx2($($arg: $ty),*) $(-> $ret)? {
-                    $body::<true>($($arg),*)
+                    $body::<true $(, $t)?>($($arg),*)
                 }
                 match level() {
                     // SAFETY: `level` found AVX-512 F and VL, AVX2 and FMA on this CPU.
@@ -66,13 +70,40 @@ macro_rules! multiversion {
                     Level::Base => {}
                 }
             }
-            $body::<false>($($arg),*)
+            $body::<false $(, $t)?>($($arg),*)
         }
     };
 }
 
+mod attend;
 mod half;
+pub(crate) use attend::KvValue;
+#[cfg(test)]
+pub(crate) use attend::dot_fixed;
+pub use attend::{attend, attend_f16};
+use half::half_to_f32;
 pub use half::{axpys_f16, dots_f16};
+
+/// `dst[i]` = `src[i]` in IEEE binary16 (bits), rounded to nearest even; values past its
+/// largest finite one (65504) are clamped to it, so a finite value stays finite. How a KV
+/// cache in binary16 stores what [`attend_f16`] reads.
+///
+/// # Panics
+/// When the slices' lengths differ.
+pub fn f16_bits(src: &[f32], dst: &mut [u16]) {
+    use ::half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+    const MAX: f32 = 65504.0;
+    assert_eq!(src.len(), dst.len(), "as many binary16 values as f32 ones");
+    let mut clamped = [0.0f32; 256];
+    for (s, d) in src.chunks(256).zip(dst.chunks_mut(256)) {
+        let c = &mut clamped[..s.len()];
+        for (c, s) in c.iter_mut().zip(s) {
+            *c = s.clamp(-MAX, MAX);
+        }
+        d.reinterpret_cast_mut::<::half::f16>()
+            .convert_from_f32_slice(c);
+    }
+}
 
 /// `a * b + c`, fused where the copy has FMA.
 #[inline(always)]
@@ -232,188 +263,6 @@ fn exp_body<const FMA: bool>(x: f32) -> f32 {
     exp::<FMA>(x)
 }
 
-/// `a · b` for a fixed length (a multiple of `4 * LANES`): element-wise products into four
-/// vectors' worth of lanes, then a halving tree. Compiled for AVX2 the tree went through
-/// the stack, so the x86 copies score attention with `attend_x86::scores`, which does these
-/// operations in this order (and is tested against this function bit for bit).
-#[inline(always)]
-pub(crate) fn dot_fixed<const FMA: bool, const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32 {
-    const W: usize = 4 * LANES;
-    let mut acc = [0.0f32; W];
-    for c in 0..D / W {
-        for i in 0..W {
-            acc[i] = madd::<FMA>(a[c * W + i], b[c * W + i], acc[i]);
-        }
-    }
-    tree_sum(acc)
-}
-
-/// Attention of a group of query heads sharing one key/value head, for head size `D`: the
-/// heads go `G` at a time, so each key and value is loaded once for `G` heads.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_fixed<const FMA: bool, const D: usize>(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    scale: f32,
-    cap: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let len = scores.len() / (q.len() / D);
-    let mut q = q.chunks_exact(4 * D);
-    let mut scores = scores.chunks_exact_mut(4 * len);
-    let mut out = out.chunks_exact_mut(4 * D);
-    for ((q, s), o) in (&mut q).zip(&mut scores).zip(&mut out) {
-        heads::<FMA, D, 4>(q, keys, values, stride, scale, cap, s, o);
-    }
-    let (q, s, o) = (q.remainder(), scores.into_remainder(), out.into_remainder());
-    match q.len() / D {
-        1 => heads::<FMA, D, 1>(q, keys, values, stride, scale, cap, s, o),
-        2 => heads::<FMA, D, 2>(q, keys, values, stride, scale, cap, s, o),
-        3 => heads::<FMA, D, 3>(q, keys, values, stride, scale, cap, s, o),
-        _ => {}
-    }
-}
-
-/// `G` heads of size `D` over all positions.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn heads<const FMA: bool, const D: usize, const G: usize>(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    scale: f32,
-    cap: f32,
-    scores: &mut [f32],
-    out: &mut [f32],
-) {
-    let len = scores.len() / G;
-    let q: [&[f32; D]; G] =
-        std::array::from_fn(|h| q[h * D..(h + 1) * D].try_into().expect("D values"));
-    #[allow(unused_mut)]
-    let mut done = 0;
-    #[cfg(target_arch = "x86_64")]
-    if FMA {
-        // SAFETY: `FMA` is true only in the copies `multiversion!` runs after `level` found
-        // AVX2 and FMA on this CPU.
-        done = unsafe { crate::attend_x86::scores(&q, keys, values, stride, scale, len, scores) };
-    }
-    for j in done..len {
-        let k: &[f32; D] = keys[j * stride..j * stride + D]
-            .try_into()
-            .expect("D values");
-        for h in 0..G {
-            scores[h * len + j] = dot_fixed::<FMA, D>(q[h], k) * scale;
-        }
-    }
-    for s in scores.chunks_exact_mut(len) {
-        soft_cap::<FMA>(s, cap);
-        softmax_body::<FMA>(s);
-    }
-    // The heads' outputs in column bands of `BAND` values, each band's `G` accumulators in
-    // registers across all positions (all of `D` for `G` heads would not fit: AVX2 has 16
-    // vector registers, and spilling them cost a load and a store per multiply-add).
-    const BAND: usize = 2 * LANES;
-    for band in 0..D / BAND {
-        let mut acc = [[0.0f32; BAND]; G];
-        for j in 0..len {
-            let v: &[f32; BAND] = values[j * stride + band * BAND..][..BAND]
-                .try_into()
-                .expect("BAND values");
-            for h in 0..G {
-                let p = scores[h * len + j];
-                for i in 0..BAND {
-                    acc[h][i] = madd::<FMA>(p, v[i], acc[h][i]);
-                }
-            }
-        }
-        for (o, acc) in out.chunks_exact_mut(D).zip(&acc) {
-            o[band * BAND..(band + 1) * BAND].copy_from_slice(acc);
-        }
-    }
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn attend_body<const FMA: bool>(
-    q: &[f32],
-    keys: &[f32],
-    values: &[f32],
-    stride: usize,
-    head_dim: usize,
-    scale: f32,
-    cap: f32,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let heads = q.len() / head_dim;
-    let len = if keys.len() < head_dim {
-        0
-    } else {
-        (keys.len() - head_dim) / stride + 1
-    };
-    assert!(
-        heads > 0
-            && q.len() == heads * head_dim
-            && out.len() == q.len()
-            && len > 0
-            && values.len() >= (len - 1) * stride + head_dim,
-        "attention of {} query values ({head_dim} per head) over {} key and {} value values",
-        q.len(),
-        keys.len(),
-        values.len()
-    );
-    scores.resize(heads * len, 0.0);
-    match head_dim {
-        64 => attend_fixed::<FMA, 64>(q, keys, values, stride, scale, cap, scores, out),
-        128 => attend_fixed::<FMA, 128>(q, keys, values, stride, scale, cap, scores, out),
-        256 => attend_fixed::<FMA, 256>(q, keys, values, stride, scale, cap, scores, out),
-        _ => {
-            for (qh, s) in q.chunks_exact(head_dim).zip(scores.chunks_exact_mut(len)) {
-                dots_body::<FMA>(qh, keys, stride, s);
-                for s in s.iter_mut() {
-                    *s *= scale;
-                }
-                soft_cap::<FMA>(s, cap);
-                softmax_body::<FMA>(s);
-            }
-            for (o, s) in out.chunks_exact_mut(head_dim).zip(scores.chunks_exact(len)) {
-                o.fill(0.0);
-                axpys_body::<FMA>(o, s, values, stride);
-            }
-        }
-    }
-}
-
-multiversion! {
-    /// Causal attention of one position's query heads that share a key/value head:
-    /// `q` holds the heads one after another (`head_dim` values each), `keys` and `values`
-    /// the positions to attend to, position `j` at `j * stride..j * stride + head_dim` (so
-    /// `keys.len()` says how many there are: `(keys.len() - head_dim) / stride + 1`). Writes
-    /// `softmax(c(q_h · k_j * scale)) · v` for each head into `out` (laid out as `q`), where
-    /// `c(s) = cap * tanh(s / cap)` when `cap > 0` (Gemma 2's soft-capping) and `s`
-    /// otherwise. `scores` is scratch.
-    ///
-    /// # Panics
-    /// When the shapes disagree or there is no position.
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend(
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        stride: usize,
-        head_dim: usize,
-        scale: f32,
-        cap: f32,
-        scores: &mut Vec<f32>,
-        out: &mut [f32]
-    ) => attend_body
-}
-
 multiversion! {
     /// `out[j] = x · rows[j * stride..j * stride + x.len()]` for every `j < out.len()`.
     ///
@@ -473,76 +322,6 @@ mod tests {
         let floor = (-87.0f32).exp().to_bits();
         assert!(exp_f32(-1000.0).to_bits().abs_diff(floor) <= 2);
         assert!(exp_f32(f32::INFINITY).is_finite());
-    }
-
-    #[test]
-    fn attention_of_a_head_group_matches_plain_f64() {
-        // Without a cap and with Gemma 2's (50, and 0.5 so that it bends every score).
-        for (head_dim, cap) in [
-            (64, 0.0),
-            (128, 0.0),
-            (24, 0.0),
-            (256, 50.0),
-            (64, 0.5),
-            (24, 0.5),
-        ] {
-            let (heads, positions, stride) = (3, 37, 2 * head_dim + 8);
-            let v = |n: usize, seed: usize| -> Vec<f32> {
-                (0..n)
-                    .map(|i| (((i + seed) * 7919 % 211) as f32 - 105.0) / 60.0)
-                    .collect()
-            };
-            let q = v(heads * head_dim, 1);
-            let (keys, values) = (v(positions * stride, 2), v(positions * stride, 3));
-            // The kv head at offset head_dim of each position; the last position is whole.
-            let keys = &keys[head_dim..(positions - 1) * stride + 2 * head_dim];
-            let values = &values[head_dim..(positions - 1) * stride + 2 * head_dim];
-            let scale = 1.0 / (head_dim as f32).sqrt();
-            let mut out = vec![0.0; heads * head_dim];
-            attend(
-                &q,
-                keys,
-                values,
-                stride,
-                head_dim,
-                scale,
-                cap,
-                &mut Vec::new(),
-                &mut out,
-            );
-            for h in 0..heads {
-                let qh = &q[h * head_dim..(h + 1) * head_dim];
-                let w: Vec<f64> = (0..positions)
-                    .map(|j| {
-                        let k = &keys[j * stride..j * stride + head_dim];
-                        qh.iter()
-                            .zip(k)
-                            .map(|(a, b)| *a as f64 * *b as f64)
-                            .sum::<f64>()
-                            * scale as f64
-                    })
-                    .map(|s| {
-                        if cap > 0.0 {
-                            cap as f64 * (s / cap as f64).tanh()
-                        } else {
-                            s
-                        }
-                    })
-                    .collect();
-                let m = w.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let z: f64 = w.iter().map(|x| (x - m).exp()).sum();
-                for d in 0..head_dim {
-                    let want: f64 = (0..positions)
-                        .map(|j| (w[j] - m).exp() / z * values[j * stride + d] as f64)
-                        .sum();
-                    let got = out[h * head_dim + d] as f64;
-                    assert!(
-                        (got - want).abs() < 1e-5,
-                        "{head_dim} {h} {d}: {got} vs {want}"
-                    );
-                }
-            }
-        }
     }
 
     #[test]

@@ -388,7 +388,7 @@ async fn memory(args: &Args) -> Res<Value> {
     let (wall, _) = batch(&rt, &prompt, args.tokens, ids).await?;
     let after_run = rss();
     // What the engine reserves (and at most allocates): every sequence's prompt + max_tokens.
-    let per_token = rt.engine().model_config().kv_bytes_per_token();
+    let per_token = rt.engine().kv_bytes_per_token();
     let kv = per_token * (args.streams * (prompt.len() + args.tokens)) as u64;
     let expected = rt.weight_bytes() + adapter_bytes + kv;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
@@ -417,7 +417,7 @@ async fn forward(args: &Args) -> Res<Value> {
     let steps = args.tokens.min(64);
     let room = prompt.len() + 3 * steps + 1;
     let mut caches: Vec<KvCache> = (0..args.streams)
-        .map(|_| KvCache::new(model.config(), room, None))
+        .map(|_| KvCache::new(model.config(), model.kv_dtype(), room, None))
         .collect();
     let mut prefill = Vec::new();
     for cache in &mut caches {
@@ -442,7 +442,7 @@ async fn forward(args: &Args) -> Res<Value> {
         .collect();
     let mut prefill_long = Vec::new();
     for _ in 0..args.runs.max(3) {
-        let mut cache = KvCache::new(model.config(), long.len(), None);
+        let mut cache = KvCache::new(model.config(), model.kv_dtype(), long.len(), None);
         let t = Instant::now();
         let segment = Segment {
             tokens: &long,
@@ -493,7 +493,7 @@ async fn prompt(args: &Args) -> Res<Value> {
     let ids = chat_prompt(&rt)?;
     Ok(json!({
         "scenario": "prompt", "ids": ids, "weight_bytes": rt.weight_bytes(),
-        "kv_bytes_per_token": rt.engine().model_config().kv_bytes_per_token(),
+        "kv_bytes_per_token": rt.engine().kv_bytes_per_token(),
         "kernel": modelmux_kernels::Isa::detect().name(),
     }))
 }

@@ -164,9 +164,9 @@ impl LlamaConfig {
         self.window_layers.get(layer).copied().unwrap_or(false)
     }
 
-    /// Bytes of KV cache one token takes in every layer (keys and values, f32).
-    pub fn kv_bytes_per_token(&self) -> u64 {
-        (self.n_layer * 2 * self.kv_dim() * std::mem::size_of::<f32>()) as u64
+    /// Bytes of KV cache one token takes in every layer (keys and values, stored as `dtype`).
+    pub fn kv_bytes_per_token(&self, dtype: crate::KvDtype) -> u64 {
+        (self.n_layer * 2 * self.kv_dim() * dtype.bytes()) as u64
     }
 }
 

@@ -42,7 +42,7 @@ pub use engine::{
 pub use error::{ErrorKind, LlmError, Result};
 pub use family::{Activation, Family, RopeStyle};
 pub use gguf::{AttentionTemperature, GgufFile, LlamaConfig, RopeScaling};
-pub use kv::{KvBudget, KvCache, KvReservation};
+pub use kv::{KvBudget, KvCache, KvDtype, KvReservation};
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, token_logprob};
 pub use lora::{
     ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterLease, AdapterPrecision, AdapterSources,

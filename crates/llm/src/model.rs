@@ -5,7 +5,7 @@
 
 use crate::error::{LlmError, Result};
 use crate::gguf::LlamaConfig;
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvDtype};
 use crate::lockstep::Lockstep;
 use crate::lora::{AdapterLease, LoraAdapter};
 use std::ops::Range;
@@ -195,6 +195,12 @@ impl LlamaModel {
     /// The weights.
     pub fn weights(&self) -> &LlamaWeights {
         &self.weights
+    }
+
+    /// How a KV cache of this model stores keys and values unless told otherwise: f32 with
+    /// f32 weights, binary16 with quantized ones ([`KvDtype::for_weights`]).
+    pub fn kv_dtype(&self) -> KvDtype {
+        KvDtype::for_weights(self.weights.format)
     }
 
     /// The longest sequence this model runs.
@@ -400,13 +406,11 @@ impl LlamaModel {
             let spans: Vec<AttentionSpan<'_>> = segments
                 .iter()
                 .map(|s| {
-                    let (keys, values) = s.cache.layer(layer);
                     let span = AttentionSpan {
                         first_row,
                         rows: s.tokens.len(),
                         start: s.cache.len(),
-                        keys,
-                        values,
+                        kv: s.cache.layer(layer),
                     };
                     first_row += s.tokens.len();
                     span

@@ -9,6 +9,7 @@ use modelmux_kernels::vector;
 
 use crate::family::{Activation, RopeStyle};
 use crate::gguf::RopeScaling;
+use crate::kv::{KvHead, KvLayer};
 use crate::parallel;
 
 /// `x[r] = x[r] / rms(x[r]) * weight` for every row of width `weight.len()`.
@@ -207,13 +208,12 @@ pub(crate) struct AttentionShape {
 }
 
 /// One sequence's rows in a step: queries `rows` of the batch, at positions
-/// `start..start + rows.len()`, over `keys` / `values` holding positions `0..start + rows.len()`.
+/// `start..start + rows.len()`, over keys and values holding positions `0..start + rows.len()`.
 pub(crate) struct AttentionSpan<'a> {
     pub(crate) first_row: usize,
     pub(crate) rows: usize,
     pub(crate) start: usize,
-    pub(crate) keys: &'a [f32],
-    pub(crate) values: &'a [f32],
+    pub(crate) kv: KvLayer<'a>,
 }
 
 /// Causal attention of every span's rows; `q` and the result are `rows x (n_head * head_dim)`.
@@ -239,7 +239,6 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
         }
     }
     let group = n_head / n_kv_head;
-    let kv_width = n_kv_head * head_dim;
     // One work item per (row, key/value head): the `group` query heads of one key/value
     // head are next to each other in a row, so its output is one slice of `out`.
     let group_width = group * head_dim;
@@ -251,10 +250,18 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
         let len = span.start + i + 1;
         let first = window.map_or(0, |w| len.saturating_sub(w));
         let q = &q[row * width + kvh * group_width..][..group_width];
-        let at = first * kv_width + kvh * head_dim;
-        let end = (len - 1) * kv_width + kvh * head_dim + head_dim;
-        let (keys, values) = (&span.keys[at..end], &span.values[at..end]);
-        vector::attend(q, keys, values, kv_width, head_dim, scale, cap, scores, out);
+        // The head's positions `first..len`, one after another.
+        let positions = first * head_dim..len * head_dim;
+        match span.kv.head(kvh) {
+            KvHead::F32 { keys, values } => {
+                let (keys, values) = (&keys[positions.clone()], &values[positions]);
+                vector::attend(q, keys, values, head_dim, head_dim, scale, cap, scores, out);
+            }
+            KvHead::F16 { keys, values } => {
+                let (keys, values) = (&keys[positions.clone()], &values[positions]);
+                vector::attend_f16(q, keys, values, head_dim, head_dim, scale, cap, scores, out);
+            }
+        }
     };
     // Decode steps of a few short sequences are cheaper on one thread than a fork-join.
     // Past about 28 positions of SmolLM2's shape it pays to split even one sequence by its
@@ -279,6 +286,7 @@ pub(crate) fn attention(q: &[f32], spans: &[AttentionSpan<'_>], shape: Attention
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::{KvCache, KvDtype};
 
     fn lcg(seed: &mut u64) -> f32 {
         *seed = seed
@@ -356,11 +364,15 @@ mod tests {
             window: Some(7),
             ..plain
         };
-        attention_matches_for(plain);
-        attention_matches_for(gemma);
+        for half in [false, true] {
+            attention_matches_for(plain, half);
+            attention_matches_for(gemma, half);
+        }
     }
 
-    fn attention_matches_for(shape: AttentionShape) {
+    /// With `half`, the keys and values are stored in binary16, and the reference is given
+    /// the values they round to. The spans read real caches, so their layout is checked too.
+    fn attention_matches_for(shape: AttentionShape, half: bool) {
         let width = shape.n_head * shape.head_dim;
         let kv_width = shape.n_kv_head * shape.head_dim;
         let mut seed = 7;
@@ -369,33 +381,47 @@ mod tests {
         let cases = [(40usize, 1usize), (0, 5), (9, 3), (0, 300)];
         let rows: usize = cases.iter().map(|c| c.1).sum();
         let q: Vec<f32> = (0..rows * width).map(|_| lcg(&mut seed)).collect();
-        let caches: Vec<(Vec<f32>, Vec<f32>)> = cases
-            .iter()
-            .map(|&(start, n)| {
-                let len = (start + n) * kv_width;
-                (
-                    (0..len).map(|_| lcg(&mut seed)).collect(),
-                    (0..len).map(|_| lcg(&mut seed)).collect(),
-                )
-            })
-            .collect();
+        // Each span's keys and values, position after position, in a cache of one layer (of
+        // the type `half` says); the reference gets them as the cache holds them.
+        let dtype = if half { KvDtype::F16 } else { KvDtype::F32 };
+        let held = |x: Vec<f32>| -> Vec<f32> {
+            if !half {
+                return x;
+            }
+            let mut b = vec![0u16; x.len()];
+            vector::f16_bits(&x, &mut b);
+            b.iter()
+                .map(|b| half::f16::from_bits(*b).to_f32())
+                .collect()
+        };
+        let mut caches = Vec::new();
+        let mut inputs = Vec::new();
+        for &(start, n) in &cases {
+            let len = (start + n) * kv_width;
+            let keys: Vec<f32> = (0..len).map(|_| lcg(&mut seed)).collect();
+            let values: Vec<f32> = (0..len).map(|_| lcg(&mut seed)).collect();
+            let mut cache =
+                KvCache::with_shape(1, shape.n_kv_head, shape.head_dim, dtype, start + n, None);
+            cache.append(0, &keys, &values);
+            cache.advance(start + n);
+            caches.push(cache);
+            inputs.push([held(keys), held(values)]);
+        }
         let mut spans = Vec::new();
         let mut first_row = 0;
-        for (&(start, n), (k, v)) in cases.iter().zip(&caches) {
+        for (cache, &(start, n)) in caches.iter().zip(&cases) {
             spans.push(AttentionSpan {
                 first_row,
                 rows: n,
                 start,
-                keys: k,
-                values: v,
+                kv: cache.layer(0),
             });
             first_row += n;
         }
         let got = attention(&q, &spans, shape);
-        for span in &spans {
+        for (span, [keys, values]) in spans.iter().zip(&inputs) {
             let q_rows = &q[span.first_row * width..(span.first_row + span.rows) * width];
-            let want =
-                reference_attention(q_rows, span.keys, span.values, span.start, span.rows, shape);
+            let want = reference_attention(q_rows, keys, values, span.start, span.rows, shape);
             let got = &got[span.first_row * width..(span.first_row + span.rows) * width];
             for (a, b) in got.iter().zip(&want) {
                 assert!((a - b).abs() < 1e-4, "{a} vs {b}");

@@ -188,7 +188,10 @@ async fn stop_strings_stop_tokens_and_eos_end_a_sequence() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_kv_budget_requests_wait_then_are_refused_as_overloaded() {
     let rt = runtime();
-    let per_token = rt.model().config().kv_bytes_per_token();
+    let per_token = rt
+        .model()
+        .config()
+        .kv_bytes_per_token(rt.model().kv_dtype());
     // The budget holds one sequence of max_model_len (an engine refuses to start otherwise).
     let engine = rt.engine(EngineConfig {
         kv_cache_bytes: per_token * 300,

@@ -83,7 +83,7 @@ fn engine_logits_with(path: &Path, adapter: Option<&Path>) -> Vec<f32> {
         .unwrap()
     });
     let tokens = prompt();
-    let mut cache = KvCache::new(model.config(), tokens.len(), None);
+    let mut cache = KvCache::new(model.config(), model.kv_dtype(), tokens.len(), None);
     let mut logits = model
         .forward(&mut [Segment {
             tokens: &tokens,

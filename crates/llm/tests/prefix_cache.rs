@@ -161,7 +161,10 @@ async fn prefixes_are_shared_only_under_the_same_adapter_content_and_salt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cached_prefixes_give_their_memory_to_sequences_and_reset_drops_them() {
-    let per_token = runtime().model().config().kv_bytes_per_token();
+    let per_token = runtime()
+        .model()
+        .config()
+        .kv_bytes_per_token(runtime().model().kv_dtype());
     // Room for one sequence of 260 tokens (prompt + max_tokens), no more.
     let engine = runtime().engine(EngineConfig {
         kv_cache_bytes: per_token * 260,

@@ -103,7 +103,7 @@ fn prompt() -> Vec<u32> {
 fn engine_logits(path: &PathBuf, format: WeightFormat) -> Vec<f32> {
     let model = LlamaModel::new(LlamaWeights::load(path, format).unwrap(), 128);
     let tokens = prompt();
-    let mut cache = KvCache::new(model.config(), tokens.len(), None);
+    let mut cache = KvCache::new(model.config(), model.kv_dtype(), tokens.len(), None);
     let mut out = model
         .forward(&mut [Segment {
             tokens: &tokens,

@@ -31,7 +31,7 @@ const TOKENS: [u32; 12] = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2,
 fn engine_logits(adapter: Option<&LoraAdapter>) -> Vec<Vec<f32>> {
     let weights = LlamaWeights::load(tiny_path(), WeightFormat::F32).unwrap();
     let model = LlamaModel::new(weights, 64);
-    let mut cache = KvCache::new(model.config(), TOKENS.len(), None);
+    let mut cache = KvCache::new(model.config(), model.kv_dtype(), TOKENS.len(), None);
     let flat = model
         .forward(&mut [Segment {
             tokens: &TOKENS,

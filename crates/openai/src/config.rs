@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use modelmux_llm::{AdapterSources, AllowedSources, EngineConfig, RuntimeOptions, WeightFormat};
+use modelmux_llm::{
+    AdapterSources, AllowedSources, EngineConfig, KvDtype, RuntimeOptions, WeightFormat,
+};
 use modelmux_store::{DiskCache, OptionValue, RetryPolicy, StoreError};
 use serde::Deserialize;
 
@@ -113,6 +115,10 @@ pub struct EngineKwargs {
     /// How the weights are held: `auto` (default), `q8_0`, `as_stored`, `f32`.
     #[serde(default)]
     pub weight_format: WeightFormatName,
+    /// How the KV cache stores keys and values (vLLM's name): `auto` (default: `f32` with
+    /// `weight_format: f32`, else `f16`), `f16` or `f32`.
+    #[serde(default)]
+    pub kv_cache_dtype: KvCacheDtypeName,
     /// Most sequences of one adapter (the base model counting as one) running at once; by
     /// default only `max_num_seqs` bounds them (admission is fair between adapters anyway).
     #[serde(default)]
@@ -159,6 +165,7 @@ impl Default for EngineKwargs {
             max_waiting_seqs: default_max_waiting(),
             queue_timeout_s: default_queue_timeout(),
             weight_format: WeightFormatName::default(),
+            kv_cache_dtype: KvCacheDtypeName::default(),
             max_num_seqs_per_adapter: None,
             enable_prefix_caching: true,
             prefix_cache_salt: None,
@@ -179,6 +186,21 @@ pub enum WeightFormatName {
     /// See [`WeightFormat::AsStored`].
     AsStored,
     /// See [`WeightFormat::F32`].
+    F32,
+}
+
+/// `engine_kwargs.kv_cache_dtype`.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvCacheDtypeName {
+    /// Chosen with the weights' format ([`KvDtype::for_weights`]).
+    #[default]
+    Auto,
+    /// See [`KvDtype::F16`].
+    #[serde(alias = "float16", alias = "half")]
+    F16,
+    /// See [`KvDtype::F32`].
+    #[serde(alias = "float32", alias = "float")]
     F32,
 }
 
@@ -270,6 +292,11 @@ impl LlmConfig {
                 max_running_per_adapter: e.max_num_seqs_per_adapter,
                 enable_prefix_caching: e.enable_prefix_caching,
                 prefix_cache_salt: e.prefix_cache_salt.clone(),
+                kv_cache_dtype: match e.kv_cache_dtype {
+                    KvCacheDtypeName::Auto => None,
+                    KvCacheDtypeName::F16 => Some(KvDtype::F16),
+                    KvCacheDtypeName::F32 => Some(KvDtype::F32),
+                },
             },
             max_adapters: lora.map_or(8, |l| l.max_num_adapters_per_replica),
             max_adapter_bytes: lora.and_then(|l| l.max_adapter_bytes_per_replica),
@@ -350,6 +377,36 @@ mod tests {
             "lora_config": lora,
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn the_kv_cache_dtype_is_chosen_with_the_weights_unless_named() {
+        let with = |engine: serde_json::Value| -> Result<LlmConfig, String> {
+            serde_json::from_value(serde_json::json!({
+                "model_loading_config": {"model_id": "m", "model_source": "/models/m.gguf"},
+                "engine_kwargs": engine,
+            }))
+            .map_err(|e| e.to_string())
+        };
+        let dtype = |engine| {
+            let options = with(engine).unwrap().runtime_options();
+            options.engine.kv_dtype(options.weight_format)
+        };
+        assert_eq!(dtype(serde_json::json!({})), KvDtype::F16);
+        assert_eq!(
+            dtype(serde_json::json!({"weight_format": "f32"})),
+            KvDtype::F32
+        );
+        assert_eq!(
+            dtype(serde_json::json!({"weight_format": "f32", "kv_cache_dtype": "f16"})),
+            KvDtype::F16
+        );
+        assert_eq!(
+            dtype(serde_json::json!({"kv_cache_dtype": "float32"})),
+            KvDtype::F32
+        );
+        let wrong = with(serde_json::json!({"kv_cache_dtype": "fp8"})).unwrap_err();
+        assert!(wrong.contains("fp8") && wrong.contains("f16"), "{wrong}");
     }
 
     #[test]

@@ -84,10 +84,10 @@ fn check_local_model(path: &std::path::Path, config: &LlmConfig) -> Result<(), S
     let model = modelmux_llm::GgufFile::open(path)
         .and_then(|file| file.llama_config())
         .map_err(wrong)?;
-    config
-        .runtime_options()
+    let options = config.runtime_options();
+    options
         .engine
-        .check_fits(&model)
+        .check_fits(&model, options.weight_format)
         .map_err(|e| StoreError::Config(e.to_string()))
 }
 

@@ -386,6 +386,7 @@ impl Deployment for LlmServer {
                         "max_waiting": e.max_waiting,
                         "queue_timeout_s": e.queue_timeout.as_secs_f64(),
                         "enable_prefix_caching": e.enable_prefix_caching,
+                        "kv_cache_dtype": format!("{:?}", engine.kv_dtype()).to_lowercase(),
                     },
                 }));
             }

@@ -164,5 +164,7 @@ async fn every_llm_server_method_works_or_says_it_is_not_implemented() {
     let config = answer(&control(addr, "llm_config").await);
     assert_eq!(config["model_id"], "smollm2", "{config}");
     assert!(config["engine_kwargs"]["max_model_len"].as_u64().unwrap() > 0);
+    // Quantized weights keep their KV cache in binary16 unless told otherwise.
+    assert_eq!(config["engine_kwargs"]["kv_cache_dtype"], "f16", "{config}");
     server.shutdown().await;
 }

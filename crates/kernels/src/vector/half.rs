@@ -26,7 +26,7 @@ fn convert() -> Convert {
 }
 
 /// `out[j] = x · rows[j * stride..j * stride + x.len()]` for every `j < out.len()`, with
-/// `rows` in IEEE binary16 (bits): zero or normal values only (a subnormal, infinite or NaN
+/// `rows` in IEEE binary16 (bits): finite values only (an infinite or NaN
 /// one reads as another number). As [`dots`](super::dots) computes it on the converted values.
 ///
 /// # Panics
@@ -44,7 +44,7 @@ pub fn dots_f16(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
 }
 
 /// `y += Σ_j coefficients[j] * rows[j * stride..j * stride + y.len()]`, with `rows` in IEEE
-/// binary16 (bits): zero or normal values only. As [`axpys`](super::axpys) computes it on the
+/// binary16 (bits): finite values only. As [`axpys`](super::axpys) computes it on the
 /// converted values.
 ///
 /// # Panics
@@ -61,12 +61,13 @@ pub fn axpys_f16(y: &mut [f32], coefficients: &[f32], rows: &[u16], stride: usiz
     axpys_f16_portable(y, coefficients, rows, stride)
 }
 
-/// An IEEE binary16 value (its bits) as f32: exact for zero and normal values, which is all
-/// [`dots_f16`] and [`axpys_f16`] are given (no subnormals, infinities or NaNs). Branch-free
-/// (the exponent is rebased by a multiplication by 2^112), so loops over it vectorise on any
-/// CPU, F16C or not.
+/// An IEEE binary16 value (its bits) as f32: exact for every finite value (a subnormal's
+/// bits, shifted, are an f32 subnormal that the multiplication scales exactly: Rust code
+/// never flushes subnormals to zero), not for infinities or NaNs, which neither the adapters'
+/// weights nor a KV cache hold. Branch-free (the exponent is rebased by a multiplication by
+/// 2^112), so loops over it vectorise on any CPU, F16C or not.
 #[inline(always)]
-fn half_to_f32(h: u16) -> f32 {
+pub(super) fn half_to_f32(h: u16) -> f32 {
     let h = u32::from(h);
     let magnitude = f32::from_bits((h & 0x7fff) << 13) * f32::from_bits(0x7780_0000);
     f32::from_bits(((h & 0x8000) << 16) | magnitude.to_bits())
@@ -246,12 +247,13 @@ fn dot_tail(mut sum: f32, x: &[f32], row: &[u16]) -> f32 {
 mod tests {
     use super::*;
 
-    /// Every zero and normal binary16 value converts exactly (against the `half` crate).
+    /// Every finite binary16 value converts exactly (against the `half` crate).
     #[test]
-    fn every_normal_half_converts_exactly() {
+    fn every_finite_half_converts_exactly() {
+        // Normal, subnormal and zero, both signs (a KV cache in binary16 holds subnormals).
         for bits in 0..=u16::MAX {
             let h = ::half::f16::from_bits(bits);
-            if h.is_normal() || h == ::half::f16::ZERO {
+            if h.is_finite() {
                 assert_eq!(
                     half_to_f32(bits).to_bits(),
                     h.to_f32().to_bits(),

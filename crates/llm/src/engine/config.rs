@@ -3,6 +3,8 @@
 use std::time::Duration;
 
 use crate::error::{LlmError, Result};
+use crate::kv::KvDtype;
+use crate::weights::WeightFormat;
 
 /// Limits of one engine.
 #[derive(Clone, Debug, PartialEq)]
@@ -28,6 +30,9 @@ pub struct EngineConfig {
     /// The cache salt of requests that give none: prefixes are shared only between requests
     /// with the same salt (and the same adapter content).
     pub prefix_cache_salt: Option<String>,
+    /// How the KV cache stores keys and values (vLLM's `kv_cache_dtype`); `None` chooses with
+    /// the weights' format ([`KvDtype::for_weights`]).
+    pub kv_cache_dtype: Option<KvDtype>,
 }
 
 impl Default for EngineConfig {
@@ -42,6 +47,7 @@ impl Default for EngineConfig {
             max_running_per_adapter: None,
             enable_prefix_caching: true,
             prefix_cache_salt: None,
+            kv_cache_dtype: None,
         }
     }
 }
@@ -86,11 +92,17 @@ impl EngineConfig {
         Ok(())
     }
 
-    /// Checks these limits against a model's shape: the KV budget must hold at least one
-    /// sequence of `max_model_len` tokens, or every long request would be refused as if the
-    /// client had asked too much.
-    pub fn check_fits(&self, model: &crate::LlamaConfig) -> Result<()> {
-        let per_token = model.kv_bytes_per_token();
+    /// How the KV cache stores keys and values with weights held as `weights`.
+    pub fn kv_dtype(&self, weights: WeightFormat) -> KvDtype {
+        self.kv_cache_dtype
+            .unwrap_or_else(|| KvDtype::for_weights(weights))
+    }
+
+    /// Checks these limits against a model's shape, its weights held as `weights`: the KV
+    /// budget must hold at least one sequence of `max_model_len` tokens, or every long
+    /// request would be refused as if the client had asked too much.
+    pub fn check_fits(&self, model: &crate::LlamaConfig, weights: WeightFormat) -> Result<()> {
+        let per_token = model.kv_bytes_per_token(self.kv_dtype(weights));
         let needed = per_token.saturating_mul(self.max_model_len as u64);
         if self.kv_cache_bytes < needed {
             return Err(LlmError::InvalidConfig {

@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use crate::error::{LlmError, Result};
-use crate::kv::KvBudget;
+use crate::kv::{KvBudget, KvDtype};
 use crate::lora::AdapterLease;
 use crate::model::LlamaModel;
 use crate::sampling::SamplingParams;
@@ -199,6 +199,9 @@ struct Inner {
     config: EngineConfig,
     tokenizer: Arc<TextTokenizer>,
     model_config: crate::LlamaConfig,
+    kv_dtype: KvDtype,
+    /// Bytes of KV one token of a sequence reserves.
+    kv_bytes_per_token: u64,
     can_reload: bool,
     grammars: constrain::Grammars,
 }
@@ -232,7 +235,8 @@ impl Engine {
                 config.max_model_len
             )));
         }
-        config.check_fits(model.config())?;
+        let kv_dtype = config.kv_dtype(model.weights().format);
+        config.check_fits(model.config(), model.weights().format)?;
         let budget = KvBudget::new(config.kv_cache_bytes);
         let stats = Arc::new(EngineStats::default());
         let (commands, receiver) = std::sync::mpsc::sync_channel(config.max_waiting);
@@ -259,7 +263,9 @@ impl Engine {
                 config,
                 grammars: constrain::Grammars::new(tokenizer.clone(), model_config.vocab_size),
                 tokenizer,
+                kv_bytes_per_token: model_config.kv_bytes_per_token(kv_dtype),
                 model_config,
+                kv_dtype,
                 can_reload,
             }),
         })
@@ -278,6 +284,16 @@ impl Engine {
     /// The model's shape.
     pub fn model_config(&self) -> &crate::LlamaConfig {
         &self.inner.model_config
+    }
+
+    /// How the KV cache stores keys and values.
+    pub fn kv_dtype(&self) -> KvDtype {
+        self.inner.kv_dtype
+    }
+
+    /// Bytes of KV cache one token of a sequence takes (and reserves from the budget).
+    pub fn kv_bytes_per_token(&self) -> u64 {
+        self.inner.kv_bytes_per_token
     }
 
     /// Checks `request` and queues it. Errors here are the request's own (too long, bad
@@ -310,7 +326,7 @@ impl Engine {
             )));
         }
         self.check_prompt(&request.prompt, request.params.max_tokens)?;
-        let bytes_per_token = inner.model_config.kv_bytes_per_token();
+        let bytes_per_token = inner.kv_bytes_per_token;
         let needed =
             bytes_per_token * (request.prompt.len() + request.params.max_tokens) as u64 * n as u64;
         if needed > inner.budget.capacity() {
@@ -459,7 +475,7 @@ impl Engine {
     pub async fn embed(&self, tokens: Vec<u32>, adapter: Option<AdapterLease>) -> Result<Vec<f32>> {
         let inner = &self.inner;
         self.check_prompt(&tokens, 0)?;
-        let bytes = inner.model_config.kv_bytes_per_token() * tokens.len() as u64;
+        let bytes = inner.kv_bytes_per_token * tokens.len() as u64;
         let reservation = inner
             .budget
             .try_reserve(bytes)

@@ -18,7 +18,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
-use crate::kv::{KvBudget, KvCache, KvReservation};
+use crate::kv::{KvBudget, KvCache, KvReservation, LayerRows};
 
 /// Tokens per block: prefixes are cached and matched in whole blocks.
 pub(crate) const BLOCK: usize = 16;
@@ -39,8 +39,8 @@ struct Block {
     /// Its chained hash, its slot in the index.
     hash: u64,
     tokens: Vec<u32>,
-    /// Per layer: keys, values (`BLOCK x kv_dim` each).
-    layers: Vec<(Vec<f32>, Vec<f32>)>,
+    /// Per layer: the block's keys and values, as the caches store them.
+    layers: Vec<LayerRows>,
     /// Blocks that extend it.
     children: usize,
     last_used: u64,
@@ -135,16 +135,12 @@ impl PrefixCache {
         }
         self.touch(&chain);
         let n = chain.len() * BLOCK;
-        let kv_dim = cache.kv_dim();
         for layer in 0..cache.layer_count() {
-            let mut keys = Vec::with_capacity(n * kv_dim);
-            let mut values = Vec::with_capacity(n * kv_dim);
-            for id in &chain {
-                let (k, v) = &self.blocks[id].layers[layer];
-                keys.extend_from_slice(k);
-                values.extend_from_slice(v);
-            }
-            cache.append(layer, &keys, &values);
+            let rows: Vec<_> = chain
+                .iter()
+                .map(|id| &self.blocks[id].layers[layer])
+                .collect();
+            cache.append_rows(layer, &rows);
         }
         cache.advance(n);
         n
@@ -165,7 +161,6 @@ impl PrefixCache {
         let hashes = block_hashes(key, prompt, blocks);
         let mut chain = self.chain(key, prompt, &hashes);
         self.touch(&chain);
-        let kv_dim = cache.kv_dim();
         let bytes = BLOCK as u64 * self.bytes_per_token;
         for (k, &hash) in hashes.iter().enumerate().skip(chain.len()) {
             if self.index.contains_key(&hash) {
@@ -180,12 +175,9 @@ impl PrefixCache {
                     return;
                 }
             };
-            let rows = k * BLOCK * kv_dim..(k + 1) * BLOCK * kv_dim;
+            let tokens = k * BLOCK..(k + 1) * BLOCK;
             let layers = (0..cache.layer_count())
-                .map(|layer| {
-                    let (keys, values) = cache.layer(layer);
-                    (keys[rows.clone()].to_vec(), values[rows.clone()].to_vec())
-                })
+                .map(|layer| cache.rows(layer, tokens.clone()))
                 .collect();
             let parent = chain.last().copied();
             if let Some(parent) = parent {
@@ -246,12 +238,23 @@ impl PrefixCache {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::KvDtype;
 
     const LAYERS: usize = 2;
     const KV_DIM: usize = 4;
+    const KV_HEADS: usize = 2;
 
     fn empty(max_tokens: usize) -> KvCache {
-        KvCache::with_shape(LAYERS, KV_DIM, max_tokens, None)
+        // Binary16, the engine's usual type: the tests' values (token ids + 1000 * layer) are
+        // integers below 2048, which it holds exactly.
+        KvCache::with_shape(
+            LAYERS,
+            KV_HEADS,
+            KV_DIM / KV_HEADS,
+            KvDtype::F16,
+            max_tokens,
+            None,
+        )
     }
 
     /// A cache holding `tokens`, each token's KV in every layer its token id (so a copy
@@ -277,7 +280,7 @@ mod tests {
     }
 
     fn bytes_per_token() -> u64 {
-        (LAYERS * 2 * KV_DIM * std::mem::size_of::<f32>()) as u64
+        (LAYERS * 2 * KV_DIM * KvDtype::F16.bytes()) as u64
     }
 
     #[test]

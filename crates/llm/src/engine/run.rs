@@ -17,7 +17,7 @@ use super::sequence::{Progress, Sequence};
 mod prefixes;
 use super::{AdaptersInUse, Command, EngineConfig, EngineStats};
 use crate::error::LlmError;
-use crate::kv::{KvBudget, KvCache};
+use crate::kv::{KvBudget, KvCache, KvDtype};
 use crate::model::{LlamaModel, OwnedSegment, Segment};
 use crate::tokenizer::TextTokenizer;
 
@@ -27,6 +27,8 @@ pub(super) struct EngineLoop {
     /// This engine's number among the engines sharing `model`'s steps.
     member: u64,
     model_config: crate::LlamaConfig,
+    /// How sequences' KV caches store keys and values.
+    kv_dtype: KvDtype,
     reload: Option<super::ModelReloader>,
     tokenizer: Arc<TextTokenizer>,
     config: EngineConfig,
@@ -54,10 +56,12 @@ impl EngineLoop {
         commands: Receiver<Command>,
     ) -> Self {
         let eos = super::constrain::end_tokens(&tokenizer);
+        let kv_dtype = config.kv_dtype(model.weights().format);
         let prefixes = config
             .enable_prefix_caching
-            .then(|| PrefixCache::new(model.config().kv_bytes_per_token()));
+            .then(|| PrefixCache::new(model.config().kv_bytes_per_token(kv_dtype)));
         Self {
+            kv_dtype,
             model_config: model.config().clone(),
             member: model.step_member(),
             model: Some(model),
@@ -143,8 +147,12 @@ impl EngineLoop {
             if job.reply.is_closed() {
                 continue;
             }
-            let mut cache =
-                KvCache::new(&self.model_config, job.tokens.len(), Some(job.reservation));
+            let mut cache = KvCache::new(
+                &self.model_config,
+                self.kv_dtype,
+                job.tokens.len(),
+                Some(job.reservation),
+            );
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let mut segment = [Segment {
                     tokens: &job.tokens,
@@ -337,7 +345,7 @@ impl EngineLoop {
             };
             let mut s = self.waiting.remove(next).expect("index in range");
             used += s.slots();
-            s.admit(&self.model_config, Some(reservation));
+            s.admit(&self.model_config, self.kv_dtype, Some(reservation));
             self.restore_prefix(&mut s);
             self.running.push(s);
         }

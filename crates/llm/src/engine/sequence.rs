@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::{AdapterLease, FinishReason, GenerationEvent, Usage};
-use crate::kv::{KvCache, KvReservation};
+use crate::kv::{KvCache, KvDtype, KvReservation};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{TextStream, TextTokenizer};
 
@@ -150,10 +150,11 @@ impl Sequence {
     pub(super) fn admit(
         &mut self,
         config: &crate::LlamaConfig,
+        dtype: KvDtype,
         reservation: Option<KvReservation>,
     ) {
         let max_tokens = self.prompt.len() + self.params.max_tokens;
-        self.cache = Some(KvCache::new(config, max_tokens, reservation));
+        self.cache = Some(KvCache::new(config, dtype, max_tokens, reservation));
     }
 
     /// Whether whoever asked is still listening (to this choice or one still to come).
