@@ -15,8 +15,9 @@
 
 use half::f16;
 
+use crate::pages::Buffer;
 use crate::panel::{Line, Tile};
-use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL};
+use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL, WeightArena};
 
 /// Cache lines per block of a panel: 4 of nibbles, 1 of scales and offsets.
 pub(crate) const LINES: usize = 5;
@@ -29,7 +30,7 @@ const NIBBLE_LINES: usize = 4;
 pub struct Int4Matrix {
     n: usize,
     k: usize,
-    lines: Vec<Line>,
+    lines: Buffer<Line>,
 }
 
 impl std::fmt::Debug for Int4Matrix {
@@ -48,11 +49,30 @@ impl Int4Matrix {
     /// When `k` is not a positive multiple of [`BLOCK`].
     pub fn zeros(n: usize, k: usize) -> Self {
         crate::panel::check_row_length(k);
+        let lines = vec![Line([0; 4 * PANEL]); Self::line_count(n, k)];
         Self {
             n,
             k,
-            lines: vec![Line([0; 4 * PANEL]); n.div_ceil(PANEL) * (k / BLOCK) * LINES],
+            lines: Buffer::from_vec(lines),
         }
+    }
+
+    /// [`Int4Matrix::zeros`] in `arena`'s memory (huge pages, next to the matrices made
+    /// before it).
+    ///
+    /// # Panics
+    /// When `k` is not a positive multiple of [`BLOCK`].
+    pub fn zeros_in(arena: &mut WeightArena, n: usize, k: usize) -> Self {
+        crate::panel::check_row_length(k);
+        Self {
+            n,
+            k,
+            lines: arena.take(Self::line_count(n, k)),
+        }
+    }
+
+    fn line_count(n: usize, k: usize) -> usize {
+        n.div_ceil(PANEL) * (k / BLOCK) * LINES
     }
 
     /// `values` (`n x k`, row-major) quantized per block as GGUF's Q4_1 does: `m` the block's

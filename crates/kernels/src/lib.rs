@@ -51,6 +51,7 @@ mod int4;
 #[cfg(target_arch = "x86_64")]
 mod int4_x86;
 mod matrix;
+mod pages;
 mod panel;
 mod product;
 #[cfg(target_arch = "x86_64")]
@@ -66,6 +67,7 @@ use std::sync::OnceLock;
 pub use columns::{ColumnChunks, ColumnsMut};
 pub use int4::Int4Matrix;
 pub use matrix::Int8Matrix;
+pub use pages::WeightArena;
 pub use rows::Int8Rows;
 
 /// Values per quantization block (one scale each), for weights and activations.

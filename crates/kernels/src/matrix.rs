@@ -4,9 +4,13 @@
 
 use half::f16;
 
+use crate::pages::Buffer;
 use crate::panel::{GROUPS, Line, Panel, Tile};
 use crate::rows::round_to_i8;
-use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL};
+use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL, WeightArena};
+
+/// Zero weights: bytes `q ^ 0x80` of `q = 0`.
+const ZERO_LINE: Line = Line([0x80; 4 * PANEL]);
 
 /// An `n x k` weight matrix as int8 blocks of [`BLOCK`] values with an f16 scale each,
 /// repacked into panels of [`PANEL`] rows (see the crate docs). `k` is a multiple of
@@ -15,8 +19,8 @@ use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL};
 pub struct Int8Matrix {
     n: usize,
     k: usize,
-    lines: Vec<Line>,
-    scales: Vec<u16>,
+    lines: Buffer<Line>,
+    scales: Buffer<u16>,
 }
 
 impl std::fmt::Debug for Int8Matrix {
@@ -35,14 +39,37 @@ impl Int8Matrix {
     /// When `k` is not a positive multiple of [`BLOCK`].
     pub fn zeros(n: usize, k: usize) -> Self {
         crate::panel::check_row_length(k);
-        let panels = n.div_ceil(PANEL);
-        let blocks = k / BLOCK;
+        let (lines, scales) = Self::counts(n, k);
         Self {
             n,
             k,
-            lines: vec![Line([0x80; 4 * PANEL]); panels * blocks * GROUPS],
-            scales: vec![0; panels * blocks * PANEL],
+            lines: Buffer::from_vec(vec![ZERO_LINE; lines]),
+            scales: Buffer::from_vec(vec![0; scales]),
         }
+    }
+
+    /// [`Int8Matrix::zeros`] in `arena`'s memory (huge pages, next to the matrices made
+    /// before it).
+    ///
+    /// # Panics
+    /// When `k` is not a positive multiple of [`BLOCK`].
+    pub fn zeros_in(arena: &mut WeightArena, n: usize, k: usize) -> Self {
+        crate::panel::check_row_length(k);
+        let (lines, scales) = Self::counts(n, k);
+        let mut lines = arena.take(lines);
+        lines.fill(ZERO_LINE);
+        Self {
+            n,
+            k,
+            lines,
+            scales: arena.take(scales),
+        }
+    }
+
+    /// Lines and scales of an `n x k` matrix.
+    fn counts(n: usize, k: usize) -> (usize, usize) {
+        let (panels, blocks) = (n.div_ceil(PANEL), k / BLOCK);
+        (panels * blocks * GROUPS, panels * blocks * PANEL)
     }
 
     /// `values` (`n x k`, row-major) quantized.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{QMatMul, QTensor, ggml_file::qtensor_from_ggml};
 use candle_core::{Device, Module, Tensor};
-use modelmux_kernels::{BLOCK, ColumnsMut, Int4Matrix, Int8Matrix, Int8Rows, PANEL};
+use modelmux_kernels::{BLOCK, ColumnsMut, Int4Matrix, Int8Matrix, Int8Rows, PANEL, WeightArena};
 
 use crate::error::Result;
 use crate::parallel;
@@ -41,14 +41,15 @@ enum Kernel {
 impl Matrix {
     /// `parts` stacked in the 4-bit kernel's format, each block as the file stores it. `None`
     /// when a part is not a 4-bit type (`q4`), a row's length is not a multiple of the
-    /// kernel's block, or a Q4_K scale does not fit an f16.
-    pub(crate) fn int4(parts: &[&QTensor]) -> Result<Option<Self>> {
+    /// kernel's block, or a Q4_K scale does not fit an f16 (found while filling: the
+    /// matrix's share of `arena`, where its memory comes from, is then left unused).
+    pub(crate) fn int4(parts: &[&QTensor], arena: &mut WeightArena) -> Result<Option<Self>> {
         let (out_dim, in_dim) = stacked_dims(parts)?;
         if !in_dim.is_multiple_of(BLOCK) || !parts.iter().all(|p| crate::q4::is_four_bit(p.dtype()))
         {
             return Ok(None);
         }
-        let mut matrix = Int4Matrix::zeros(out_dim, in_dim);
+        let mut matrix = Int4Matrix::zeros_in(arena, out_dim, in_dim);
         let mut first = 0;
         for part in parts {
             if !crate::q4::fill(&mut matrix, first, part)? {
@@ -65,13 +66,13 @@ impl Matrix {
 
     /// `parts` stacked (their rows one after another) in the int8 kernel's format: each
     /// dequantized a slice of rows at a time and quantized to int8 blocks. `None` when a
-    /// row's length is not a multiple of the kernel's block.
-    pub(crate) fn int8(parts: &[&QTensor]) -> Result<Option<Self>> {
+    /// row's length is not a multiple of the kernel's block. The memory comes from `arena`.
+    pub(crate) fn int8(parts: &[&QTensor], arena: &mut WeightArena) -> Result<Option<Self>> {
         let (out_dim, in_dim) = stacked_dims(parts)?;
         if !in_dim.is_multiple_of(BLOCK) {
             return Ok(None);
         }
-        let mut matrix = Int8Matrix::zeros(out_dim, in_dim);
+        let mut matrix = Int8Matrix::zeros_in(arena, out_dim, in_dim);
         let mut first = 0;
         for part in parts {
             let (rows, _) = part.shape().dims2()?;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
+use modelmux_kernels::WeightArena;
 
 use crate::error::Result;
 use crate::gguf::{GgufFile, LlamaConfig};
@@ -208,21 +209,27 @@ fn matrix(
     file: &mut GgufFile,
     parts: &[(String, (usize, usize))],
     format: WeightFormat,
+    arena: &mut WeightArena,
 ) -> Result<Matrix> {
     let mut tensors = Vec::with_capacity(parts.len());
     for (name, (out_dim, in_dim)) in parts {
         tensors.push(file.tensor(name, &[*out_dim, *in_dim])?);
     }
-    stacked(tensors.into_iter().map(Arc::new).collect(), format)
+    stacked(tensors.into_iter().map(Arc::new).collect(), format, arena)
 }
 
-fn stacked(tensors: Vec<Arc<QTensor>>, format: WeightFormat) -> Result<Matrix> {
+/// The kernels' formats go into `arena`, in the order made.
+fn stacked(
+    tensors: Vec<Arc<QTensor>>,
+    format: WeightFormat,
+    arena: &mut WeightArena,
+) -> Result<Matrix> {
     if format == WeightFormat::Auto {
         let refs: Vec<&QTensor> = tensors.iter().map(|t| &**t).collect();
-        if let Some(m) = Matrix::int4(&refs)? {
+        if let Some(m) = Matrix::int4(&refs, arena)? {
             return Ok(m);
         }
-        if let Some(m) = Matrix::int8(&refs)? {
+        if let Some(m) = Matrix::int8(&refs, arena)? {
             return Ok(m);
         }
     }
@@ -254,6 +261,9 @@ impl LlamaWeights {
         let embedding = file.tensor("token_embd.weight", &[config.vocab_size, d])?;
         let mut bytes = embedding.storage_size_in_bytes() as u64;
         let mut blocks = Vec::with_capacity(config.n_layer);
+        // The matrices in the order a step reads them: each layer's q/k/v, o, gate/up and
+        // down, then the head.
+        let mut arena = WeightArena::new();
         let part = |layer: usize, t: Target| (t.gguf_name(layer), t.dims(&config));
         for layer in 0..config.n_layer {
             let attn_norm = vector(file, &format!("blk.{layer}.attn_norm.weight"), d)?;
@@ -301,20 +311,19 @@ impl LlamaWeights {
             let fused_qkv = format!("blk.{layer}.attn_qkv.weight");
             let qkv = if file.has_tensor(&fused_qkv) {
                 let rows = config.q_dim() + 2 * config.kv_dim();
-                matrix(file, &[(fused_qkv, (rows, d))], format)?
+                matrix(file, &[(fused_qkv, (rows, d))], format, &mut arena)?
             } else {
-                matrix(file, &qkv, format)?
+                matrix(file, &qkv, format, &mut arena)?
             };
+            let o = matrix(file, &[part(layer, Target::O)], format, &mut arena)?;
             let gate_up = if file.has_tensor(&Target::Gate.gguf_name(layer)) {
-                matrix(
-                    file,
-                    &[part(layer, Target::Gate), part(layer, Target::Up)],
-                    format,
-                )?
+                let parts = [part(layer, Target::Gate), part(layer, Target::Up)];
+                matrix(file, &parts, format, &mut arena)?
             } else {
-                let rows = 2 * config.ffn_dim;
-                matrix(file, &[(Target::Up.gguf_name(layer), (rows, d))], format)?
+                let parts = [(Target::Up.gguf_name(layer), (2 * config.ffn_dim, d))];
+                matrix(file, &parts, format, &mut arena)?
             };
+            let down = matrix(file, &[part(layer, Target::Down)], format, &mut arena)?;
             let block = Block {
                 attn_norm,
                 ffn_norm,
@@ -322,9 +331,9 @@ impl LlamaWeights {
                 qkv_bias,
                 qk_norm,
                 post_norms,
-                o: matrix(file, &[part(layer, Target::O)], format)?,
+                o,
                 gate_up,
-                down: matrix(file, &[part(layer, Target::Down)], format)?,
+                down,
             };
             bytes += [&block.qkv, &block.o, &block.gate_up, &block.down]
                 .iter()
@@ -338,11 +347,8 @@ impl LlamaWeights {
         // Tied embeddings (SmolLM2, TinyLlama-style small models) have no output.weight: the
         // head is the embedding table, converted for the int8 kernel, or shared as stored.
         let lm_head = if file.has_tensor("output.weight") {
-            let m = matrix(
-                file,
-                &[("output.weight".into(), (config.vocab_size, d))],
-                format,
-            )?;
+            let parts = [("output.weight".into(), (config.vocab_size, d))];
+            let m = matrix(file, &parts, format, &mut arena)?;
             bytes += m.size_bytes();
             m
         } else if format == WeightFormat::F32 {
@@ -350,7 +356,7 @@ impl LlamaWeights {
             bytes += m.size_bytes();
             m
         } else if format == WeightFormat::Auto {
-            let m = stacked(vec![embedding.clone()], format)?;
+            let m = stacked(vec![embedding.clone()], format, &mut arena)?;
             bytes += m.size_bytes();
             m
         } else {
