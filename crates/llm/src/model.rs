@@ -484,22 +484,24 @@ impl LlamaModel {
                 modelmux_kernels::vector::soft_cap_in_place(&mut logits, cap);
             }
         }
-        let mut out = Vec::with_capacity(segments.len());
-        let mut taken = 0;
-        for s in segments.iter() {
+        // Each segment's rows cut off the end, last first, so the first keeps the buffer
+        // itself: one stream's logits are never copied.
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; segments.len()];
+        for (s, out) in segments.iter().zip(&mut out).rev() {
             let rows = if s.all_logits {
                 s.tokens.len()
             } else {
                 usize::from(s.want_logits)
             };
-            if rows == 0 {
-                out.push(None);
-            } else {
-                out.push(Some(logits[taken * vocab..(taken + rows) * vocab].to_vec()));
-                taken += rows;
+            if rows > 0 {
+                let start = logits.len() - rows * vocab;
+                *out = Some(if start == 0 {
+                    std::mem::take(&mut logits)
+                } else {
+                    logits.split_off(start)
+                });
             }
         }
-        logits.clear();
         Ok(out)
     }
 
