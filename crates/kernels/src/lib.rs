@@ -24,6 +24,10 @@
 //! quantized activations, for models whose files store 4-bit weights: it reads 41% fewer
 //! bytes, which is what single-stream decode waits on.
 //!
+//! The weights' memory can come from a [`WeightArena`] (`Int4Matrix::zeros_in`,
+//! `Int8Matrix::zeros_in`): mappings backed by transparent huge pages, the matrices one after
+//! another in the order they are made, which is the order a decode step reads them.
+//!
 //! Threads are the caller's: [`ColumnChunks`] hands out disjoint column ranges of one output
 //! buffer to any number of threads, each of which calls [`Int8Matrix::matmul`] on its chunk.
 //!
