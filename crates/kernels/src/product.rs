@@ -68,7 +68,14 @@ pub(crate) fn product(
                 };
                 kernel(panel, t, &mut tile[..rows]);
                 for (i, values) in tile[..rows].iter().enumerate() {
-                    out.row_mut(row + i)[first..first + width].copy_from_slice(&values[..width]);
+                    let out = &mut out.row_mut(row + i)[first..first + width];
+                    // A whole panel as one fixed-size copy, which compiles to four vector
+                    // moves; a slice of run-time length would call `memmove` for 64 bytes
+                    // (2% of an 8-row decode step).
+                    match <&mut [f32; PANEL]>::try_from(&mut *out) {
+                        Ok(whole) => *whole = *values,
+                        Err(_) => out.copy_from_slice(&values[..width]),
+                    }
                 }
                 row += rows;
             }
