@@ -51,9 +51,8 @@ mod linux {
                 0,
             );
             assert_ne!(raw, libc::MAP_FAILED, "mmap failed");
-            let start = raw
-                .cast::<u8>()
-                .add(raw.cast::<u8>().align_offset(HUGE_PAGE));
+            let raw = raw.cast::<u8>();
+            let start = raw.add((raw as usize).next_multiple_of(HUGE_PAGE) - raw as usize);
             let advice = if huge {
                 libc::MADV_HUGEPAGE
             } else {

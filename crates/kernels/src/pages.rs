@@ -63,7 +63,7 @@ impl WeightArena {
         let (mapping, used) = self.current.as_mut().expect("a mapping was just made");
         // SAFETY: `used + bytes <= mapping.len`, so the range lies inside the mapping; it was
         // never handed out before (`used` only grows), and it is aligned to `ALIGN`, which is
-        // at least `T`'s alignment (checked by `Zeroed`'s constant below).
+        // at least `T`'s alignment (the compile-time assertion below).
         let ptr = unsafe { NonNull::new_unchecked(mapping.ptr.as_ptr().add(*used)) }.cast::<T>();
         const { assert!(std::mem::align_of::<T>() <= ALIGN) };
         *used += bytes;
@@ -180,7 +180,8 @@ impl Mapping {
             return None;
         }
         let raw = raw.cast::<u8>();
-        let head = raw.align_offset(HUGE_PAGE);
+        // (Not `align_offset`, which may answer `usize::MAX`.)
+        let head = (raw as usize).next_multiple_of(HUGE_PAGE) - raw as usize;
         // SAFETY: `head < HUGE_PAGE`, so `raw + head .. raw + head + len` lies inside the
         // `padded` bytes mapped; the head and tail unmapped are parts of that same mapping
         // nothing else refers to.
