@@ -188,7 +188,12 @@ async fn cached_prefixes_give_their_memory_to_sequences_and_reset_drops_them() {
 
     generate(&engine, &p, None, None).await;
     assert_eq!(hits(&engine), 96);
-    engine.reset_prefix_cache().unwrap();
+    engine.reset_prefix_cache().await.unwrap();
+    assert_eq!(
+        engine.snapshot().prefix_cache_bytes,
+        0,
+        "the reset is done when it returns"
+    );
     generate(&engine, &p, None, None).await;
     assert_eq!(hits(&engine), 96, "nothing cached after the reset");
     common::settled(&engine).await;

@@ -390,7 +390,10 @@ impl Deployment for LlmServer {
                     },
                 }));
             }
-            "reset_prefix_cache" => engine.reset_prefix_cache().map_err(|e| serve_error(&e))?,
+            "reset_prefix_cache" => engine
+                .reset_prefix_cache()
+                .await
+                .map_err(|e| serve_error(&e))?,
             // The rest of Ray's LLMServer methods: known, not served here.
             "start_profile" | "stop_profile" | "collective_rpc" => {
                 return Err(ServeError::NotImplemented {

@@ -181,8 +181,8 @@ pub(crate) enum Command {
     Embed(Box<EmbedJob>),
     /// Look at the flags (sleep, wake up) now, even if idle.
     Poke,
-    /// Drop every cached prefix.
-    ResetPrefixCache,
+    /// Drop every cached prefix, then say so.
+    ResetPrefixCache(tokio::sync::oneshot::Sender<()>),
 }
 
 /// The handle to an engine thread; cloning shares it. The thread stops when the last
@@ -452,10 +452,16 @@ impl Engine {
         self.inner.stats.paused.store(true, Ordering::SeqCst);
     }
 
-    /// Drops every cached prompt prefix (Ray's and vLLM's `reset_prefix_cache`): requests
-    /// submitted after this call compute their prompts whole.
-    pub fn reset_prefix_cache(&self) -> Result<()> {
-        self.send(Command::ResetPrefixCache)
+    /// Drops every cached prompt prefix (Ray's and vLLM's `reset_prefix_cache`) and returns
+    /// once the engine thread has done so (within a step): the cache's memory is free and
+    /// its figures read zero by then, and requests submitted afterwards compute their
+    /// prompts whole.
+    pub async fn reset_prefix_cache(&self) -> Result<()> {
+        let (done, dropped) = tokio::sync::oneshot::channel();
+        self.send(Command::ResetPrefixCache(done))?;
+        dropped
+            .await
+            .map_err(|_| LlmError::EngineStopped("the engine stopped before the reset".into()))
     }
 
     /// Generates again after [`pause`](Self::pause).

@@ -229,8 +229,9 @@ impl EngineLoop {
                 true
             }
             Ok(Command::Poke) => true,
-            Ok(Command::ResetPrefixCache) => {
+            Ok(Command::ResetPrefixCache(done)) => {
                 self.reset_prefixes();
+                let _ = done.send(());
                 true
             }
             Err(RecvTimeoutError::Timeout) => true,
@@ -280,7 +281,11 @@ impl EngineLoop {
                     return true;
                 }
                 Command::Poke => return true,
-                Command::ResetPrefixCache => self.reset_prefixes(),
+                Command::ResetPrefixCache(done) => {
+                    self.reset_prefixes();
+                    // The caller may have gone (a cancelled admin request): nothing to tell.
+                    let _ = done.send(());
+                }
             }
             if self.waiting.len() >= self.config.max_waiting {
                 return true;
