@@ -4,7 +4,7 @@
     compare-llama-cpp.py --server BIN/llama-server FILE.gguf [FILE.gguf ...]
 
 For each file: the top 20 log probabilities llama.cpp's `llama-server` gives for the token after
-a fixed prompt (the prompt of crates/llm/tests/families.rs), beside the reference's log-softmax
+a fixed prompt (the prompt of crates/llm/tests/llm/families.rs), beside the reference's log-softmax
 of its logits at the same position. The engine is checked against the reference by the tests;
 this checks the reference's reading of each family's conventions (norm offsets, scaling,
 windows, soft caps, rotary layout) against the implementation the GGUF files are made for.
@@ -12,7 +12,7 @@ Prints one line per file and exits 1 when a file differs by more than --bound.
 
 Not part of the test suite: building llama.cpp takes ~15 min on two cores
 (scripts/llm/build-llama-cpp). The tiny files are written by
-`cargo test -p modelmux-llm --test families` under target/tmp/modelmux-families-<pid>/.
+`cargo test -p modelmux-llm --test llm families::` under target/tmp/modelmux-families-<pid>/.
 """
 import argparse
 import json

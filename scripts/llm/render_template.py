@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
 """Renders a chat template with the `jinja2` package the way Hugging Face transformers'
 `apply_chat_template` does (transformers/utils/chat_template_utils.py): the reference the
-LLM tests (crates/llm/tests/templates.rs) compare modelmux's minijinja rendering with.
+LLM tests (crates/llm/tests/llm/templates.rs) compare modelmux's minijinja rendering with.
 
-Reads JSON on stdin:
+Reads a JSON list of renderings on stdin, each
   {"template": str, "messages": [...], "tools": [...] | null, "add_generation_prompt": bool,
    "bos_token": str, "eos_token": str, "kwargs": {...}}
-and writes JSON on stdout: {"text": str}, or {"error": str} when the template raises
-(`raise_exception`) or otherwise fails to render.
+and writes a JSON list on stdout, one answer per rendering in order: {"text": str}, or
+{"error": str, "type": str} when the template raises (`raise_exception`) or otherwise fails
+to render. (One process for many renderings: starting Python and importing jinja2 cost more
+than a rendering.)
 """
 
 import json
@@ -45,8 +47,7 @@ def environment():
     return env
 
 
-def main():
-    request = json.load(sys.stdin)
+def render(request):
     try:
         template = environment().from_string(request["template"])
         # As apply_chat_template: `tools` and `documents` are passed (as None when absent),
@@ -61,9 +62,12 @@ def main():
             **request.get("kwargs", {}),
         )
     except Exception as e:  # noqa: BLE001 - the error is the answer
-        json.dump({"error": str(e), "type": type(e).__name__}, sys.stdout, ensure_ascii=False)
-        return
-    json.dump({"text": text}, sys.stdout, ensure_ascii=False)
+        return {"error": str(e), "type": type(e).__name__}
+    return {"text": text}
+
+
+def main():
+    json.dump([render(r) for r in json.load(sys.stdin)], sys.stdout, ensure_ascii=False)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The official `openai` Python client against a running `modelmux serve` (kind: llm).
 
-Run by crates/cli/tests/llm.rs: python openai_client.py <base_url> <expected.json>, where
+Run by crates/cli/tests/cli/llm.rs: python openai_client.py <base_url> <expected.json>, where
 expected.json holds the engine's own greedy answers ({"question", "base", "pirate", "max_tokens"}).
 Any failed check raises, and the process exits non-zero. The checks are `check(...)` calls, not
 `assert` statements, so they run under `python -O` (PYTHONOPTIMIZE) too; the Rust test runs this

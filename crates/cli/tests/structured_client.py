@@ -1,6 +1,6 @@
 """Structured output and tool calls with the official `openai` client against `modelmux serve`.
 
-Run by crates/cli/tests/llm.rs: python structured_client.py <base_url>. Every answer is checked
+Run by crates/cli/tests/cli/llm.rs: python structured_client.py <base_url>. Every answer is checked
 with the `jsonschema` package (an independent validator). The checks are `check(...)` calls,
 not `assert` statements, so they run under `python -O` too.
 """

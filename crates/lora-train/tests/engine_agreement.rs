@@ -4,7 +4,7 @@
 //! the q/k row order, the scale and the file format); and training lowers the loss.
 
 #[allow(missing_docs)]
-#[path = "../../llm/tests/common/mod.rs"]
+#[path = "../../llm/tests/llm/common/mod.rs"]
 mod common;
 
 use std::path::PathBuf;

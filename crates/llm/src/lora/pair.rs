@@ -8,7 +8,7 @@
 //!
 //! The precision against f32: binary16 keeps 11 significant bits (a relative error of at most
 //! 2^-12 per value); values below the largest one over 2^28 become zero (binary16 has no
-//! smaller normal numbers, and the loops read no subnormals). `crates/llm/tests/reference.rs`
+//! smaller normal numbers, and the loops read no subnormals). `crates/llm/tests/llm/reference.rs`
 //! measures the logits with every test adapter against the numpy reference in f32.
 
 use std::ops::Range;

@@ -1,0 +1,19 @@
+//! The `modelmux` binary's integration tests, in one binary (one link, the helpers compiled
+//! once, one pool of test threads); `cargo test -p modelmux-cli --test cli <module>::` runs one.
+
+mod cluster_common;
+mod common;
+mod netns;
+
+mod binary;
+mod cluster;
+mod cluster_deploy;
+mod dashboard;
+mod deploy;
+mod grafana;
+mod llm;
+mod partition;
+mod python;
+mod python_cluster_calls;
+mod python_handles;
+mod tracing;

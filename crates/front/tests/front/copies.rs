@@ -1,0 +1,66 @@
+//! When a hot model gets a second copy, over real HTTP: only when waiting for its holder would
+//! take longer than loading it.
+
+use crate::common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::{Counters, counted, get_model};
+use http::StatusCode;
+use modelmux_cache::Multiplexer;
+
+async fn burst(load: Duration, infer: Duration, requests: usize) -> (usize, Vec<String>) {
+    let counters = Arc::new(Counters::default());
+    let spec = counted(
+        "Model",
+        counters.clone(),
+        Multiplexer::builder().max_models(4),
+        load,
+        infer,
+    )
+    .num_replicas(2)
+    .max_ongoing_requests(4)
+    .max_queued_requests(1000);
+    let server = common::serve(spec).await;
+    let addr = server.local_addr();
+    // One request first, so the load and a service time are measured.
+    assert_eq!(get_model(addr, "hot").await.status, StatusCode::OK);
+    let all: Vec<_> = (0..requests)
+        .map(|_| tokio::spawn(async move { get_model(addr, "hot").await }))
+        .collect();
+    let mut replicas = Vec::new();
+    for r in all {
+        let reply = r.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.text());
+        replicas.push(reply.replica());
+    }
+    replicas.sort();
+    replicas.dedup();
+    let loads = counters.loads.load(Ordering::SeqCst);
+    server.shutdown().await;
+    (loads, replicas)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bursts_of_cheap_requests_wait_for_the_holder_instead_of_loading_copies() {
+    // 2 ms requests, 1 s loads: 60 at once on a holder with 4 slots drain in ~30 ms (the
+    // estimate stays under the load time unless a request is measured at over 60 ms).
+    for round in 0..2 {
+        let (loads, replicas) = burst(Duration::from_secs(1), Duration::from_millis(2), 60).await;
+        assert_eq!(
+            loads, 1,
+            "round {round}: a copy was loaded for cheap requests"
+        );
+        assert_eq!(replicas.len(), 1, "round {round}: {replicas:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_model_with_slow_requests_still_gets_a_copy() {
+    // 400 ms requests, 20 ms loads: a second copy serves sooner than the holder could.
+    let (loads, replicas) = burst(Duration::from_millis(20), Duration::from_millis(400), 8).await;
+    assert_eq!(loads, 2, "no copy for a slow hot model");
+    assert_eq!(replicas.len(), 2, "{replicas:?}");
+}

@@ -1,0 +1,208 @@
+//! The dashboard's server side: the page and its files with headers that keep other origins
+//! out, and `/-/dashboard/state` behind the admin token, whose series come from the ring
+//! of samples (requests/s, hit ratio, loads/s, latency percentiles) and whose models are
+//! `/-/models`'. (The page itself is checked in a real browser by `crates/cli/tests`.)
+
+use crate::common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Counters, counted, get};
+use http::StatusCode;
+use modelmux_cache::Multiplexer;
+use modelmux_front::Server;
+use modelmux_serve::Application;
+
+const AUTH: [(&str, &str); 1] = [("authorization", "Bearer s3cret")];
+
+async fn start() -> Server {
+    let spec = counted(
+        "Model",
+        Arc::new(Counters::default()),
+        Multiplexer::builder().max_models(2),
+        Duration::from_millis(5),
+        Duration::from_millis(2),
+    );
+    Server::builder()
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .admin_token("s3cret")
+        .application(Application::new("default").ingress(spec))
+        .start()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_and_its_files_are_served_and_may_not_be_framed() {
+    let server = start().await;
+    let addr = server.local_addr();
+    for (path, kind) in [
+        ("/-/dashboard", "text/html"),
+        ("/-/dashboard/", "text/html"),
+        ("/-/dashboard/app.js", "text/javascript"),
+        ("/-/dashboard/app.css", "text/css"),
+        ("/-/dashboard/uplot.js", "text/javascript"),
+        ("/-/dashboard/uplot.css", "text/css"),
+    ] {
+        // No token needed for the files: they hold no state.
+        let reply = get(addr, path, &[]).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}");
+        let header = |name: &str| reply.headers[name].to_str().unwrap().to_owned();
+        assert!(header("content-type").starts_with(kind), "{path}");
+        assert!(header("content-security-policy").contains("frame-ancestors 'none'"));
+        assert_eq!(header("x-frame-options"), "DENY");
+        assert!(!reply.body.is_empty(), "{path} is empty");
+    }
+    let page = get(addr, "/-/dashboard", &[]).await.text();
+    assert!(
+        page.contains("app.js") && !page.contains("<script>"),
+        "the page loads its script from a file (the policy forbids inline scripts)"
+    );
+    assert_eq!(
+        get(addr, "/-/dashboard/nothing.js", &[]).await.status,
+        StatusCode::NOT_FOUND
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_is_behind_the_token_and_reports_rates_from_the_ring() {
+    let server = start().await;
+    let addr = server.local_addr();
+    let refused = get(addr, "/-/dashboard/state", &[]).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNAUTHORIZED,
+        "{}",
+        refused.text()
+    );
+    // The first read starts the sampling.
+    let first = get(addr, "/-/dashboard/state", &AUTH).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    // Traffic over three models (two fit: loads and evictions) for a few samples.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(3500);
+    let mut sent = 0;
+    while tokio::time::Instant::now() < deadline {
+        let model = ["m1", "m2", "m3"][sent % 3];
+        let reply = get(addr, "/", &[("serve_multiplexed_model_id", model)]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let state = get(addr, "/-/dashboard/state", &AUTH).await.json();
+    // The same document, but for the idle times, which move between the two reads.
+    fn without_idle(mut v: serde_json::Value) -> serde_json::Value {
+        match &mut v {
+            serde_json::Value::Object(m) => {
+                m.remove("idle_seconds");
+                for value in m.values_mut() {
+                    *value = without_idle(value.take());
+                }
+            }
+            serde_json::Value::Array(items) => {
+                for item in items {
+                    *item = without_idle(item.take());
+                }
+            }
+            _ => {}
+        }
+        v
+    }
+    assert_eq!(
+        without_idle(state["models"].clone()),
+        without_idle(get(addr, "/-/models", &AUTH).await.json()),
+        "models are /-/models'"
+    );
+    let series = &state["deployments"][0];
+    assert_eq!(series["app"], "default");
+    assert_eq!(series["deployment"], "Model");
+    let numbers = |key: &str| -> Vec<f64> {
+        let pointer = format!("/{}", key.replace('.', "/"));
+        series
+            .pointer(&pointer)
+            .unwrap_or_else(|| panic!("{key} in {series}"))
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(serde_json::Value::as_f64)
+            .collect()
+    };
+    let t = numbers("t");
+    assert!(t.len() >= 2, "{series}");
+    assert!(t.windows(2).all(|w| w[1] > w[0]));
+    let rps = numbers("requests_per_second");
+    assert_eq!(rps.len(), t.len());
+    // Every request was counted once: the rates times their intervals add up to what was
+    // sent in the sampled span (at most all of it).
+    let counted: f64 = rps.iter().sum::<f64>(); // one-second intervals
+    assert!(
+        counted > 0.0 && counted <= sent as f64 + 1.0,
+        "{counted} of {sent}"
+    );
+    assert!(numbers("loads_per_second").iter().any(|l| *l > 0.0));
+    assert!(numbers("evictions_per_second").iter().any(|e| *e > 0.0));
+    let hits = numbers("hit_ratio");
+    assert!(hits.iter().all(|h| (0.0..=1.0).contains(h)) && !hits.is_empty());
+    let p50 = numbers("latency_ms.p50");
+    let p99 = numbers("latency_ms.p99");
+    assert!(
+        !p50.is_empty() && p50.iter().all(|p| *p > 0.0 && *p < 1000.0),
+        "{p50:?}"
+    );
+    assert!(p50.iter().zip(&p99).all(|(a, b)| a <= b));
+    assert!(series["llm"].is_null());
+    assert!(numbers("error_ratio").iter().all(|e| *e == 0.0));
+    server.shutdown().await;
+}
+
+/// A model evicted while a request uses it is reported `draining` (in `/-/models`, so on the
+/// dashboard) until that request is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_evicted_in_use_is_reported_draining_until_its_request_ends() {
+    let spec = counted(
+        "Model",
+        Arc::new(Counters::default()),
+        Multiplexer::builder().max_models(2),
+        Duration::from_millis(1),
+        Duration::from_millis(600),
+    );
+    let server = Server::builder()
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .admin_token("s3cret")
+        .application(Application::new("default").ingress(spec))
+        .start()
+        .await
+        .unwrap();
+    let addr = server.local_addr();
+    let slow = tokio::spawn(async move {
+        get(addr, "/", &[("serve_multiplexed_model_id", "m1")])
+            .await
+            .status
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let evicted = common::send(
+        addr,
+        http::Method::DELETE,
+        "/-/models/Model/m1",
+        &[AUTH[0], ("content-type", "application/json")],
+        b"",
+    )
+    .await;
+    assert_eq!(evicted.status, StatusCode::OK, "{}", evicted.text());
+    let draining = |models: &serde_json::Value| {
+        models["applications"][0]["deployments"][0]["replicas"][0]["draining"].clone()
+    };
+    let models = get(addr, "/-/models", &AUTH).await.json();
+    assert_eq!(draining(&models), serde_json::json!(["m1"]), "{models}");
+    assert_eq!(
+        draining(&get(addr, "/-/dashboard/state", &AUTH).await.json()["models"]),
+        serde_json::json!(["m1"])
+    );
+    assert_eq!(slow.await.unwrap(), StatusCode::OK);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let models = get(addr, "/-/models", &AUTH).await.json();
+    assert!(draining(&models).is_null(), "{models}");
+    server.shutdown().await;
+}

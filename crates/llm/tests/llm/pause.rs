@@ -1,0 +1,191 @@
+//! Pausing an engine: nothing is generated while paused, everything resumes where it was, and
+//! cancelling while paused still frees the sequence.
+
+use crate::common;
+
+use std::time::Duration;
+
+use common::runtime;
+use modelmux_llm::{EngineConfig, GenerationEvent, GenerationRequest, SamplingParams};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_engine_generates_nothing_until_resumed() {
+    let rt = runtime();
+    let engine = rt.engine(EngineConfig::default());
+    let prompt = rt.tokenizer.encode_prompt("The sky is", true).unwrap();
+    let params = SamplingParams {
+        ignore_eos: true,
+        ..SamplingParams::greedy(12)
+    };
+    let expected = engine
+        .submit(GenerationRequest {
+            prompt: prompt.clone(),
+            params: params.clone(),
+            adapter: None,
+            constraint: None,
+        })
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+
+    let mut stream = engine
+        .submit(GenerationRequest {
+            prompt: prompt.clone(),
+            params: params.clone(),
+            adapter: None,
+            constraint: None,
+        })
+        .unwrap();
+    let Some(GenerationEvent::Token { .. }) = stream.next().await else {
+        panic!("no first token")
+    };
+    engine.pause();
+    assert!(engine.is_paused());
+    // The engine looks at the flag before each step, so the step in flight when it was set
+    // (if any) is the only one that can still run: from here the step count may grow by one,
+    // and the stream may get one more token, however long the engine is watched. An engine
+    // that did not pause would run at least two of the 11 steps left within this watch at any
+    // step time under 500 ms (3x the slowest measured on this busy machine, 165 ms).
+    let steps = engine.snapshot().steps;
+    let mut tokens = 1;
+    let quiet_until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while let Ok(event) = tokio::time::timeout_at(quiet_until, stream.next()).await {
+        match event {
+            Some(GenerationEvent::Token { .. }) => tokens += 1,
+            other => panic!("while paused: {other:?}"),
+        }
+    }
+    assert!(tokens <= 2, "{tokens} tokens while paused");
+    let after_pause = engine.snapshot().steps;
+    assert!(
+        after_pause <= steps + 1,
+        "{} steps ran while paused",
+        after_pause - steps
+    );
+    // One cancelled while paused is freed; a request submitted while paused waits (it is not
+    // even admitted). The engine takes them in order, and drops cancelled ones before it
+    // publishes its counts, so once it counts one waiting, the cancelled one is gone.
+    drop(
+        engine
+            .submit(GenerationRequest {
+                prompt: prompt.clone(),
+                params: params.clone(),
+                adapter: None,
+                constraint: None,
+            })
+            .unwrap(),
+    );
+    let waiting = engine
+        .submit(GenerationRequest {
+            prompt: prompt.clone(),
+            params: params.clone(),
+            adapter: None,
+            constraint: None,
+        })
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while engine.snapshot().waiting != 1 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            engine.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let s = engine.snapshot();
+    assert_eq!(
+        (s.running, s.waiting, s.steps),
+        (1, 1, after_pause),
+        "{s:?}"
+    );
+
+    engine.resume();
+    while let Some(event) = stream.next().await {
+        match event {
+            GenerationEvent::Token { .. } => tokens += 1,
+            GenerationEvent::Finished { .. } => break,
+            GenerationEvent::Error(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(tokens, expected.tokens.len());
+    assert_eq!(waiting.collect().await.unwrap().tokens, expected.tokens);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while engine.snapshot().running + engine.snapshot().waiting > 0
+        || engine.snapshot().kv_reserved_bytes > 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{:?}",
+            engine.snapshot()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Ray's `wakeup` with no traffic at all: the engine loads its weights again by itself and says
+/// so within seconds (it once waited for a request to arrive, blocked on its queue), and the
+/// next request is answered without another load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wakeup_with_no_traffic_reloads_at_once_and_only_once() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let tiny = common::tiny::tiny();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let (path, counter) = (tiny.path.clone(), loads.clone());
+    let reload: modelmux_llm::ModelReloader = Arc::new(move || {
+        counter.fetch_add(1, Ordering::SeqCst);
+        let weights =
+            modelmux_llm::LlamaWeights::load(&path, modelmux_llm::WeightFormat::default())?;
+        Ok(Arc::new(modelmux_llm::LlamaModel::new(weights, 512)))
+    });
+    let engine = modelmux_llm::Engine::start_with_reload(
+        tiny.model.clone(),
+        Some(reload),
+        tiny.tokenizer.clone(),
+        EngineConfig {
+            max_model_len: 512,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let ask = || GenerationRequest {
+        prompt: vec![1, 2, 3, 4],
+        params: SamplingParams::greedy(4),
+        adapter: None,
+        constraint: None,
+    };
+    let before = engine.submit(ask()).unwrap().collect().await.unwrap();
+    for round in 0..2 {
+        engine.sleep().unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while !engine.is_asleep() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: never asleep"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // At once in round 0 (the engine has just released its weights), after a quiet while
+        // in round 1 (it waits on its queue, as it does with no traffic).
+        tokio::time::sleep(Duration::from_millis(200 * round as u64)).await;
+        engine.wake_up();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while engine.is_asleep() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: wake_up with no traffic did not load the weights within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(loads.load(Ordering::SeqCst), round + 1);
+        let after = engine.submit(ask()).unwrap().collect().await.unwrap();
+        assert_eq!(after.tokens, before.tokens, "same weights, same answer");
+        assert_eq!(
+            loads.load(Ordering::SeqCst),
+            round + 1,
+            "a request loaded again"
+        );
+    }
+}

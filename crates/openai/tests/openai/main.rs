@@ -1,0 +1,14 @@
+//! The OpenAI API's integration tests, in one binary (one link, the helpers compiled once,
+//! one pool of test threads); `cargo test -p modelmux-openai --test openai <module>::` runs one.
+
+mod common;
+
+mod adapter_sources;
+mod api;
+mod prefix_cache;
+mod prometheus;
+mod routing;
+mod sampling;
+mod score;
+mod streaming;
+mod vllm_metrics;
