@@ -38,6 +38,7 @@ pub use chat::{ChatMessage, ChatTemplate};
 pub use engine::{
     AdaptersInUse, Constraint, Engine, EngineConfig, EngineSnapshot, FinishReason, Generation,
     GenerationEvent, GenerationRequest, GenerationStream, ModelReloader, TokenConstraint, Usage,
+    WeightsState,
 };
 pub use error::{ErrorKind, LlmError, Result};
 pub use family::{Activation, Family, RopeStyle};

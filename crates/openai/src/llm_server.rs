@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use modelmux_cache::{BoxError, Failure};
-use modelmux_llm::{GenerationRequest, LlmRuntime, TextTokenizer};
+use modelmux_llm::{GenerationRequest, LlmRuntime, TextTokenizer, WeightsState};
 use modelmux_serve::{Deployment, Request, Response, ServeError, json_response};
 use serde_json::json;
 use tokio::time::Instant;
@@ -344,27 +344,33 @@ impl Deployment for LlmServer {
             "resume" => engine.resume(),
             "sleep" => {
                 engine.sleep().map_err(|e| serve_error(&e))?;
-                // Answer once the weights are released (between two steps).
-                let deadline = Instant::now() + Duration::from_secs(60);
-                while !engine.is_asleep() && Instant::now() < deadline {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                // Answer once the weights are released (between two steps: a step in flight
+                // ends first).
+                let released = engine
+                    .wait_for_weights(|w| *w != WeightsState::Loaded, Duration::from_secs(60))
+                    .await;
+                if released.is_none() {
+                    return Err(Failure::internal(
+                        "the engine did not release its weights within 60 s",
+                    )
+                    .into());
                 }
             }
             "wakeup" | "wake_up" => {
                 engine.wake_up();
-                // Answer once the weights are back (or the reload failed).
-                let deadline = Instant::now() + Duration::from_secs(600);
-                while engine.is_asleep() && engine.wake_error().is_none() {
-                    if Instant::now() > deadline {
-                        return Err("the weights did not load within 10 minutes".into());
+                // Answer once the weights are back, or with why they are not.
+                let state = engine
+                    .wait_for_weights(|w| *w != WeightsState::Released, Duration::from_secs(600))
+                    .await;
+                match state {
+                    Some(WeightsState::Loaded) => {}
+                    Some(WeightsState::ReloadFailed(e)) => {
+                        return Err(Failure::internal(format!(
+                            "the weights could not be loaded again: {e}"
+                        ))
+                        .into());
                     }
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                if let Some(e) = engine.wake_error() {
-                    return Err(Failure::internal(format!(
-                        "the weights could not be loaded again: {e}"
-                    ))
-                    .into());
+                    _ => return Err("the weights did not load within 10 minutes".into()),
                 }
             }
             // Ray's LLMServer's state queries: the state is in every control's answer.

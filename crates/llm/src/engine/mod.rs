@@ -36,7 +36,7 @@ use crate::tokenizer::TextTokenizer;
 
 pub use config::EngineConfig;
 pub use modelmux_grammar::{Constraint, TokenConstraint};
-pub use stats::{AdaptersInUse, EngineSnapshot};
+pub use stats::{AdaptersInUse, EngineSnapshot, WeightsState};
 pub(crate) use stats::{EngineStats, StopFlag};
 
 /// A generation request, tokenized.
@@ -429,20 +429,54 @@ impl Engine {
     }
 
     /// Loads the weights again after [`sleep`](Self::sleep) (on the engine's thread, at its
-    /// next turn); [`is_asleep`](Self::is_asleep) turns false when they are back.
+    /// next turn); [`is_asleep`](Self::is_asleep) turns false when they are back. A failed
+    /// earlier load is forgotten: [`weights_state`](Self::weights_state) reads `Released`
+    /// until this attempt ends.
     pub fn wake_up(&self) {
+        self.inner.stats.weights.send_if_modified(|state| {
+            let failed = matches!(state, WeightsState::ReloadFailed(_));
+            if failed {
+                *state = WeightsState::Released;
+            }
+            failed
+        });
         self.inner.stats.want_sleep.store(false, Ordering::SeqCst);
         let _ = self.inner.commands.try_send(Command::Poke);
     }
 
     /// Whether the weights are released now.
     pub fn is_asleep(&self) -> bool {
-        self.inner.stats.asleep.load(Ordering::SeqCst)
+        *self.inner.stats.weights.borrow() != WeightsState::Loaded
     }
 
     /// Why the last wake-up failed (the engine then stays asleep), if it did.
     pub fn wake_error(&self) -> Option<String> {
-        self.inner.stats.wake_error.lock().clone()
+        match &*self.inner.stats.weights.borrow() {
+            WeightsState::ReloadFailed(why) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Where the weights are now.
+    pub fn weights_state(&self) -> WeightsState {
+        self.inner.stats.weights.borrow().clone()
+    }
+
+    /// Waits until the weights are in a state `done` accepts (woken by the engine thread's
+    /// change, not by polling) and returns it; `None` if `timeout` passes first.
+    pub async fn wait_for_weights(
+        &self,
+        mut done: impl FnMut(&WeightsState) -> bool,
+        timeout: Duration,
+    ) -> Option<WeightsState> {
+        let mut changes = self.inner.stats.weights.subscribe();
+        // The sender lives in the engine's stats, which this handle keeps: the wait cannot
+        // fail for a dropped sender, only time out.
+        let state = tokio::time::timeout(timeout, changes.wait_for(|s| done(s))).await;
+        match state {
+            Ok(Ok(state)) => Some(state.clone()),
+            _ => None,
+        }
     }
 
     /// Stops generating: no step runs and nothing is admitted until [`resume`](Self::resume);

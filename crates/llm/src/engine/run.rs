@@ -15,7 +15,7 @@ use super::prefix::PrefixCache;
 use super::sequence::{Progress, Sequence};
 
 mod prefixes;
-use super::{AdaptersInUse, Command, EngineConfig, EngineStats};
+use super::{AdaptersInUse, Command, EngineConfig, EngineStats, WeightsState};
 use crate::error::LlmError;
 use crate::kv::{KvBudget, KvCache, KvDtype};
 use crate::model::{LlamaModel, OwnedSegment, Segment};
@@ -181,7 +181,7 @@ impl EngineLoop {
                 if let Some(prefixes) = &mut self.prefixes {
                     prefixes.clear();
                 }
-                self.stats.asleep.store(true, Ordering::SeqCst);
+                self.stats.weights.send_replace(WeightsState::Released);
                 tracing::info!("engine asleep: weights released");
             }
             (None, Some(reload)) if !want_sleep => {
@@ -190,8 +190,7 @@ impl EngineLoop {
                     Ok(Ok(model)) => {
                         self.member = model.step_member();
                         self.model = Some(model);
-                        self.stats.asleep.store(false, Ordering::SeqCst);
-                        *self.stats.wake_error.lock() = None;
+                        self.stats.weights.send_replace(WeightsState::Loaded);
                         tracing::info!(took = ?started.elapsed(), "engine awake: weights loaded");
                     }
                     failed => {
@@ -201,8 +200,11 @@ impl EngineLoop {
                             Ok(Ok(_)) => unreachable!(),
                         };
                         tracing::error!(%message, "engine cannot load its weights again; staying asleep");
-                        *self.stats.wake_error.lock() = Some(message);
+                        // Asleep until the next wake_up, which tries again.
                         self.stats.want_sleep.store(true, Ordering::SeqCst);
+                        self.stats
+                            .weights
+                            .send_replace(WeightsState::ReloadFailed(message));
                     }
                 }
             }

@@ -23,15 +23,27 @@ pub(crate) struct EngineStats {
     pub(super) paused: std::sync::atomic::AtomicBool,
     /// Asked to release the weights (set) or to have them (clear).
     pub(super) want_sleep: std::sync::atomic::AtomicBool,
-    /// Whether the weights are released now.
-    pub(super) asleep: std::sync::atomic::AtomicBool,
-    /// Why the last wake-up failed, if it did.
-    pub(super) wake_error: parking_lot::Mutex<Option<String>>,
+    /// Where the weights are; the engine thread sends each change, so a caller can wait for
+    /// one (`sleep` and `wakeup` answering once it happened) without polling.
+    pub(super) weights: tokio::sync::watch::Sender<WeightsState>,
     /// Fault injection for tests: the next step panics (see
     /// [`Engine::inject_step_panic`](super::Engine::inject_step_panic)).
     pub(super) inject_panic: std::sync::atomic::AtomicBool,
     /// The adapters running and waiting sequences use, as of the last step.
     pub(super) adapters: parking_lot::Mutex<AdaptersInUse>,
+}
+
+/// Where an engine's weights are ([`Engine::sleep`](super::Engine::sleep) releases them,
+/// [`Engine::wake_up`](super::Engine::wake_up) loads them again).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum WeightsState {
+    /// In memory: the engine generates.
+    #[default]
+    Loaded,
+    /// Released by `sleep`, or being loaded again after `wake_up`.
+    Released,
+    /// The last load after `wake_up` failed, with why; the engine stays asleep.
+    ReloadFailed(String),
 }
 
 /// The adapters an engine's sequences use: what LoRA-aware routers read (vLLM's

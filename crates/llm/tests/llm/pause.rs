@@ -189,3 +189,89 @@ async fn wakeup_with_no_traffic_reloads_at_once_and_only_once() {
         );
     }
 }
+
+/// A wake-up whose load fails says so, and the next `wake_up` tries again and is waited for on
+/// its own: it is not answered with the earlier failure. Waiting takes no polling: the engine
+/// thread sends each change of the weights' state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wakeup_is_reported_and_the_next_one_loads() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use modelmux_llm::WeightsState;
+
+    let tiny = common::tiny::tiny();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let (path, counter) = (tiny.path.clone(), loads.clone());
+    // The first load fails (as a file deleted while asleep would), the others succeed.
+    let reload: modelmux_llm::ModelReloader = Arc::new(move || {
+        if counter.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(modelmux_llm::LlmError::Internal(
+                "the disk went away".into(),
+            ));
+        }
+        let weights =
+            modelmux_llm::LlamaWeights::load(&path, modelmux_llm::WeightFormat::default())?;
+        Ok(Arc::new(modelmux_llm::LlamaModel::new(weights, 512)))
+    });
+    let engine = modelmux_llm::Engine::start_with_reload(
+        tiny.model.clone(),
+        Some(reload),
+        tiny.tokenizer.clone(),
+        EngineConfig {
+            max_model_len: 512,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let limit = Duration::from_secs(5);
+    assert_eq!(engine.weights_state(), WeightsState::Loaded);
+    engine.sleep().unwrap();
+    let released = engine
+        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
+        .await;
+    assert_eq!(released, Some(WeightsState::Released));
+
+    engine.wake_up();
+    let first = engine
+        .wait_for_weights(|w| *w != WeightsState::Released, limit)
+        .await;
+    assert_eq!(
+        first,
+        Some(WeightsState::ReloadFailed(
+            "internal error in the model: the disk went away".into()
+        ))
+    );
+    assert!(engine.is_asleep());
+    assert!(engine.wake_error().unwrap().contains("the disk went away"));
+
+    engine.wake_up();
+    assert_eq!(
+        engine.weights_state(),
+        WeightsState::Released,
+        "a new attempt forgets the failed one"
+    );
+    let second = engine
+        .wait_for_weights(|w| *w != WeightsState::Released, limit)
+        .await;
+    assert_eq!(second, Some(WeightsState::Loaded));
+    assert_eq!(loads.load(Ordering::SeqCst), 2);
+    let answer = engine
+        .submit(GenerationRequest {
+            prompt: vec![1, 2, 3, 4],
+            params: SamplingParams::greedy(4),
+            adapter: None,
+            constraint: None,
+        })
+        .unwrap()
+        .collect()
+        .await
+        .unwrap();
+    assert_eq!(answer.tokens.len(), 4);
+
+    // A wait whose state never comes ends at its timeout.
+    let never = engine
+        .wait_for_weights(|w| *w == WeightsState::Released, Duration::from_millis(50))
+        .await;
+    assert_eq!(never, None);
+}
