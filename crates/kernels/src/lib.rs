@@ -71,7 +71,7 @@ use std::sync::OnceLock;
 pub use columns::{ColumnChunks, ColumnsMut};
 pub use int4::Int4Matrix;
 pub use matrix::Int8Matrix;
-pub use pages::WeightArena;
+pub use pages::{WeightArena, release_free_heap};
 pub use rows::Int8Rows;
 
 /// Values per quantization block (one scale each), for weights and activations.

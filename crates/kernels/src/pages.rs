@@ -75,6 +75,26 @@ impl WeightArena {
     }
 }
 
+/// Gives the allocator's free memory back to the OS, where the allocator keeps it: glibc's
+/// `malloc_trim`; elsewhere nothing. For the moments a model comes or goes (a load, a sleep),
+/// not for a hot path: it walks every malloc arena.
+///
+/// Why: a model's file is read through transient buffers (the GGUF tensors before they are
+/// converted into an arena). glibc raises its mmap threshold each time it frees a large
+/// mapped block, so later large buffers come from its heaps and, once freed, stay with the
+/// process. Measured with the LLM demo (2 replicas sharing one SmolLM2): 197 MB awake, 103 MB
+/// asleep, and 35 MB more after each wake-up; trimmed after each load and release, 188 MB
+/// awake and 75 MB asleep, cycle after cycle (lower than `MALLOC_MMAP_THRESHOLD_=65536` set
+/// by hand: 176 and 81 MB).
+pub fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` takes no pointer and only walks glibc's own free lists, under
+    // their locks; it is safe to call from any thread at any time.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Plain data whose all-zero bytes are a value: what a fresh mapping holds.
 pub(crate) trait Zeroed: Copy {
     /// The all-zero value.

@@ -252,11 +252,19 @@ impl LlamaWeights {
         Self::from_gguf(&mut file, config, format)
     }
 
+    /// Reads the model of `file` (whose `config` is given), then gives the transient buffers
+    /// the file was read through back to the OS ([`modelmux_kernels::release_free_heap`]).
     pub(crate) fn from_gguf(
         file: &mut GgufFile,
         config: LlamaConfig,
         format: WeightFormat,
     ) -> Result<Self> {
+        let weights = Self::read_gguf(file, config, format);
+        modelmux_kernels::release_free_heap();
+        weights
+    }
+
+    fn read_gguf(file: &mut GgufFile, config: LlamaConfig, format: WeightFormat) -> Result<Self> {
         let d = config.d_model;
         let embedding = file.tensor("token_embd.weight", &[config.vocab_size, d])?;
         let mut bytes = embedding.storage_size_in_bytes() as u64;

@@ -181,6 +181,9 @@ impl EngineLoop {
                 if let Some(prefixes) = &mut self.prefixes {
                     prefixes.clear();
                 }
+                // The weights' own mappings are gone with the model (when no other replica
+                // shares it); what the heap held for it goes back too.
+                modelmux_kernels::release_free_heap();
                 self.stats.weights.send_replace(WeightsState::Released);
                 tracing::info!("engine asleep: weights released");
             }
