@@ -244,11 +244,16 @@ impl EngineLoop {
         }
     }
 
-    /// Moves submitted sequences into the queue. Blocks while there is nothing to do.
-    /// Returns false once every handle is gone.
+    /// Moves submitted sequences into the queue. Blocks while there is nothing to do; once a
+    /// command has come, takes only what is already there. Returns false once every handle
+    /// is gone.
     fn intake(&mut self) -> bool {
+        // Only the first receive may wait: a request that arrives at an idle engine is
+        // admitted at once, not after the wait meant for sequences that found no KV room
+        // (that wait once delayed every such request's first token by 50 ms).
+        let mut first = true;
         loop {
-            let idle = self.running.is_empty();
+            let idle = self.running.is_empty() && std::mem::take(&mut first);
             let command = if idle && self.waiting.is_empty() {
                 match self.commands.recv() {
                     Ok(c) => c,
@@ -571,16 +576,24 @@ impl EngineLoop {
                 ended.push((*i, outcome));
             }
         }
-        // Finished sequences leave now, freeing their KV memory and adapter lease.
+        // Finished sequences leave now, freeing their KV memory and adapter lease. The counts
+        // are published before their ends are announced, so a client that reads the engine's
+        // figures after its answer sees its sequence gone.
         ended.sort_by_key(|&(i, _)| std::cmp::Reverse(i));
-        for (i, outcome) in ended {
-            let s = self.running.remove(i);
+        let ended: Vec<_> = ended
+            .into_iter()
+            .map(|(i, outcome)| (self.running.remove(i), outcome))
+            .collect();
+        self.running.extend(born);
+        if !ended.is_empty() {
+            self.publish();
+        }
+        for (s, outcome) in ended {
             match outcome {
                 Ok(reason) => s.finish(reason),
                 Err(e) => s.fail(e),
             }
         }
-        self.running.extend(born);
         Ok(())
     }
 

@@ -255,6 +255,7 @@ impl Sequence {
 
     /// Sends what is left and the end of the stream.
     pub(super) fn finish(mut self, reason: FinishReason) {
+        self.release();
         let mut rest = std::mem::take(&mut self.held);
         if reason == FinishReason::Length {
             rest.push_str(&self.text.finish());
@@ -270,8 +271,16 @@ impl Sequence {
         });
     }
 
+    /// Gives back the KV memory and the adapter lease before the end is announced: a client
+    /// that reads the engine's figures after its answer sees them returned.
+    fn release(&mut self) {
+        self.cache = None;
+        self.adapter = None;
+    }
+
     /// Fails this sequence and the choices it has not started yet.
-    pub(super) fn fail(self, error: crate::LlmError) {
+    pub(super) fn fail(mut self, error: crate::LlmError) {
+        self.release();
         let error = Arc::new(error);
         for choice in &self.choices {
             let _ = choice.send(GenerationEvent::Error(error.clone()));
