@@ -271,7 +271,7 @@ async fn a_request_to_an_idle_engine_starts_at_once() {
     };
     // The first request warms the engine's thread and buffers up.
     engine.submit(ask()).unwrap().collect().await.unwrap();
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     for _ in 0..20 {
         engine.submit(ask()).unwrap().collect().await.unwrap();
     }
