@@ -257,8 +257,12 @@ applications:
     let body = br#"{"model": "smollm2", "prompt": "Hello", "max_tokens": 3}"#.to_vec();
     let (status, answer) = common::send(&server.url, request, body);
     assert_eq!(status, 200, "{answer}");
+    // Every span read below: they come in batches, cut each second.
     let spans = collector.trace(trace, |s| {
-        named(s, "inference").len() >= 2 && !named(s, "decode").is_empty()
+        named(s, "inference").len() >= 2
+            && !named(s, "decode").is_empty()
+            && !named(s, "prefill").is_empty()
+            && !named(s, "ingress").is_empty()
     });
     // The engine's two phases: prefill to the first token, then decode.
     let (prefill, decode) = (named(&spans, "prefill")[0], named(&spans, "decode")[0]);

@@ -113,11 +113,15 @@ async fn four_constrained_rows_leave_four_free_rows_unchanged_and_add_no_steps()
         let constrained = chat(&format!("Describe person number {i}."));
         requests.push(request(&engine, constrained, 200, Some(&person())));
     }
+    // Paused while they are submitted, so they start together (an idle engine starts the
+    // first request at once).
+    engine.pause();
     let before = engine.snapshot().steps;
     let streams: Vec<_> = requests
         .into_iter()
         .map(|r| engine.submit(r).unwrap())
         .collect();
+    engine.resume();
     let mut outs = Vec::new();
     for s in streams {
         outs.push(s.collect().await.unwrap());

@@ -77,6 +77,9 @@ async fn a_batch_of_four_adapters_and_the_base_gives_each_sequence_its_solo_toke
         max_num_seqs: 8,
         ..EngineConfig::default()
     });
+    // Paused while they are submitted, so they start together: an idle engine starts the
+    // first request at once, before the others arrive.
+    engine.pause();
     let streams: Vec<_> = cases
         .iter()
         .map(|(prompt, adapter)| {
@@ -85,6 +88,7 @@ async fn a_batch_of_four_adapters_and_the_base_gives_each_sequence_its_solo_toke
                 .unwrap()
         })
         .collect();
+    engine.resume();
     for (i, stream) in streams.into_iter().enumerate() {
         let out = stream.collect().await.unwrap();
         assert_eq!(out.tokens, solo[i], "sequence {i} ({:?})", cases[i].1);
