@@ -140,28 +140,9 @@ async fn a_paused_engine_generates_nothing_until_resumed() {
 /// next request is answered without another load.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wakeup_with_no_traffic_reloads_at_once_and_only_once() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
 
-    let tiny = common::tiny::tiny();
-    let loads = Arc::new(AtomicUsize::new(0));
-    let (path, counter) = (tiny.path.clone(), loads.clone());
-    let reload: modelmux_llm::ModelReloader = Arc::new(move || {
-        counter.fetch_add(1, Ordering::SeqCst);
-        let weights =
-            modelmux_llm::LlamaWeights::load(&path, modelmux_llm::WeightFormat::default())?;
-        Ok(Arc::new(modelmux_llm::LlamaModel::new(weights, 512)))
-    });
-    let engine = modelmux_llm::Engine::start_with_reload(
-        tiny.model.clone(),
-        Some(reload),
-        tiny.tokenizer.clone(),
-        EngineConfig {
-            max_model_len: 512,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
+    let (engine, loads) = reloading_engine(None);
     let ask = || GenerationRequest {
         prompt: vec![1, 2, 3, 4],
         params: SamplingParams::greedy(4),
@@ -207,35 +188,12 @@ async fn wakeup_with_no_traffic_reloads_at_once_and_only_once() {
 /// thread sends each change of the weights' state.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_wakeup_is_reported_and_the_next_one_loads() {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::atomic::Ordering;
 
     use modelmux_llm::WeightsState;
 
-    let tiny = common::tiny::tiny();
-    let loads = Arc::new(AtomicUsize::new(0));
-    let (path, counter) = (tiny.path.clone(), loads.clone());
     // The first load fails (as a file deleted while asleep would), the others succeed.
-    let reload: modelmux_llm::ModelReloader = Arc::new(move || {
-        if counter.fetch_add(1, Ordering::SeqCst) == 0 {
-            return Err(modelmux_llm::LlmError::Internal(
-                "the disk went away".into(),
-            ));
-        }
-        let weights =
-            modelmux_llm::LlamaWeights::load(&path, modelmux_llm::WeightFormat::default())?;
-        Ok(Arc::new(modelmux_llm::LlamaModel::new(weights, 512)))
-    });
-    let engine = modelmux_llm::Engine::start_with_reload(
-        tiny.model.clone(),
-        Some(reload),
-        tiny.tokenizer.clone(),
-        EngineConfig {
-            max_model_len: 512,
-            ..EngineConfig::default()
-        },
-    )
-    .unwrap();
+    let (engine, loads) = reloading_engine(Some(0));
     let limit = Duration::from_secs(5);
     assert_eq!(engine.weights_state(), WeightsState::Loaded);
     engine.sleep().unwrap();
@@ -286,4 +244,41 @@ async fn a_failed_wakeup_is_reported_and_the_next_one_loads() {
         .wait_for_weights(|w| *w == WeightsState::Released, Duration::from_millis(50))
         .await;
     assert_eq!(never, None);
+}
+
+/// An engine over the tiny model that can sleep, and the count of its reloads; the load
+/// numbered `fail` (from 0), if any, fails.
+fn reloading_engine(
+    fail: Option<usize>,
+) -> (
+    modelmux_llm::Engine,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let tiny = common::tiny::tiny();
+    let loads = Arc::new(AtomicUsize::new(0));
+    let (path, counter) = (tiny.path.clone(), loads.clone());
+    let reload: modelmux_llm::ModelReloader = Arc::new(move || {
+        if Some(counter.fetch_add(1, Ordering::SeqCst)) == fail {
+            return Err(modelmux_llm::LlmError::Internal(
+                "the disk went away".into(),
+            ));
+        }
+        let weights =
+            modelmux_llm::LlamaWeights::load(&path, modelmux_llm::WeightFormat::default())?;
+        Ok(Arc::new(modelmux_llm::LlamaModel::new(weights, 512)))
+    });
+    let engine = modelmux_llm::Engine::start_with_reload(
+        tiny.model.clone(),
+        Some(reload),
+        tiny.tokenizer.clone(),
+        EngineConfig {
+            max_model_len: 512,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    (engine, loads)
 }
