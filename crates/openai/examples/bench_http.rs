@@ -17,9 +17,10 @@
 //!   ratio is the median of each pair's, so the machine's drift falls on both.
 //! - `ttft_http_N` for N = 1, 8, 32 concurrent streams (adapters cycling over 16, all loaded
 //!   beforehand): p50 and p99 time from sending the request to the first streamed text.
-//! - `replicas`: 8 streams on the base model over HTTP with 1 LLM replica, then with 2 (the
-//!   demo's configuration), and 8 streams on 8 adapters with 2: aggregate tok/s (medians of
-//!   `--runs`), 2 replicas against 1, and adapters against the base model on 2.
+//! - `replicas`: 8 streams on the base model over HTTP with 1 LLM replica and with 2 (the
+//!   demo's configuration), and 8 streams on 8 adapters with 2, both servers up at once and
+//!   measured in 2 x `--runs` alternating rounds: aggregate tok/s, and 2 replicas against 1
+//!   and adapters against the base model on 2 as medians of the rounds' own ratios.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -258,23 +259,34 @@ async fn main() -> Res<()> {
     }
     server.shutdown().await;
 
-    let mut base = Vec::new();
-    let mut adapters8 = 0.0;
-    for replicas in [1, 2] {
-        let (server, addr) = serve(&config, replicas).await?;
+    // Both servers up at once (an idle one costs nothing), measured in alternating rounds and
+    // compared round by round: this machine's speed drifts by tens of percent between minutes,
+    // which one server measured after the other read as a difference between them.
+    let (one, one_addr) = serve(&config, 1).await?;
+    let (two, two_addr) = serve(&config, 2).await?;
+    for addr in [one_addr, two_addr] {
         batch(addr, &adapters[..8], &prompt, 2).await?; // warm-up: the adapters loaded
-        let base_models = vec!["smollm2".to_owned(); 8];
-        base.push(rate(addr, &base_models, &prompt, &a).await?);
-        if replicas == 2 {
-            adapters8 = rate(addr, &adapters[..8], &prompt, &a).await?;
-        }
-        server.shutdown().await;
     }
+    let base_models = vec!["smollm2".to_owned(); 8];
+    let (mut base1, mut base2, mut adapters2) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut two_vs_one, mut adapters_vs_base) = (Vec::new(), Vec::new());
+    for _ in 0..2 * a.runs.max(2) {
+        let b1 = rate_once(one_addr, &base_models, &prompt, a.tokens).await?;
+        let b2 = rate_once(two_addr, &base_models, &prompt, a.tokens).await?;
+        let a2 = rate_once(two_addr, &adapters[..8], &prompt, a.tokens).await?;
+        two_vs_one.push(b2 / b1);
+        adapters_vs_base.push(a2 / b2);
+        base1.push(b1);
+        base2.push(b2);
+        adapters2.push(a2);
+    }
+    one.shutdown().await;
+    two.shutdown().await;
     println!(
         "{}",
-        json!({"scenario": "replicas", "base8_1_tok_s": base[0], "base8_2_tok_s": base[1],
-            "adapters8_2_tok_s": adapters8, "two_vs_one": base[1] / base[0],
-            "adapters_vs_base_2": adapters8 / base[1]})
+        json!({"scenario": "replicas", "base8_1_tok_s": pct(base1, 0.5),
+            "base8_2_tok_s": pct(base2, 0.5), "adapters8_2_tok_s": pct(adapters2, 0.5),
+            "two_vs_one": pct(two_vs_one, 0.5), "adapters_vs_base_2": pct(adapters_vs_base, 0.5)})
     );
     Ok(())
 }
@@ -293,15 +305,6 @@ async fn serve(config: &LlmConfig, replicas: usize) -> Res<(Server, SocketAddr)>
         .await?;
     let addr = server.local_addr();
     Ok((server, addr))
-}
-
-/// Aggregate tok/s of concurrent streams on `models`, median of `--runs`.
-async fn rate(addr: SocketAddr, models: &[String], prompt: &[u32], a: &Args) -> Res<f64> {
-    let mut rates = Vec::new();
-    for _ in 0..a.runs {
-        rates.push(rate_once(addr, models, prompt, a.tokens).await?);
-    }
-    Ok(pct(rates, 0.5))
 }
 
 /// Aggregate tok/s of one batch of concurrent streams on `models`.
