@@ -143,12 +143,6 @@ async fn wakeup_with_no_traffic_reloads_at_once_and_only_once() {
     use std::sync::atomic::Ordering;
 
     let (engine, loads) = reloading_engine(None);
-    let ask = || GenerationRequest {
-        prompt: vec![1, 2, 3, 4],
-        params: SamplingParams::greedy(4),
-        adapter: None,
-        constraint: None,
-    };
     let before = engine.submit(ask()).unwrap().collect().await.unwrap();
     for round in 0..2 {
         engine.sleep().unwrap();
@@ -226,17 +220,7 @@ async fn a_failed_wakeup_is_reported_and_the_next_one_loads() {
         .await;
     assert_eq!(second, Some(WeightsState::Loaded));
     assert_eq!(loads.load(Ordering::SeqCst), 2);
-    let answer = engine
-        .submit(GenerationRequest {
-            prompt: vec![1, 2, 3, 4],
-            params: SamplingParams::greedy(4),
-            adapter: None,
-            constraint: None,
-        })
-        .unwrap()
-        .collect()
-        .await
-        .unwrap();
+    let answer = engine.submit(ask()).unwrap().collect().await.unwrap();
     assert_eq!(answer.tokens.len(), 4);
 
     // A wait whose state never comes ends at its timeout.
@@ -281,4 +265,14 @@ fn reloading_engine(
     )
     .unwrap();
     (engine, loads)
+}
+
+/// Four tokens after a four-token prompt, greedy.
+fn ask() -> GenerationRequest {
+    GenerationRequest {
+        prompt: vec![1, 2, 3, 4],
+        params: SamplingParams::greedy(4),
+        adapter: None,
+        constraint: None,
+    }
 }
