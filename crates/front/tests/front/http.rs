@@ -593,7 +593,7 @@ async fn graceful_shutdown_lets_requests_in_flight_finish_then_unloads() {
     let server = start(Application::new("a").ingress(spec)).await;
     let addr = server.local_addr();
     let in_flight = tokio::spawn(async move { get_model(addr, "m").await });
-    tokio::time::sleep(ms(100)).await;
+    until_in_flight(addr).await;
     server.shutdown().await;
     let r = in_flight.await.unwrap();
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
@@ -676,7 +676,7 @@ async fn shutdown_lets_requests_in_flight_call_other_deployments() {
     .await;
     let addr = server.local_addr();
     let in_flight = tokio::spawn(async move { get(addr, "/", &[]).await });
-    tokio::time::sleep(ms(100)).await;
+    until_in_flight(addr).await;
     server.shutdown().await;
     let r = in_flight.await.unwrap();
     assert_eq!(
@@ -729,21 +729,38 @@ async fn a_client_that_disconnects_does_not_leak_its_replica_slot() {
         .max_queued_requests(0);
     let server = start(Application::new("a").ingress(spec)).await;
     let addr = server.local_addr();
+    let ongoing = || async move {
+        let listing = get(addr, "/-/models", &[]).await.json();
+        let replica = &listing["applications"][0]["deployments"][0]["replicas"][0];
+        (replica["ongoing_requests"].as_u64().unwrap(), listing)
+    };
     {
         use tokio::io::AsyncWriteExt;
         let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
         raw.write_all(b"GET / HTTP/1.1\r\nhost: x\r\nserve_multiplexed_model_id: m\r\n\r\n")
             .await
             .unwrap();
-        tokio::time::sleep(ms(50)).await;
+        // Held until the request has its slot.
+        let deadline = tokio::time::Instant::now() + ms(5000);
+        while ongoing().await.0 != 1 {
+            assert!(tokio::time::Instant::now() < deadline, "never took a slot");
+            tokio::time::sleep(ms(5)).await;
+        }
     } // the client goes away mid-request: hyper drops the request's future
-    tokio::time::sleep(ms(100)).await;
-    let listing = get(addr, "/-/models", &[]).await.json();
-    let replica = &listing["applications"][0]["deployments"][0]["replicas"][0];
-    assert_eq!(
-        replica["ongoing_requests"], 0,
-        "the slot came back: {listing}"
-    );
+    // The slot comes back when the future is dropped, well before the 300 ms of work would
+    // have ended (measured: within a few ms).
+    let gone = tokio::time::Instant::now();
+    loop {
+        let (n, listing) = ongoing().await;
+        if n == 0 {
+            break;
+        }
+        assert!(
+            gone.elapsed() < ms(250),
+            "the slot did not come back: {listing}"
+        );
+        tokio::time::sleep(ms(5)).await;
+    }
     // With one slot and no queue, a leaked slot would make this a 503.
     assert_eq!(get_model(addr, "m").await.status, StatusCode::OK);
     server.shutdown().await;
@@ -861,4 +878,29 @@ async fn deployment_controls_run_on_every_replica_behind_the_admin_token() {
     // The replicas survived the panic.
     assert_eq!(get(addr, "/", &[]).await.status, StatusCode::OK);
     server.shutdown().await;
+}
+
+/// Waits (bounded) until a request is in flight on one of the server's replicas, as its
+/// `/-/models` listing counts them.
+async fn until_in_flight(addr: std::net::SocketAddr) {
+    let deadline = tokio::time::Instant::now() + ms(5000);
+    loop {
+        let listing = get(addr, "/-/models", &[]).await.json();
+        let ongoing: u64 = listing["applications"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|a| a["deployments"].as_array().into_iter().flatten())
+            .flat_map(|d| d["replicas"].as_array().into_iter().flatten())
+            .filter_map(|r| r["ongoing_requests"].as_u64())
+            .sum();
+        if ongoing > 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no request in flight: {listing}"
+        );
+        tokio::time::sleep(ms(5)).await;
+    }
 }
