@@ -354,7 +354,9 @@ async fn a_node_of_role_node_and_a_forwarded_request_use_local_replicas_only() {
         );
     }
     assert_eq!(client.loads(&n1.url).await, 6, "n1 loaded nothing more");
-    // The same without the header is routed over both nodes: a model n1 holds goes there.
+    // The same without the header is routed over both nodes: a model n1 holds goes there
+    // (once n2 has heard through etcd that n1 holds it).
+    client.until_remote_holds(&n2.url, "m5").await;
     let reply = client.get(&n2.url, "m5").await;
     assert_eq!(
         (reply.status, reply.replica.as_str()),

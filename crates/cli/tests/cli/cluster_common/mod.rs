@@ -216,6 +216,30 @@ impl Client {
             .sum::<f64>() as u64
     }
 
+    /// Waits (bounded) until the node at `url` sees, through etcd, a remote replica holding
+    /// `model` (what its router places by).
+    pub async fn until_remote_holds(&self, url: &str, model: &str) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let models = self.json(url, "/-/models").await;
+            let held = models["applications"][0]["deployments"][0]["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["remote"].as_bool() == Some(true))
+                .flat_map(|r| r["loaded"].as_array().into_iter().flatten())
+                .any(|m| m["id"] == model);
+            if held {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{url} sees no remote replica holding {model}: {models}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until `url`'s `/-/models` lists `n` remote replicas that are available.
     pub async fn until_remote_replicas(&self, url: &str, n: usize) {
         let deadline = Instant::now() + Duration::from_secs(10);
