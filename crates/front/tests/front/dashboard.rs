@@ -181,7 +181,24 @@ async fn a_model_evicted_in_use_is_reported_draining_until_its_request_ends() {
             .await
             .status
     });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Evicted once the request holds m1 (loaded, in use).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let models = get(addr, "/-/models", &AUTH).await.json();
+        let in_use = models["applications"][0]["deployments"][0]["replicas"][0]["loaded"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|m| m["id"] == "m1" && m["in_use"].as_u64().unwrap_or(0) > 0);
+        if in_use {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "m1 never in use: {models}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let evicted = common::send(
         addr,
         http::Method::DELETE,
@@ -201,8 +218,18 @@ async fn a_model_evicted_in_use_is_reported_draining_until_its_request_ends() {
         serde_json::json!(["m1"])
     );
     assert_eq!(slow.await.unwrap(), StatusCode::OK);
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let models = get(addr, "/-/models", &AUTH).await.json();
-    assert!(draining(&models).is_null(), "{models}");
+    // The unload runs on a task of its own once the request lets go.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let models = get(addr, "/-/models", &AUTH).await.json();
+        if draining(&models).is_null() {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still draining: {models}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     server.shutdown().await;
 }
