@@ -350,9 +350,11 @@ impl Deployment for LlmServer {
                     .wait_for_weights(|w| *w != WeightsState::Loaded, Duration::from_secs(60))
                     .await;
                 if released.is_none() {
-                    return Err(Failure::internal(
-                        "the engine did not release its weights within 60 s",
-                    )
+                    return Err(Failure::internal(if engine.is_running() {
+                        "the engine did not release its weights within 60 s"
+                    } else {
+                        "the engine has stopped"
+                    })
                     .into());
                 }
             }
@@ -369,6 +371,9 @@ impl Deployment for LlmServer {
                             "the weights could not be loaded again: {e}"
                         ))
                         .into());
+                    }
+                    _ if !engine.is_running() => {
+                        return Err(Failure::internal("the engine has stopped").into());
                     }
                     _ => return Err("the weights did not load within 10 minutes".into()),
                 }

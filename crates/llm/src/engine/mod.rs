@@ -463,18 +463,20 @@ impl Engine {
     }
 
     /// Waits until the weights are in a state `done` accepts (woken by the engine thread's
-    /// change, not by polling) and returns it; `None` if `timeout` passes first.
+    /// change, not by polling) and returns it; `None` if `timeout` passes first or the
+    /// engine thread has stopped (see [`is_running`](Self::is_running)).
     pub async fn wait_for_weights(
         &self,
         mut done: impl FnMut(&WeightsState) -> bool,
         timeout: Duration,
     ) -> Option<WeightsState> {
-        let mut changes = self.inner.stats.weights.subscribe();
+        let stats = &self.inner.stats;
+        let mut changes = stats.weights.subscribe();
         // The sender lives in the engine's stats, which this handle keeps: the wait cannot
-        // fail for a dropped sender, only time out.
-        let state = tokio::time::timeout(timeout, changes.wait_for(|s| done(s))).await;
-        match state {
-            Ok(Ok(state)) => Some(state.clone()),
+        // fail for a dropped sender. A stopping engine thread wakes it (`StopFlag`).
+        let wait = changes.wait_for(|s| done(s) || stats.stopped.load(Ordering::SeqCst));
+        match tokio::time::timeout(timeout, wait).await {
+            Ok(Ok(state)) if done(&state) => Some(state.clone()),
             _ => None,
         }
     }

@@ -73,6 +73,8 @@ pub(crate) struct StopFlag(pub(crate) Arc<EngineStats>);
 impl Drop for StopFlag {
     fn drop(&mut self) {
         self.0.stopped.store(true, Ordering::SeqCst);
+        // Whoever waits for the weights to change learns that they never will.
+        self.0.weights.send_modify(|_| ());
     }
 }
 
