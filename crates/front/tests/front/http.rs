@@ -748,11 +748,6 @@ async fn a_client_that_disconnects_does_not_leak_its_replica_slot() {
         .max_queued_requests(0);
     let server = start(Application::new("a").ingress(spec)).await;
     let addr = server.local_addr();
-    let ongoing = || async move {
-        let listing = get(addr, "/-/models", &[]).await.json();
-        let replica = &listing["applications"][0]["deployments"][0]["replicas"][0];
-        (replica["ongoing_requests"].as_u64().unwrap(), listing)
-    };
     {
         use tokio::io::AsyncWriteExt;
         let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -761,7 +756,7 @@ async fn a_client_that_disconnects_does_not_leak_its_replica_slot() {
             .unwrap();
         // Held until the request has its slot.
         let deadline = tokio::time::Instant::now() + ms(5000);
-        while ongoing().await.0 != 1 {
+        while common::ongoing_requests(addr).await.0 != 1 {
             assert!(tokio::time::Instant::now() < deadline, "never took a slot");
             tokio::time::sleep(ms(5)).await;
         }
@@ -770,7 +765,7 @@ async fn a_client_that_disconnects_does_not_leak_its_replica_slot() {
     // have ended (measured: within a few ms).
     let gone = tokio::time::Instant::now();
     loop {
-        let (n, listing) = ongoing().await;
+        let (n, listing) = common::ongoing_requests(addr).await;
         if n == 0 {
             break;
         }
@@ -899,20 +894,11 @@ async fn deployment_controls_run_on_every_replica_behind_the_admin_token() {
     server.shutdown().await;
 }
 
-/// Waits (bounded) until a request is in flight on one of the server's replicas, as its
-/// `/-/models` listing counts them.
+/// Waits (bounded) until a request is in flight on one of the server's replicas.
 async fn until_in_flight(addr: std::net::SocketAddr) {
     let deadline = tokio::time::Instant::now() + ms(5000);
     loop {
-        let listing = get(addr, "/-/models", &[]).await.json();
-        let ongoing: u64 = listing["applications"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .flat_map(|a| a["deployments"].as_array().into_iter().flatten())
-            .flat_map(|d| d["replicas"].as_array().into_iter().flatten())
-            .filter_map(|r| r["ongoing_requests"].as_u64())
-            .sum();
+        let (ongoing, listing) = common::ongoing_requests(addr).await;
         if ongoing > 0 {
             return;
         }

@@ -253,7 +253,8 @@ impl EngineLoop {
         // (that wait once delayed every such request's first token by 50 ms).
         let mut first = true;
         loop {
-            let idle = self.running.is_empty() && std::mem::take(&mut first);
+            let may_wait = std::mem::replace(&mut first, false);
+            let idle = may_wait && self.running.is_empty();
             let command = if idle && self.waiting.is_empty() {
                 match self.commands.recv() {
                     Ok(c) => c,

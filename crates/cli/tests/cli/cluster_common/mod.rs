@@ -219,44 +219,44 @@ impl Client {
     /// Waits (bounded) until the node at `url` sees, through etcd, a remote replica holding
     /// `model` (what its router places by).
     pub async fn until_remote_holds(&self, url: &str, model: &str) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let models = self.json(url, "/-/models").await;
-            let held = models["applications"][0]["deployments"][0]["replicas"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|r| r["remote"].as_bool() == Some(true))
-                .flat_map(|r| r["loaded"].as_array().into_iter().flatten())
-                .any(|m| m["id"] == model);
-            if held {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{url} sees no remote replica holding {model}: {models}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.until_remote(
+            url,
+            &format!("a remote replica holding {model}"),
+            |remote| {
+                remote
+                    .iter()
+                    .flat_map(|r| r["loaded"].as_array().into_iter().flatten())
+                    .any(|m| m["id"] == model)
+            },
+        )
+        .await
     }
 
     /// Waits until `url`'s `/-/models` lists `n` remote replicas that are available.
     pub async fn until_remote_replicas(&self, url: &str, n: usize) {
+        self.until_remote(url, &format!("{n} available remote replicas"), |remote| {
+            remote.iter().filter(|r| r["available"] == true).count() == n
+        })
+        .await
+    }
+
+    /// Waits (bounded) until `check` accepts the remote replicas `url`'s `/-/models` lists.
+    async fn until_remote(&self, url: &str, what: &str, check: impl Fn(&[&Value]) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let models = self.json(url, "/-/models").await;
-            let available = models["applications"][0]["deployments"][0]["replicas"]
+            let remote: Vec<&Value> = models["applications"][0]["deployments"][0]["replicas"]
                 .as_array()
                 .unwrap()
                 .iter()
-                .filter(|r| r["remote"].as_bool() == Some(true) && r["available"] == true)
-                .count();
-            if available == n {
+                .filter(|r| r["remote"].as_bool() == Some(true))
+                .collect();
+            if check(&remote) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "{url} sees {available} remote replicas, not {n}: {models}"
+                "{url} does not see {what}: {models}"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

@@ -190,3 +190,18 @@ pub async fn serve(spec: DeploymentSpec) -> modelmux_front::Server {
         .await
         .unwrap()
 }
+
+/// Requests in flight on all the server's replicas, as its `/-/models` listing counts them,
+/// and the listing.
+pub async fn ongoing_requests(addr: SocketAddr) -> (u64, serde_json::Value) {
+    let listing = get(addr, "/-/models", &[]).await.json();
+    let ongoing = listing["applications"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|a| a["deployments"].as_array().into_iter().flatten())
+        .flat_map(|d| d["replicas"].as_array().into_iter().flatten())
+        .filter_map(|r| r["ongoing_requests"].as_u64())
+        .sum();
+    (ongoing, listing)
+}
