@@ -415,7 +415,7 @@ async fn forward(args: &Args) -> Res<Value> {
     }
     let model = LlamaModel::new(LlamaWeights::load(&args.gguf, args.weights)?, 2048);
     let steps = args.tokens.min(64);
-    let room = prompt.len() + 3 * steps + 1;
+    let room = prompt.len() + 4 * steps + 1;
     let mut caches: Vec<KvCache> = (0..args.streams)
         .map(|_| KvCache::new(model.config(), model.kv_dtype(), room, None))
         .collect();
@@ -455,12 +455,24 @@ async fn forward(args: &Args) -> Res<Value> {
         prefill_long.push(ms(t.elapsed()));
     }
     let token = [prompt[prompt.len() - 1]];
-    let mut step = |rows: usize, with_adapters: bool| -> Res<f64> {
+    // Which adapters the rows use: none, one each, or the first on every row (its weights
+    // read once per step: what the adapters' bytes cost, apart from their arithmetic).
+    #[derive(Clone, Copy, PartialEq)]
+    enum Rows {
+        Base,
+        Distinct,
+        Shared,
+    }
+    let mut step = |rows: usize, kind: Rows| -> Res<f64> {
         let mut segments: Vec<Segment<'_>> = (caches.iter_mut().zip(&adapters).take(rows))
             .map(|(cache, a)| Segment {
                 tokens: &token,
                 cache,
-                adapter: with_adapters.then_some(&**a),
+                adapter: match kind {
+                    Rows::Base => None,
+                    Rows::Distinct => Some(&**a),
+                    Rows::Shared => Some(&*adapters[0]),
+                },
                 want_logits: true,
                 all_logits: false,
             })
@@ -470,21 +482,23 @@ async fn forward(args: &Args) -> Res<Value> {
         Ok(ms(t.elapsed()))
     };
     let one = (0..steps)
-        .map(|_| step(1, false))
+        .map(|_| step(1, Rows::Base))
         .collect::<Res<Vec<_>>>()?;
-    // The base and adapter steps alternate, so both attend over the same lengths of context
-    // (each step adds a position to every cache).
-    let (mut base, mut lora) = (Vec::new(), Vec::new());
+    // The kinds of step alternate, so all attend over the same lengths of context (each step
+    // adds a position to every cache).
+    let (mut base, mut lora, mut shared) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..steps {
-        base.push(step(args.streams, false)?);
-        lora.push(step(args.streams, true)?);
+        base.push(step(args.streams, Rows::Base)?);
+        lora.push(step(args.streams, Rows::Distinct)?);
+        shared.push(step(args.streams, Rows::Shared)?);
     }
     let (one, base, lora) = (pct(&one, 0.5), pct(&base, 0.5), pct(&lora, 0.5));
+    let shared = pct(&shared, 0.5);
     Ok(json!({
         "scenario": "forward", "rows": args.streams, "prompt_tokens": prompt.len(),
         "prefill_ms": pct(&prefill, 0.5),
         "prefill256_ms": pct(&prefill_long, 0.5), "step1_ms": one, "step_base_ms": base,
-        "step_adapters_ms": lora, "steps": steps,
+        "step_adapters_ms": lora, "step_one_adapter_ms": shared, "steps": steps,
     }))
 }
 

@@ -224,10 +224,15 @@ impl LlamaModel {
         matrix.forward(x, out, scratch)?;
         let rows = out.len() / matrix.out_dim();
         let (in_dim, width) = (x.len() / rows, matrix.out_dim());
-        // Each adapter's rows of `out`, apart, so the adapters run on all threads at once.
+        // Each adapter's rows of `out`, apart, so the adapters run on all threads at once;
+        // only the adapters that adapt one of these targets (an idle split of the pool costs
+        // as much as a small adapter's work).
         let mut pieces: Vec<(&AdapterRun<'_>, &mut [f32])> = Vec::with_capacity(runs.len());
         let (mut rest, mut offset) = (&mut out[..], 0);
-        for run in runs {
+        let adapts = |run: &AdapterRun<'_>| {
+            (targets.iter()).any(|(target, _)| run.adapter.pair(layer, *target).is_some())
+        };
+        for run in runs.iter().filter(|run| adapts(run)) {
             let (_, tail) = rest.split_at_mut((run.start - offset) * width);
             let (rows, tail) = tail.split_at_mut((run.end - run.start) * width);
             pieces.push((run, rows));
