@@ -82,7 +82,7 @@ pub(crate) use attend::KvValue;
 pub(crate) use attend::dot_fixed;
 pub use attend::{attend, attend_f16};
 use half::half_to_f32;
-pub use half::{axpys_f16, dots_f16};
+pub use half::{axpys_f16, dots_f16, prefetch};
 
 /// `dst[i]` = `src[i]` in IEEE binary16 (bits), rounded to nearest even; values past its
 /// largest finite one (65504) are clamped to it, so a finite value stays finite. How a KV

@@ -409,8 +409,9 @@ async fn memory(args: &Args) -> Res<Value> {
 async fn forward(args: &Args) -> Res<Value> {
     let rt = load(args, args.streams).await?;
     let prompt = chat_prompt(&rt)?;
+    // Without `--adapters`, only the base model's steps.
     let mut adapters = Vec::new();
-    for i in 0..args.streams {
+    for i in (0..args.streams).filter(|_| args.adapters.is_some()) {
         adapters.push(rt.adapter(&bench_id(i)).await?);
     }
     let model = LlamaModel::new(LlamaWeights::load(&args.gguf, args.weights)?, 2048);
@@ -464,13 +465,13 @@ async fn forward(args: &Args) -> Res<Value> {
         Shared,
     }
     let mut step = |rows: usize, kind: Rows| -> Res<f64> {
-        let mut segments: Vec<Segment<'_>> = (caches.iter_mut().zip(&adapters).take(rows))
-            .map(|(cache, a)| Segment {
+        let mut segments: Vec<Segment<'_>> = (caches.iter_mut().enumerate().take(rows))
+            .map(|(i, cache)| Segment {
                 tokens: &token,
                 cache,
                 adapter: match kind {
                     Rows::Base => None,
-                    Rows::Distinct => Some(&**a),
+                    Rows::Distinct => Some(&*adapters[i]),
                     Rows::Shared => Some(&*adapters[0]),
                 },
                 want_logits: true,
@@ -489,11 +490,14 @@ async fn forward(args: &Args) -> Res<Value> {
     let (mut base, mut lora, mut shared) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..steps {
         base.push(step(args.streams, Rows::Base)?);
-        lora.push(step(args.streams, Rows::Distinct)?);
-        shared.push(step(args.streams, Rows::Shared)?);
+        if !adapters.is_empty() {
+            lora.push(step(args.streams, Rows::Distinct)?);
+            shared.push(step(args.streams, Rows::Shared)?);
+        }
     }
-    let (one, base, lora) = (pct(&one, 0.5), pct(&base, 0.5), pct(&lora, 0.5));
-    let shared = pct(&shared, 0.5);
+    let (one, base) = (pct(&one, 0.5), pct(&base, 0.5));
+    let median = |v: &[f64]| (!v.is_empty()).then(|| pct(v, 0.5));
+    let (lora, shared) = (median(&lora), median(&shared));
     Ok(json!({
         "scenario": "forward", "rows": args.streams, "prompt_tokens": prompt.len(),
         "prefill_ms": pct(&prefill, 0.5),

@@ -110,6 +110,13 @@ impl LoraPair {
         columns: Range<usize>,
     ) {
         let out_dim = columns.len();
+        // Each matrix is a few kilobytes, read from memory once a step: all their misses at
+        // once (8 sequences on 8 rank-8 adapters, Zen 3: the adapters' part of a decode step
+        // 1.84-2.18 -> 1.63-1.75 ms).
+        if let Stored::Half { a, bt, .. } = &self.stored {
+            vector::prefetch(a);
+            vector::prefetch(bt);
+        }
         let one_row = |(x, y): (&[f32], &mut [f32])| {
             let y = &mut y[columns.clone()];
             let mut u = [0.0f32; 64];
