@@ -3,7 +3,7 @@
 //! ```sh
 //! cargo run --release -p modelmux-llm --example bench_llm -- --gguf MODEL.gguf \
 //!     --adapters DIR --scenario NAME [--tokens 64] [--streams 8] [--runs 3] \
-//!     [--weights auto|q8_0|as-stored|f32]
+//!     [--weights auto|q8_0|as-stored|f32] [--adapter-dtype f16|int8|f32]
 //! ```
 //!
 //! Prints one JSON line per scenario. Every stream decodes the same fixed chat prompt
@@ -45,9 +45,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use modelmux_llm::{
-    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, ChatMessage, EngineConfig, GenerationEvent, KvCache,
-    LlamaModel, LlamaWeights, LlmRuntime, LoraAdapter, RuntimeOptions, SamplingParams, Segment,
-    WeightFormat,
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterPrecision, ChatMessage, EngineConfig,
+    GenerationEvent, KvCache, LlamaModel, LlamaWeights, LlmRuntime, LoraAdapter, RuntimeOptions,
+    SamplingParams, Segment, WeightFormat,
 };
 use modelmux_store::{ModelRepository, RepositoryOptions};
 use serde_json::{Value, json};
@@ -73,6 +73,7 @@ struct Args {
     streams: usize,
     runs: usize,
     weights: WeightFormat,
+    adapter_precision: Option<AdapterPrecision>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -84,6 +85,7 @@ fn parse_args() -> Result<Args, String> {
         streams: 8,
         runs: 3,
         weights: WeightFormat::Auto,
+        adapter_precision: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -111,6 +113,14 @@ fn parse_args() -> Result<Args, String> {
                     _ => return Err(format!("unknown --weights {value}")),
                 }
             }
+            "--adapter-dtype" => {
+                a.adapter_precision = Some(match value.as_str() {
+                    "f16" => AdapterPrecision::Half,
+                    "int8" => AdapterPrecision::Int8,
+                    "f32" => AdapterPrecision::Exact,
+                    _ => return Err(format!("unknown --adapter-dtype {value}")),
+                })
+            }
             _ => return Err(format!("unknown argument {flag}")),
         }
     }
@@ -134,6 +144,7 @@ async fn load(args: &Args, max_adapters: usize) -> Res<Arc<LlmRuntime>> {
         weight_format: args.weights,
         max_adapters,
         engine,
+        adapter_precision: args.adapter_precision,
         ..RuntimeOptions::default()
     };
     Ok(Arc::new(

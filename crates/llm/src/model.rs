@@ -239,6 +239,13 @@ impl LlamaModel {
             (rest, offset) = (tail, run.end);
         }
         parallel::for_each(&mut pieces, |(run, y)| {
+            // Every pair this run reads, asked for before the first is read: their misses
+            // overlap (figures in docs/ARCHITECTURE.md, "LoRA, unmerged, per row").
+            for (target, _) in targets {
+                if let Some(pair) = run.adapter.pair(layer, *target) {
+                    pair.prefetch();
+                }
+            }
             for (target, columns) in targets {
                 if let Some(pair) = run.adapter.pair(layer, *target) {
                     let x = &x[run.start * in_dim..run.end * in_dim];

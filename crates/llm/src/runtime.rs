@@ -158,6 +158,9 @@ pub struct RuntimeOptions {
     pub max_adapter_bytes: Option<u64>,
     /// How long one adapter load may take, download included (Ray's `download_timeout_s`).
     pub adapter_load_timeout: Option<Duration>,
+    /// How adapters' matrices are stored; `None`: as goes with the weights
+    /// ([`AdapterPrecision::for_weights`]).
+    pub adapter_precision: Option<AdapterPrecision>,
 }
 
 impl Default for RuntimeOptions {
@@ -169,6 +172,7 @@ impl Default for RuntimeOptions {
             max_adapters: 8,
             max_adapter_bytes: None,
             adapter_load_timeout: Some(Duration::from_secs(60)),
+            adapter_precision: None,
         }
     }
 }
@@ -267,8 +271,10 @@ impl LlmRuntime {
                 builder = builder.max_bytes(bytes);
             }
             builder.build(
-                AdapterLoader::with_sources(repository, sources, base)
-                    .with_precision(AdapterPrecision::for_weights(format)),
+                AdapterLoader::with_sources(repository, sources, base).with_precision(
+                    (options.adapter_precision)
+                        .unwrap_or_else(|| AdapterPrecision::for_weights(format)),
+                ),
             )
         });
         tracing::info!(

@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use modelmux_llm::{
-    AdapterSources, AllowedSources, EngineConfig, KvDtype, RuntimeOptions, WeightFormat,
+    AdapterPrecision, AdapterSources, AllowedSources, EngineConfig, KvDtype, RuntimeOptions,
+    WeightFormat,
 };
 use modelmux_store::{DiskCache, OptionValue, RetryPolicy, StoreError};
 use serde::Deserialize;
@@ -78,6 +79,29 @@ pub struct LoraConfig {
     /// adapters come only by id from `dynamic_lora_loading_path`.
     #[serde(default)]
     pub allowed_sources: Vec<String>,
+    /// How adapters' matrices are held: `auto` (default: `f16`, or `f32` with
+    /// `weight_format: f32`), `f16`, `int8` (half the bytes of `f16`, so twice the adapters in
+    /// `max_adapter_bytes_per_replica`, and a little faster with many adapters in a batch;
+    /// less precise: see `docs/ARCHITECTURE.md`) or `f32`.
+    #[serde(default)]
+    pub adapter_dtype: AdapterDtypeName,
+}
+
+/// `lora_config.adapter_dtype`.
+#[derive(Clone, Copy, Debug, Default, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdapterDtypeName {
+    /// Chosen with the weights' format ([`AdapterPrecision::for_weights`]).
+    #[default]
+    Auto,
+    /// See [`AdapterPrecision::Half`].
+    #[serde(alias = "float16", alias = "half")]
+    F16,
+    /// See [`AdapterPrecision::Int8`].
+    Int8,
+    /// See [`AdapterPrecision::Exact`].
+    #[serde(alias = "float32", alias = "float")]
+    F32,
 }
 
 fn default_max_adapters() -> usize {
@@ -301,6 +325,12 @@ impl LlmConfig {
             max_adapters: lora.map_or(8, |l| l.max_num_adapters_per_replica),
             max_adapter_bytes: lora.and_then(|l| l.max_adapter_bytes_per_replica),
             adapter_load_timeout: lora.map(|l| Duration::from_secs_f64(l.download_timeout_s)),
+            adapter_precision: match lora.map(|l| l.adapter_dtype) {
+                None | Some(AdapterDtypeName::Auto) => None,
+                Some(AdapterDtypeName::F16) => Some(AdapterPrecision::Half),
+                Some(AdapterDtypeName::Int8) => Some(AdapterPrecision::Int8),
+                Some(AdapterDtypeName::F32) => Some(AdapterPrecision::Exact),
+            },
         }
     }
 
@@ -377,6 +407,39 @@ mod tests {
             "lora_config": lora,
         }))
         .unwrap()
+    }
+
+    /// `lora_config.adapter_dtype`: chosen with the weights unless named; a wrong name is
+    /// refused naming the choices.
+    #[test]
+    fn the_adapter_dtype_is_chosen_with_the_weights_unless_named() {
+        let precision = |lora: serde_json::Value| {
+            let mut value = serde_json::json!({
+                "model_loading_config": {"model_id": "m", "model_source": "/m.gguf"},
+                "lora_config": {"dynamic_lora_loading_path": "/adapters"},
+            });
+            for (k, v) in lora.as_object().unwrap() {
+                value["lora_config"][k] = v.clone();
+            }
+            serde_json::from_value::<LlmConfig>(value)
+                .map(|c| c.runtime_options().adapter_precision)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(precision(serde_json::json!({})), Ok(None));
+        assert_eq!(
+            precision(serde_json::json!({"adapter_dtype": "int8"})),
+            Ok(Some(AdapterPrecision::Int8))
+        );
+        assert_eq!(
+            precision(serde_json::json!({"adapter_dtype": "float16"})),
+            Ok(Some(AdapterPrecision::Half))
+        );
+        assert_eq!(
+            precision(serde_json::json!({"adapter_dtype": "f32"})),
+            Ok(Some(AdapterPrecision::Exact))
+        );
+        let wrong = precision(serde_json::json!({"adapter_dtype": "fp8"})).unwrap_err();
+        assert!(wrong.contains("int8"), "{wrong}");
     }
 
     #[test]

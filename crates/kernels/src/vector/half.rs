@@ -61,24 +61,6 @@ pub fn axpys_f16(y: &mut [f32], coefficients: &[f32], rows: &[u16], stride: usiz
     axpys_f16_portable(y, coefficients, rows, stride)
 }
 
-/// Asks the CPU to bring every cache line of `values` towards its L1 cache, without waiting:
-/// for the adapters' small matrices, read once per step from memory, a few kilobytes each (too
-/// short for the hardware's stream prefetcher to get going), so their misses overlap instead
-/// of arriving one stream at a time. A hint: it changes no result.
-pub fn prefetch(values: &[u16]) {
-    #[cfg(target_arch = "x86_64")]
-    for line in values.chunks(32) {
-        // SAFETY: `_mm_prefetch` is SSE, part of x86-64; it never faults.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                line.as_ptr().cast(),
-            )
-        };
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = values;
-}
-
 /// An IEEE binary16 value (its bits) as f32: exact for every finite value (a subnormal's
 /// bits, shifted, are an f32 subnormal that the multiplication scales exactly: Rust code
 /// never flushes subnormals to zero), not for infinities or NaNs, which neither the adapters'

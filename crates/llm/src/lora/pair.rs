@@ -6,10 +6,15 @@
 //! bytes are what adapters cost. With f32 weights (the reference arithmetic) they stay f32
 //! ([`AdapterPrecision::Exact`]).
 //!
+//! With [`AdapterPrecision::Int8`] (`lora_config.adapter_dtype: int8`) each row of `A` and of
+//! `B^T` is int8 with its own scale: a quarter of f32's bytes.
+//!
 //! The precision against f32: binary16 keeps 11 significant bits (a relative error of at most
 //! 2^-12 per value); values below the largest one over 2^28 become zero (binary16 has no
-//! smaller normal numbers, and the loops read no subnormals). `crates/llm/tests/llm/reference.rs`
-//! measures the logits with every test adapter against the numpy reference in f32.
+//! smaller normal numbers, and the loops read no subnormals). int8 rounds each value to the
+//! nearest of 255 steps of its row's largest magnitude (an error of at most half a step).
+//! `crates/llm/tests/llm/reference.rs` measures the logits with every test adapter against the
+//! numpy reference in f32, for both.
 
 use std::ops::Range;
 
@@ -27,6 +32,9 @@ pub enum AdapterPrecision {
     /// default).
     #[default]
     Half,
+    /// int8, each row of `A` and of `B^T` with its own f32 scale (its largest value over
+    /// 127): a quarter of the bytes.
+    Int8,
     /// f32, as read: the reference arithmetic (with `WeightFormat::F32`).
     Exact,
 }
@@ -59,6 +67,35 @@ enum Stored {
         bt: Vec<u16>,
         factor: f32,
     },
+    /// The same as int8 rows, each with its scale.
+    Int8 { a: Rows8, bt: Rows8 },
+}
+
+/// Rows of int8 values and each row's scale: row `j`'s values are `values[j * len..]` times
+/// `scales[j]`.
+struct Rows8 {
+    values: Vec<i8>,
+    scales: Vec<f32>,
+}
+
+impl Rows8 {
+    /// `rows` (of `len` values each, finite) rounded to the nearest of 255 steps of their
+    /// row's largest magnitude.
+    fn quantize(rows: &[f32], len: usize) -> Self {
+        let mut values = Vec::with_capacity(rows.len());
+        let mut scales = Vec::with_capacity(rows.len() / len.max(1));
+        for row in rows.chunks(len.max(1)) {
+            let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let scale = max / 127.0;
+            let inverse = if max == 0.0 { 0.0 } else { 127.0 / max };
+            values.extend(
+                row.iter()
+                    .map(|v| (v * inverse).round().clamp(-127.0, 127.0) as i8),
+            );
+            scales.push(scale);
+        }
+        Self { values, scales }
+    }
 }
 
 impl LoraPair {
@@ -87,6 +124,14 @@ impl LoraPair {
                     factor: a_factor * b_factor,
                 }
             }
+            AdapterPrecision::Int8 => {
+                let in_dim = a.len() / rank.max(1);
+                let out_dim = bt.len() / rank.max(1);
+                Stored::Int8 {
+                    a: Rows8::quantize(&a, in_dim),
+                    bt: Rows8::quantize(&bt, out_dim),
+                }
+            }
         };
         Ok(Self { rank, stored })
     }
@@ -96,6 +141,26 @@ impl LoraPair {
         match &self.stored {
             Stored::Exact { a, bt } => 4 * (a.len() + bt.len()) as u64,
             Stored::Half { a, bt, .. } => 2 * (a.len() + bt.len()) as u64,
+            Stored::Int8 { a, bt } => {
+                (a.values.len() + bt.values.len() + 4 * (a.scales.len() + bt.scales.len())) as u64
+            }
+        }
+    }
+
+    /// Asks the CPU to start reading the matrices (see [`vector::prefetch`]): each is a few
+    /// kilobytes, read from memory once a step, and their misses overlap when all are asked
+    /// for before the first is read.
+    pub(crate) fn prefetch(&self) {
+        match &self.stored {
+            Stored::Exact { .. } => {}
+            Stored::Half { a, bt, .. } => {
+                vector::prefetch(a);
+                vector::prefetch(bt);
+            }
+            Stored::Int8 { a, bt } => {
+                vector::prefetch(&a.values);
+                vector::prefetch(&bt.values);
+            }
         }
     }
 
@@ -110,13 +175,6 @@ impl LoraPair {
         columns: Range<usize>,
     ) {
         let out_dim = columns.len();
-        // Each matrix is a few kilobytes, read from memory once a step: all their misses at
-        // once (8 sequences on 8 rank-8 adapters, Zen 3: the adapters' part of a decode step
-        // 1.84-2.18 -> 1.63-1.75 ms).
-        if let Stored::Half { a, bt, .. } = &self.stored {
-            vector::prefetch(a);
-            vector::prefetch(bt);
-        }
         let one_row = |(x, y): (&[f32], &mut [f32])| {
             let y = &mut y[columns.clone()];
             let mut u = [0.0f32; 64];
@@ -136,6 +194,14 @@ impl LoraPair {
                     vector::dots_f16(x, a, in_dim, u);
                     u.iter_mut().for_each(|u| *u *= factor);
                     vector::axpys_f16(y, u, bt, out_dim);
+                }
+                Stored::Int8 { a, bt } => {
+                    vector::dots_i8(x, &a.values, in_dim, u);
+                    // Row j of `A`'s scale, then row j of `B^T`'s: the coefficient of row j.
+                    for ((u, sa), sb) in u.iter_mut().zip(&a.scales).zip(&bt.scales) {
+                        *u *= sa * sb;
+                    }
+                    vector::axpys_i8(y, u, &bt.values, out_dim);
                 }
             }
         };
@@ -180,6 +246,37 @@ fn is_subnormal(h: u16) -> bool {
 mod tests {
     use super::*;
 
+    /// Each int8 value reads back within half a step (its row's largest magnitude over 254)
+    /// of the original; a row of zeros stays zeros, and each row's largest value is exact.
+    #[test]
+    fn int8_rows_read_back_within_half_a_step() {
+        let len = 37;
+        let values: Vec<f32> = (0..4 * len)
+            .map(|i| ((i * 7919 % 4001) as f32 - 2000.0) * 1e-5 * (1.0 + (i / len) as f32))
+            .chain(std::iter::repeat_n(0.0, len))
+            .collect();
+        let rows = Rows8::quantize(&values, len);
+        assert_eq!(rows.scales.len(), 5);
+        for (j, row) in values.chunks(len).enumerate() {
+            let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let scale = rows.scales[j];
+            for (i, v) in row.iter().enumerate() {
+                let back = f32::from(rows.values[j * len + i]) * scale;
+                assert!(
+                    (back - v).abs() <= max / 254.0 * 1.0001,
+                    "{v} read back as {back}"
+                );
+                if v.abs() == max {
+                    assert!(
+                        (back - v).abs() <= max * 1e-6,
+                        "the largest, {v}, as {back}"
+                    );
+                }
+            }
+        }
+        assert!(rows.values[4 * len..].iter().all(|v| *v == 0));
+    }
+
     /// Stored and read back, every value is within binary16's rounding of the original
     /// (relative 2^-11 of the value, or below the largest one over 2^27 for those flushed).
     #[test]
@@ -197,7 +294,11 @@ mod tests {
             assert!(!is_subnormal(*h), "{v} stored as a subnormal");
         }
         assert_eq!(compact(&[0.0, 0.0]), (vec![0, 0], 0.0));
-        for precision in [AdapterPrecision::Half, AdapterPrecision::Exact] {
+        for precision in [
+            AdapterPrecision::Half,
+            AdapterPrecision::Int8,
+            AdapterPrecision::Exact,
+        ] {
             let err = LoraPair::new(1, vec![1.0, f32::NAN], vec![1.0], precision).err();
             assert_eq!(
                 err.as_deref(),

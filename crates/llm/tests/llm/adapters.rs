@@ -7,7 +7,7 @@ use crate::common;
 use std::path::Path;
 
 use common::env_path;
-use modelmux_llm::{ErrorKind, LlmRuntime, RuntimeOptions, SamplingParams};
+use modelmux_llm::{AdapterPrecision, ErrorKind, LlmRuntime, RuntimeOptions, SamplingParams};
 use modelmux_store::{ModelRepository, RepositoryOptions};
 
 async fn runtime_over(dir: &Path, max_adapters: usize) -> LlmRuntime {
@@ -146,4 +146,37 @@ async fn broken_adapters_are_typed_errors_that_name_the_problem() {
     assert!(cache.loaded_ids().is_empty());
     assert_eq!(cache.gauges().used_bytes, 0, "failed loads hold nothing");
     assert_eq!(cache.gauges().used_slots, 0);
+}
+
+/// `RuntimeOptions::adapter_precision` reaches the adapters the runtime loads: int8 holds a
+/// little over half the bytes of binary16 (the rows' scales are the rest), and the runtime's
+/// default with quantized weights is binary16.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_adapter_precision_chosen_is_the_one_loaded() {
+    let dir = env_path("MODELMUX_TEST_ADAPTERS");
+    let bytes = |precision| {
+        let dir = dir.clone();
+        async move {
+            let repository =
+                ModelRepository::open(dir.to_str().unwrap(), RepositoryOptions::default()).unwrap();
+            let options = RuntimeOptions {
+                adapter_precision: precision,
+                ..RuntimeOptions::default()
+            };
+            let rt = LlmRuntime::load(env_path("MODELMUX_TEST_GGUF"), Some(repository), options)
+                .await
+                .unwrap();
+            rt.adapter("pirate").await.unwrap().size_bytes()
+        }
+    };
+    let default = bytes(None).await;
+    let half = bytes(Some(AdapterPrecision::Half)).await;
+    let int8 = bytes(Some(AdapterPrecision::Int8)).await;
+    let exact = bytes(Some(AdapterPrecision::Exact)).await;
+    assert_eq!(default, half, "binary16 by default with quantized weights");
+    assert_eq!(exact, 2 * half);
+    assert!(
+        int8 > half / 2 && int8 < half * 11 / 20,
+        "int8 {int8} bytes against binary16's {half}"
+    );
 }
