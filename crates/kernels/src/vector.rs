@@ -86,29 +86,6 @@ use half::half_to_f32;
 pub use half::{axpys_f16, dots_f16};
 pub use int8::{axpys_i8, dots_i8};
 
-/// Asks the CPU to bring every cache line of `values` towards its L1 cache, without waiting:
-/// for the adapters' small matrices, read once per step from memory, a few kilobytes each (too
-/// short for the hardware's stream prefetcher to get going), so their misses overlap instead
-/// of arriving one stream at a time. A hint: it changes no result.
-pub fn prefetch<T>(values: &[T]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let bytes = std::mem::size_of_val(values);
-        let start = values.as_ptr().cast::<u8>();
-        for offset in (0..bytes).step_by(64) {
-            // SAFETY: `_mm_prefetch` is SSE, part of x86-64, and never faults; the address is
-            // inside `values`.
-            unsafe {
-                std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                    start.add(offset).cast(),
-                )
-            };
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = values;
-}
-
 /// `dst[i]` = `src[i]` in IEEE binary16 (bits), rounded to nearest even; values past its
 /// largest finite one (65504) are clamped to it, so a finite value stays finite. How a KV
 /// cache in binary16 stores what [`attend_f16`] reads.

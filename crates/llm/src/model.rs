@@ -225,8 +225,7 @@ impl LlamaModel {
         let rows = out.len() / matrix.out_dim();
         let (in_dim, width) = (x.len() / rows, matrix.out_dim());
         // Each adapter's rows of `out`, apart, so the adapters run on all threads at once;
-        // only the adapters that adapt one of these targets (an idle split of the pool costs
-        // as much as a small adapter's work).
+        // only the adapters that adapt one of these targets (none of them: no split at all).
         let mut pieces: Vec<(&AdapterRun<'_>, &mut [f32])> = Vec::with_capacity(runs.len());
         let (mut rest, mut offset) = (&mut out[..], 0);
         let adapts = |run: &AdapterRun<'_>| {
@@ -239,13 +238,6 @@ impl LlamaModel {
             (rest, offset) = (tail, run.end);
         }
         parallel::for_each(&mut pieces, |(run, y)| {
-            // Every pair this run reads, asked for before the first is read: their misses
-            // overlap (figures in docs/ARCHITECTURE.md, "LoRA, unmerged, per row").
-            for (target, _) in targets {
-                if let Some(pair) = run.adapter.pair(layer, *target) {
-                    pair.prefetch();
-                }
-            }
             for (target, columns) in targets {
                 if let Some(pair) = run.adapter.pair(layer, *target) {
                     let x = &x[run.start * in_dim..run.end * in_dim];

@@ -140,38 +140,9 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dots_avx2(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
         let whole = x.len() / LANES * LANES;
-        let len = x.len();
-        // `ROWS` rows per pass over `x`: each chunk of `x` is loaded once for all of them,
-        // and the `2 * ROWS` accumulators are independent chains (two alone wait on the
-        // FMA's latency). With the grouped `axpys_avx2`, Zen 3, one rank-8 adapter on 8
-        // rows of SmolLM2: its part of a decode step 1.0 -> 0.78 ms (`bench_llm --scenario
-        // forward`, timed inside the step).
-        const ROWS: usize = 4;
-        let mut j = 0;
-        while j + ROWS <= out.len() {
-            let row = |r: usize| &rows[(j + r) * stride..(j + r) * stride + len];
-            // Lanes 0..8 and 8..16 of each row's accumulators.
-            let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
-            for c in (0..whole).step_by(LANES) {
-                // SAFETY: `c + 16 <= whole <= x.len()`, and each row holds `x.len()` values.
-                unsafe {
-                    let xs = [0, 8].map(|h| _mm256_loadu_ps(x.as_ptr().add(c + h)));
-                    for (r, acc) in acc.iter_mut().enumerate() {
-                        let at = row(r).as_ptr().add(c);
-                        for (h, acc) in acc.iter_mut().enumerate() {
-                            let w = _mm256_cvtph_ps(_mm_loadu_si128(at.add(8 * h).cast()));
-                            *acc = _mm256_fmadd_ps(xs[h], w, *acc);
-                        }
-                    }
-                }
-            }
-            for (r, acc) in acc.iter().enumerate() {
-                out[j + r] = finish(acc, &x[whole..], &row(r)[whole..]);
-            }
-            j += ROWS;
-        }
-        for (j, o) in out.iter_mut().enumerate().skip(j) {
-            let row = &rows[j * stride..j * stride + len];
+        for (j, o) in out.iter_mut().enumerate() {
+            let row = &rows[j * stride..j * stride + x.len()];
+            // Lanes 0..8 and 8..16 of the accumulators.
             let mut acc = [_mm256_setzero_ps(); 2];
             for c in (0..whole).step_by(LANES) {
                 for (h, acc) in acc.iter_mut().enumerate() {
@@ -183,20 +154,14 @@ mod x86 {
                     }
                 }
             }
-            *o = finish(&acc, &x[whole..], &row[whole..]);
+            let mut lanes = [0.0f32; LANES];
+            // SAFETY: `lanes` is 16 f32s: two stores of 8.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
+            }
+            *o = dot_tail(tree_sum(lanes), &x[whole..], &row[whole..]);
         }
-    }
-
-    /// A row's dot product from its two accumulators of 8 lanes and the values past them.
-    #[target_feature(enable = "avx2")]
-    fn finish(acc: &[__m256; 2], x: &[f32], row: &[u16]) -> f32 {
-        let mut lanes = [0.0f32; LANES];
-        // SAFETY: `lanes` is 16 f32s: two stores of 8.
-        unsafe {
-            _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
-            _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
-        }
-        dot_tail(tree_sum(lanes), x, row)
     }
 
     /// # Safety
@@ -238,34 +203,20 @@ mod x86 {
     ) {
         let whole = y.len() / 8 * 8;
         let len = y.len();
-        // Rows in groups of up to 4: each chunk of `y` is loaded and stored once per group,
-        // and takes the group's rows in order (each value of `y` still gets every row in
-        // order, so the sums are the same). Each row, read once and usually from memory, is
-        // a sequential stream; 4 side by side still stream (taking every row at once, as the
-        // AVX-512 loop does, read `rank` short streams and stalled on them: Zen 3, 70% of the
-        // loop's time on the load of the rows), and the group saves 3 of 4 loads and stores
-        // of `y` (the store port bounded the loop a row at a time).
-        for (g, group) in coefficients.chunks(4).enumerate() {
-            let first = 4 * g;
-            let row = |r: usize| &rows[(first + r) * stride..(first + r) * stride + len];
-            let n = group.len();
-            let mut coefficient = [_mm256_setzero_ps(); 4];
-            let mut start = [row(0).as_ptr(); 4];
-            for r in 0..n {
-                coefficient[r] = _mm256_set1_ps(group[r]);
-                start[r] = row(r).as_ptr();
-            }
+        // A row at a time (each value of `y` still gets the rows in order, so the sums are
+        // the same): the rows, read once and usually from memory, are then one sequential
+        // stream. Taking a chunk of `y` through every row instead (as the AVX-512 loop does)
+        // read `rank` short streams side by side, and stalled on them (Zen 3: 70% of this
+        // loop's time on the load of the rows).
+        for (j, coefficient) in coefficients.iter().enumerate() {
+            let row = &rows[j * stride..j * stride + len];
+            let coefficient = _mm256_set1_ps(*coefficient);
             for c in (0..whole).step_by(8) {
-                // SAFETY: `c + 8 <= whole <= y.len()`, and each of the group's rows holds
-                // `y.len()` values.
+                // SAFETY: `c + 8 <= whole <= y.len() == row.len()`.
                 unsafe {
+                    let w = _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(c).cast()));
                     let at = y.as_mut_ptr().add(c);
-                    let mut sum = _mm256_loadu_ps(at);
-                    for r in 0..n {
-                        let w = _mm256_cvtph_ps(_mm_loadu_si128(start[r].add(c).cast()));
-                        sum = _mm256_fmadd_ps(coefficient[r], w, sum);
-                    }
-                    _mm256_storeu_ps(at, sum);
+                    _mm256_storeu_ps(at, _mm256_fmadd_ps(coefficient, w, _mm256_loadu_ps(at)));
                 }
             }
         }
@@ -315,7 +266,6 @@ mod tests {
     /// The f16 loops compute what the f32 ones do on the converted values, bit for bit.
     #[test]
     fn the_f16_loops_equal_the_f32_ones_on_the_same_values() {
-        // Every rank up to 9: the AVX2 loops take rows in fours, then the rest.
         for rank in 1..=9 {
             the_f16_loops_equal_the_f32_ones_at(rank);
         }

@@ -3,7 +3,8 @@
 //! folded into the coefficients). Plain Rust in four-row groups, compiled three times and
 //! vectorised by the compiler (`vpmovsxbd` + `vcvtdq2ps` + FMA): each group keeps one chain of
 //! accumulators per row, so the FMAs do not wait on each other's latency, and loads `x` (or
-//! stores `y`) once for all four rows.
+//! stores `y`) once for all four rows. (Rows one at a time measured the same, within this
+//! machine's noise: 3 alternating runs each of `bench_llm --scenario forward`.)
 //!
 //! Every loop computes the same operations in the same order as the f32 loops
 //! ([`dots`](super::dots), [`axpys`](super::axpys)) on the values converted to f32 (exact for

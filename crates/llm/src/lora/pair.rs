@@ -33,7 +33,7 @@ pub enum AdapterPrecision {
     #[default]
     Half,
     /// int8, each row of `A` and of `B^T` with its own f32 scale (its largest value over
-    /// 127): a quarter of the bytes.
+    /// 127): a quarter of f32's bytes, less precise than binary16 (see `reference.rs`).
     Int8,
     /// f32, as read: the reference arithmetic (with `WeightFormat::F32`).
     Exact,
@@ -143,23 +143,6 @@ impl LoraPair {
             Stored::Half { a, bt, .. } => 2 * (a.len() + bt.len()) as u64,
             Stored::Int8 { a, bt } => {
                 (a.values.len() + bt.values.len() + 4 * (a.scales.len() + bt.scales.len())) as u64
-            }
-        }
-    }
-
-    /// Asks the CPU to start reading the matrices (see [`vector::prefetch`]): each is a few
-    /// kilobytes, read from memory once a step, and their misses overlap when all are asked
-    /// for before the first is read.
-    pub(crate) fn prefetch(&self) {
-        match &self.stored {
-            Stored::Exact { .. } => {}
-            Stored::Half { a, bt, .. } => {
-                vector::prefetch(a);
-                vector::prefetch(bt);
-            }
-            Stored::Int8 { a, bt } => {
-                vector::prefetch(&a.values);
-                vector::prefetch(&bt.values);
             }
         }
     }
