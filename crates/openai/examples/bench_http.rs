@@ -16,11 +16,15 @@
 //!   its ratio to `engine8`: runs of the two alternate (each going first in turn), and the
 //!   ratio is the median of each pair's, so the machine's drift falls on both.
 //! - `ttft_http_N` for N = 1, 8, 32 concurrent streams (adapters cycling over 16, all loaded
-//!   beforehand): p50 and p99 time from sending the request to the first streamed text.
+//!   beforehand): p50 and p99 time from sending the request to the first streamed text; and
+//!   `prefill_floor_ms`, the time the engine (called directly, with the server's settings and
+//!   its prefix cache as warm) takes to give the first token of the same N prompts on the same
+//!   adapters submitted at once: the floor when they arrive together. Each HTTP run is paired
+//!   with a floor run right after it; the floor is the median of those runs.
 //! - `replicas`: 8 streams on the base model over HTTP with 1 LLM replica and with 2 (the
 //!   demo's configuration), and 8 streams on 8 adapters with 2, both servers up at once and
-//!   measured in 2 x `--runs` alternating rounds: aggregate tok/s, and 2 replicas against 1
-//!   and adapters against the base model on 2 as medians of the rounds' own ratios.
+//!   measured in 2 x `--runs` (at least 6) alternating rounds: aggregate tok/s, and 2 replicas
+//!   against 1 and adapters against the base model on 2 as medians of the rounds' own ratios.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -99,10 +103,10 @@ struct Direct {
 }
 
 impl Direct {
-    async fn load(a: &Args) -> Res<Self> {
+    async fn load(a: &Args, options: RuntimeOptions) -> Res<Self> {
         let repo = ModelRepository::open(&a.adapters, RepositoryOptions::default())?;
         Ok(Self {
-            runtime: LlmRuntime::load(&a.gguf, Some(repo), options(16)).await?,
+            runtime: LlmRuntime::load(&a.gguf, Some(repo), options).await?,
             params: SamplingParams {
                 ignore_eos: true,
                 ..SamplingParams::greedy(a.tokens)
@@ -132,6 +136,31 @@ impl Direct {
                 .completion_tokens;
         }
         Ok(tokens as f64 / started.elapsed().as_secs_f64())
+    }
+
+    /// The prompt on each of `adapters` at once, one token each: the time until the last
+    /// first token, in ms.
+    async fn first_tokens(&self, adapters: &[String], prompt: &[u32]) -> Res<f64> {
+        let mut leases = Vec::new();
+        for name in adapters {
+            leases.push(self.runtime.adapter(name).await?);
+        }
+        let params = SamplingParams {
+            ignore_eos: true,
+            ..SamplingParams::greedy(1)
+        };
+        let started = Instant::now();
+        let streams = leases
+            .into_iter()
+            .map(|lease| {
+                self.runtime
+                    .generate(prompt.to_vec(), params.clone(), Some(lease))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        for s in streams {
+            s.collect().await.map_err(|e| e.to_string())?;
+        }
+        Ok(started.elapsed().as_secs_f64() * 1e3)
     }
 }
 
@@ -221,7 +250,7 @@ async fn main() -> Res<()> {
     batch(addr, &adapters, &prompt, 2).await?; // warm-up: every adapter loaded
     // The engine called directly and over HTTP, runs alternating (which goes first too), so
     // the machine's drift falls on both; the ratio is the median of each pair's.
-    let direct = Direct::load(&a).await?;
+    let direct = Direct::load(&a, options(16)).await?;
     direct.rate(&prompt).await?; // warm-up
     let (mut engine, mut http, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for run in 0..a.runs.max(2) {
@@ -237,6 +266,11 @@ async fn main() -> Res<()> {
         ratios.push(h / e);
     }
     drop(direct);
+    // The floor for TTFT: the engine with the server's settings, its prefix cache warmed as
+    // the server's was (every adapter once with the prompt).
+    let floor = Direct::load(&a, config.runtime_options()).await?;
+    let names: Vec<String> = (0..16).map(|i| format!("bench-{i:02}")).collect();
+    floor.first_tokens(&names, &prompt).await?;
     println!(
         "{}",
         json!({"scenario": "engine8", "aggregate_tok_s": pct(engine, 0.5)})
@@ -246,17 +280,21 @@ async fn main() -> Res<()> {
         json!({"scenario": "http8", "aggregate_tok_s": pct(http, 0.5), "vs_engine8": pct(ratios, 0.5)})
     );
     for n in [1usize, 8, 32] {
-        let mut ttfts = Vec::new();
+        let (mut ttfts, mut floors) = (Vec::new(), Vec::new());
         for run in 0..a.runs.max(2) {
             let models: Vec<String> = (0..n).map(|i| adapters[(i + run) % 16].clone()).collect();
             let (out, _) = batch(addr, &models, &prompt, a.tokens.min(32)).await?;
             ttfts.extend(out.iter().map(|o| o.0.as_secs_f64() * 1e3));
+            let names: Vec<String> = (0..n).map(|i| names[(i + run) % 16].clone()).collect();
+            floors.push(floor.first_tokens(&names, &prompt).await?);
         }
         println!(
             "{}",
-            json!({"scenario": format!("ttft_http_{n}"), "ttft_p50_ms": pct(ttfts.clone(), 0.5), "ttft_p99_ms": pct(ttfts, 0.99)})
+            json!({"scenario": format!("ttft_http_{n}"), "ttft_p50_ms": pct(ttfts.clone(), 0.5),
+                "ttft_p99_ms": pct(ttfts, 0.99), "prefill_floor_ms": pct(floors, 0.5)})
         );
     }
+    drop(floor);
     server.shutdown().await;
 
     // Both servers up at once (an idle one costs nothing), measured in alternating rounds and
@@ -270,7 +308,7 @@ async fn main() -> Res<()> {
     let base_models = vec!["smollm2".to_owned(); 8];
     let (mut base1, mut base2, mut adapters2) = (Vec::new(), Vec::new(), Vec::new());
     let (mut two_vs_one, mut adapters_vs_base) = (Vec::new(), Vec::new());
-    for _ in 0..2 * a.runs.max(2) {
+    for _ in 0..(2 * a.runs).max(6) {
         let b1 = rate_once(one_addr, &base_models, &prompt, a.tokens).await?;
         let b2 = rate_once(two_addr, &base_models, &prompt, a.tokens).await?;
         let a2 = rate_once(two_addr, &adapters[..8], &prompt, a.tokens).await?;
