@@ -154,14 +154,19 @@ class Peer:
             self.sock.sendall(encode(type_, stream, head, data))
 
     def next(
-        self, type_: int | None = None, stream: int | None = None, timeout: float = 15
+        self,
+        type_: int | tuple[int, ...] | None = None,
+        stream: int | None = None,
+        timeout: float = 15,
     ) -> Frame:
-        """Takes the first frame received of this type and/or stream (waiting for it)."""
+        """Takes the first frame received of this type (or one of these types) and/or stream
+        (waiting for it)."""
+        types = type_ if isinstance(type_, tuple) else (type_,)
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 for i, f in enumerate(self._frames):
-                    if type_ in (None, f.type) and stream in (None, f.stream):
+                    if (type_ is None or f.type in types) and stream in (None, f.stream):
                         return self._frames.pop(i)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
@@ -212,8 +217,13 @@ class Peer:
         self.send(REQUEST, stream, head, body)
 
     def response(self, stream: int, timeout: float = 15) -> Response:
-        """Collects a response: START (+ BODY* + END); an ERROR raises AssertionError."""
-        first = self.next(stream=stream, timeout=timeout)
+        """Collects a response: START (+ BODY* + END); an ERROR raises AssertionError.
+
+        Only a response's frame types are taken: the worker numbers its own calls' streams
+        independently of the requests', so a call frame left over from an earlier test (a
+        `CALL_CANCEL` sent when a caller stopped before the answer's end) may carry the same
+        stream number."""
+        first = self.next((START, ERROR), stream=stream, timeout=timeout)
         if first.type == ERROR:
             raise AssertionError(f"ERROR on stream {stream}: {first.head}")
         assert first.type == START, first
@@ -222,7 +232,7 @@ class Peer:
         body = [first.data]
         if first.head["more"]:
             while True:
-                f = self.next(stream=stream, timeout=timeout)
+                f = self.next((BODY, END, ERROR), stream=stream, timeout=timeout)
                 frames.append(f)
                 if f.type == END:
                     break

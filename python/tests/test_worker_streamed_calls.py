@@ -84,7 +84,7 @@ class CallerTest(WorkerTestCase):
         self.peer.send(CALL_RESULT_BODY, call.stream, None, b"\x80\x05")
         error = {"type": "DeploymentResponseError", "message": "the callee died", "status": 502}
         self.peer.send(CALL_RESULT_END, call.stream, {"error": error})
-        frame = self.peer.next(stream=3)
+        frame = self.peer.next((START, ERROR), stream=3)
         self.assertEqual((frame.type, frame.head["type"]), (ERROR, "DeploymentUnavailableError"))
         self.assertIn("the callee died", frame.head["message"])
 
