@@ -82,7 +82,7 @@ class UpstreamTest(WorkerTestCase):
         s = self.next_stream()
         self.peer.request(s, "/square")
         answer(self.peer, LookupError("nope"), exception=True)
-        frame = self.peer.next(stream=s)
+        frame = self.peer.next((START, ERROR), stream=s)
         self.assertEqual(
             (frame.type, frame.head["type"], frame.head["message"]), (ERROR, "LookupError", "nope")
         )
@@ -93,7 +93,7 @@ class UpstreamTest(WorkerTestCase):
         call = self.peer.next(CALL)
         error = {"type": "overloaded", "message": "Downstream is overloaded", "status": 503}
         self.peer.send(CALL_RESULT, call.stream, {"ok": False, "error": error})
-        frame = self.peer.next(stream=s)
+        frame = self.peer.next((START, ERROR), stream=s)
         self.assertEqual(frame.type, ERROR)
         self.assertEqual(frame.head["type"], "DeploymentUnavailableError")
         self.assertIn("Downstream is overloaded", frame.head["message"])
@@ -102,7 +102,7 @@ class UpstreamTest(WorkerTestCase):
     def test_result_on_the_event_loop_is_refused(self):
         s = self.next_stream()
         self.peer.request(s, "/blocking")
-        frame = self.peer.next(stream=s)
+        frame = self.peer.next((START, ERROR), stream=s)
         self.assertEqual((frame.type, frame.head["type"]), (ERROR, "RuntimeError"))
         self.assertIn("await", frame.head["message"])
         # The call itself was started, as remote() does.
