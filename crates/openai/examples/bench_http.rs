@@ -269,8 +269,8 @@ async fn main() -> Res<()> {
     // The floor for TTFT: the engine with the server's settings, its prefix cache warmed as
     // the server's was (every adapter once with the prompt).
     let floor = Direct::load(&a, config.runtime_options()).await?;
-    let names: Vec<String> = (0..16).map(|i| format!("bench-{i:02}")).collect();
-    floor.first_tokens(&names, &prompt).await?;
+    let engine_ids: Vec<String> = (0..16).map(|i| format!("bench-{i:02}")).collect();
+    floor.first_tokens(&engine_ids, &prompt).await?;
     println!(
         "{}",
         json!({"scenario": "engine8", "aggregate_tok_s": pct(engine, 0.5)})
@@ -285,8 +285,8 @@ async fn main() -> Res<()> {
             let models: Vec<String> = (0..n).map(|i| adapters[(i + run) % 16].clone()).collect();
             let (out, _) = batch(addr, &models, &prompt, a.tokens.min(32)).await?;
             ttfts.extend(out.iter().map(|o| o.0.as_secs_f64() * 1e3));
-            let names: Vec<String> = (0..n).map(|i| names[(i + run) % 16].clone()).collect();
-            floors.push(floor.first_tokens(&names, &prompt).await?);
+            let ids: Vec<String> = (0..n).map(|i| engine_ids[(i + run) % 16].clone()).collect();
+            floors.push(floor.first_tokens(&ids, &prompt).await?);
         }
         println!(
             "{}",

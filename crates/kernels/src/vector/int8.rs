@@ -46,34 +46,32 @@ multiversion! {
 #[inline(always)]
 fn dots_i8_body<const FMA: bool>(x: &[f32], rows: &[i8], stride: usize, out: &mut [f32]) {
     let len = x.len();
-    let whole = len / LANES * LANES;
     let row = |j: usize| &rows[j * stride..j * stride + len];
     let mut j = 0;
     while j + GROUP <= out.len() {
-        let group: [&[i8]; GROUP] = std::array::from_fn(|r| row(j + r));
-        let mut acc = [[0.0f32; LANES]; GROUP];
-        for c in (0..whole).step_by(LANES) {
-            let x = &x[c..c + LANES];
-            for (acc, row) in acc.iter_mut().zip(&group) {
-                let w = &row[c..c + LANES];
-                for i in 0..LANES {
-                    acc[i] = madd::<FMA>(x[i], f32::from(w[i]), acc[i]);
-                }
-            }
-        }
-        for (r, (acc, row)) in acc.into_iter().zip(&group).enumerate() {
-            out[j + r] = tail::<FMA>(tree_sum(acc), &x[whole..], &row[whole..]);
-        }
+        dots_rows::<FMA, GROUP>(x, std::array::from_fn(|r| row(j + r)), &mut out[j..]);
         j += GROUP;
     }
-    for (j, o) in out.iter_mut().enumerate().skip(j) {
-        let row = row(j);
-        let mut acc = [0.0f32; LANES];
-        for c in (0..whole).step_by(LANES) {
+    for j in j..out.len() {
+        dots_rows::<FMA, 1>(x, [row(j)], &mut out[j..]);
+    }
+}
+
+/// `out[r] = x · group[r]` for the `N` rows of a group, each with its own accumulators.
+#[inline(always)]
+fn dots_rows<const FMA: bool, const N: usize>(x: &[f32], group: [&[i8]; N], out: &mut [f32]) {
+    let whole = x.len() / LANES * LANES;
+    let mut acc = [[0.0f32; LANES]; N];
+    for c in (0..whole).step_by(LANES) {
+        let x = &x[c..c + LANES];
+        for (acc, row) in acc.iter_mut().zip(&group) {
+            let w = &row[c..c + LANES];
             for i in 0..LANES {
-                acc[i] = madd::<FMA>(x[c + i], f32::from(row[c + i]), acc[i]);
+                acc[i] = madd::<FMA>(x[i], f32::from(w[i]), acc[i]);
             }
         }
+    }
+    for (o, (acc, row)) in out.iter_mut().zip(acc.into_iter().zip(&group)) {
         *o = tail::<FMA>(tree_sum(acc), &x[whole..], &row[whole..]);
     }
 }
