@@ -23,8 +23,9 @@
 //!   with a floor run right after it; the floor is the median of those runs.
 //! - `replicas`: 8 streams on the base model over HTTP with 1 LLM replica and with 2 (the
 //!   demo's configuration), and 8 streams on 8 adapters with 2, both servers up at once and
-//!   measured in 2 x `--runs` (at least 6) alternating rounds: aggregate tok/s, and 2 replicas
-//!   against 1 and adapters against the base model on 2 as medians of the rounds' own ratios.
+//!   measured in 2 x `--runs` (at least 10) rounds, each in the reverse order of the one
+//!   before: aggregate tok/s, and 2 replicas against 1 and adapters against the base model on
+//!   2 as medians of the rounds' own ratios.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -308,10 +309,20 @@ async fn main() -> Res<()> {
     let base_models = vec!["smollm2".to_owned(); 8];
     let (mut base1, mut base2, mut adapters2) = (Vec::new(), Vec::new(), Vec::new());
     let (mut two_vs_one, mut adapters_vs_base) = (Vec::new(), Vec::new());
-    for _ in 0..(2 * a.runs).max(6) {
-        let b1 = rate_once(one_addr, &base_models, &prompt, a.tokens).await?;
-        let b2 = rate_once(two_addr, &base_models, &prompt, a.tokens).await?;
-        let a2 = rate_once(two_addr, &adapters[..8], &prompt, a.tokens).await?;
+    // The order turns round each round (1, 2, adapters; then adapters, 2, 1), so that a drift
+    // within a round falls on both sides of each ratio alike.
+    for round in 0..(2 * a.runs).max(10) {
+        let (b1, b2, a2) = if round % 2 == 0 {
+            let b1 = rate_once(one_addr, &base_models, &prompt, a.tokens).await?;
+            let b2 = rate_once(two_addr, &base_models, &prompt, a.tokens).await?;
+            let a2 = rate_once(two_addr, &adapters[..8], &prompt, a.tokens).await?;
+            (b1, b2, a2)
+        } else {
+            let a2 = rate_once(two_addr, &adapters[..8], &prompt, a.tokens).await?;
+            let b2 = rate_once(two_addr, &base_models, &prompt, a.tokens).await?;
+            let b1 = rate_once(one_addr, &base_models, &prompt, a.tokens).await?;
+            (b1, b2, a2)
+        };
         two_vs_one.push(b2 / b1);
         adapters_vs_base.push(a2 / b2);
         base1.push(b1);
@@ -324,7 +335,9 @@ async fn main() -> Res<()> {
         "{}",
         json!({"scenario": "replicas", "base8_1_tok_s": pct(base1, 0.5),
             "base8_2_tok_s": pct(base2, 0.5), "adapters8_2_tok_s": pct(adapters2, 0.5),
-            "two_vs_one": pct(two_vs_one, 0.5), "adapters_vs_base_2": pct(adapters_vs_base, 0.5)})
+            "two_vs_one": pct(two_vs_one.clone(), 0.5), "two_vs_one_rounds": two_vs_one,
+            "adapters_vs_base_2": pct(adapters_vs_base.clone(), 0.5),
+            "adapters_vs_base_2_rounds": adapters_vs_base})
     );
     Ok(())
 }
