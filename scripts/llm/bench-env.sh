@@ -1,5 +1,6 @@
-# Shared by scripts/bench-llm and scripts/bench-llm-families (sourced, not run): the bench
-# virtualenv and SmolLM2's GGUF, both cached under $CACHE. Needs `log` and `WORK` defined.
+# Shared by scripts/bench-llm, scripts/bench-llm-families and scripts/llm/device-checks
+# (sourced, not run): the bench virtualenv and SmolLM2's GGUF, both cached under $CACHE (these
+# two need `log` and `WORK` defined), and the machine's bounds (these need only `PY`).
 
 # Sets PY to a Python with numpy, safetensors and gguf (a virtualenv in $CACHE/bench-venv).
 bench_python() {
@@ -32,11 +33,12 @@ os.replace(dest + ".part", dest)
 PY
 }
 
-# Prints the machine's memory read bandwidth in GB/s (numpy sum of 1 GiB f32): one thread, then
-# two, space-separated.
+# Prints the machine's memory read bandwidth in GB/s (numpy sum of 1 GiB f32, split over N
+# threads) for each N given (default: 1 and 2), space-separated.
 memory_bandwidth() {
+    (($#)) || set -- 1 2
     "$PY" -c '
-import threading, time, numpy as np
+import sys, threading, time, numpy as np
 a = np.ones(1 << 28, dtype=np.float32)  # 1 GiB
 def best(f):
     f()
@@ -44,11 +46,21 @@ def best(f):
     for _ in range(3):
         t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
     return min(times)
-one = a.nbytes / best(a.sum) / 1e9
-halves = [a[: a.size // 2], a[a.size // 2 :]]
-def two():
-    ts = [threading.Thread(target=h.sum) for h in halves]
-    [t.start() for t in ts]; [t.join() for t in ts]
-print(one, a.nbytes / best(two) / 1e9)
-'
+def split(n):
+    parts = np.array_split(a, n)
+    def run():
+        ts = [threading.Thread(target=p.sum) for p in parts]
+        [t.start() for t in ts]; [t.join() for t in ts]
+    return a.sum if n == 1 else run
+print(*(a.nbytes / best(split(int(n))) / 1e9 for n in sys.argv[1:]))
+' "$@"
 }
+
+# f32 GEMM GFLOP/s on $1 threads (numpy/OpenBLAS): the compute bound.
+gemm() { OPENBLAS_NUM_THREADS=$1 OMP_NUM_THREADS=$1 MKL_NUM_THREADS=$1 "$PY" -c '
+import time, numpy as np
+a = np.random.rand(2048, 2048).astype(np.float32); b = a.copy(); a @ b
+times = []
+for _ in range(3):
+    t = time.perf_counter(); a @ b; times.append(time.perf_counter() - t)
+print(2 * 2048 ** 3 / min(times) / 1e9)'; }
