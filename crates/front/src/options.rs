@@ -16,8 +16,10 @@ use modelmux_serve::AdminAccess;
 pub struct HttpOptions {
     /// Largest request body accepted; larger ones get 413 (default 16 MiB).
     pub max_body_bytes: usize,
-    /// Time a client has to send a request's head (line and headers), from the moment the
-    /// connection is ready for one (default 10 s). Slow-header clients are cut off after it.
+    /// Time a client has to send a request's head (line and headers) over HTTP/1 (default
+    /// 10 s): the first from when the connection opens, later ones from their first byte (an
+    /// idle keep-alive connection is `keep_alive_timeout`'s). Slow-header clients are cut off
+    /// after it, within a quarter of the shorter of the two timeouts more.
     pub header_read_timeout: Duration,
     /// Time a client has to send a request's whole body once its head arrived (default 30 s);
     /// after it the request gets 408 and the connection is closed.

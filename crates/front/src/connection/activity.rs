@@ -1,25 +1,49 @@
-//! What a connection's watchdog needs to tell an idle keep-alive connection from a busy one:
-//! requests in progress, and whether bytes moved since it last looked.
+//! What a connection's watchdog needs to enforce the two HTTP/1 timeouts the front door owns:
+//! requests in progress, whether bytes moved since it last looked, and whether the bytes of a
+//! request head have started to arrive.
 //!
-//! Moving bytes only bumps a counter: reading the clock on every read and write cost more
-//! than the rest of this file on a busy connection. The watchdog looks a few times per
-//! timeout instead, so a connection is closed between `keep_alive_timeout` and a quarter more
-//! after its last activity.
+//! - `keep_alive_timeout`: no request in progress and no bytes moving for it: the connection
+//!   is idle.
+//! - `header_read_timeout`: a request head not complete within it, counted from the
+//!   connection's start for its first request and from the first byte of each later one (an
+//!   idle keep-alive connection between requests is the keep-alive timeout's). HTTP/2
+//!   connections (the cluster's forwarding, recognised by their preface) have no such limit.
+//!
+//! hyper can enforce the second itself, but arms a timer for every request head it waits for
+//! (a boxed `Sleep` in tokio's timer wheel, and a clock read): in a profile of
+//! `scripts/bench-serve`'s scenario (a) 2-3% of the server's CPU, and a bare hyper server
+//! used 1.0-1.5 µs more CPU a request with it than without (7%). Moving bytes only bumps a
+//! counter here (reading the clock on every read and write cost more than the rest of this
+//! file on a busy connection), a read of a head's bytes sets a flag, and the watchdog looks a
+//! few times per timeout instead: a connection is closed between a timeout and a quarter of
+//! the shorter timeout more after it ran out.
 
 use std::io;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
+/// The first bytes of every HTTP/2 connection without TLS.
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// One connection's activity.
 pub(super) struct Activity {
     /// Bumped whenever bytes move or a request starts or ends.
     events: AtomicU64,
     in_progress: AtomicUsize,
+    /// Requests begun so far.
+    begun: AtomicU64,
+    /// Writes that moved bytes so far.
+    writes: AtomicU64,
+    /// Bytes arrived while no request was in progress, since the last request began: a head
+    /// is on its way.
+    head_bytes: AtomicBool,
+    /// The connection opened with HTTP/2's preface.
+    h2: AtomicBool,
 }
 
 impl Activity {
@@ -27,6 +51,10 @@ impl Activity {
         Self {
             events: AtomicU64::new(0),
             in_progress: AtomicUsize::new(0),
+            begun: AtomicU64::new(0),
+            writes: AtomicU64::new(0),
+            head_bytes: AtomicBool::new(false),
+            h2: AtomicBool::new(false),
         }
     }
 
@@ -34,37 +62,85 @@ impl Activity {
         self.events.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Counts a request as in progress until the returned guard drops.
+    /// Bytes were read: the head of the next request, when none is in progress.
+    fn read(&self) {
+        self.touch();
+        if self.in_progress.load(Ordering::SeqCst) == 0 && !self.head_bytes.load(Ordering::Relaxed)
+        {
+            self.head_bytes.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Bytes were written.
+    fn wrote(&self) {
+        self.touch();
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request as in progress until the returned guard drops (its head has arrived).
     pub(super) fn begin(self: &std::sync::Arc<Self>) -> Busy {
         self.in_progress.fetch_add(1, Ordering::SeqCst);
+        self.head_bytes.store(false, Ordering::Relaxed);
+        self.begun.fetch_add(1, Ordering::SeqCst);
         self.touch();
         Busy(self.clone())
     }
 }
 
-/// Looks at a connection's [`Activity`] every quarter of the keep-alive timeout.
+/// What a look at a connection found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Look {
+    /// Nothing to do.
+    Fine,
+    /// No request in progress and no bytes moving for the keep-alive timeout.
+    Idle,
+    /// A request head still incomplete after the header read timeout, with no request in
+    /// progress and nothing written meanwhile: the connection is to be dropped (hyper's
+    /// graceful shutdown leaves a half-read head waiting).
+    SlowHead,
+}
+
+/// Looks at a connection's [`Activity`] every quarter of the shorter of its two timeouts.
 pub(super) struct Watchdog {
-    timeout: Duration,
+    keep_alive: Duration,
+    header_read: Duration,
     /// The activity counter at the last look.
     seen: u64,
     /// The last look that saw activity (or the connection's start).
     active_at: Instant,
+    /// Requests begun, at the last look.
+    begun: u64,
+    /// Writes, at the last look.
+    writes: u64,
+    /// Since when a request head has been on its way: the connection's start for the first,
+    /// the first look that saw its bytes for later ones.
+    head_since: Option<Instant>,
     next_look: Instant,
 }
 
 impl Watchdog {
-    pub(super) fn new(activity: &Activity, timeout: Duration) -> Self {
+    pub(super) fn new(activity: &Activity, keep_alive: Duration, header_read: Duration) -> Self {
         let now = Instant::now();
-        Self {
-            timeout,
+        let begun = activity.begun.load(Ordering::SeqCst);
+        let watchdog = Self {
+            keep_alive,
+            header_read,
             seen: activity.events.load(Ordering::Relaxed),
             active_at: now,
-            next_look: now + Self::every(timeout),
+            begun,
+            writes: activity.writes.load(Ordering::Relaxed),
+            // A new connection owes its first head from now.
+            head_since: (begun == 0).then_some(now),
+            next_look: now,
+        };
+        Self {
+            next_look: now + watchdog.every(),
+            ..watchdog
         }
     }
 
-    fn every(timeout: Duration) -> Duration {
-        (timeout / 4).max(Duration::from_millis(1))
+    fn every(&self) -> Duration {
+        (self.keep_alive.min(self.header_read) / 4).max(Duration::from_millis(1))
     }
 
     /// When to [`look`](Self::look) next.
@@ -72,18 +148,39 @@ impl Watchdog {
         self.next_look
     }
 
-    /// Whether the connection has had no request in progress and no bytes moving for the
-    /// timeout (seen at looks a quarter of it apart).
-    pub(super) fn look(&mut self, activity: &Activity) -> bool {
+    /// Whether the connection is idle, or its request head is late (seen at looks a quarter
+    /// of the shorter timeout apart).
+    pub(super) fn look(&mut self, activity: &Activity) -> Look {
         let now = Instant::now();
-        self.next_look = now + Self::every(self.timeout);
+        self.next_look = now + self.every();
+        let busy = activity.in_progress.load(Ordering::SeqCst) > 0;
+        let begun = activity.begun.load(Ordering::SeqCst);
+        if busy || begun != self.begun || activity.h2.load(Ordering::Relaxed) {
+            self.begun = begun;
+            self.head_since = None;
+        }
+        // The clock of a later head restarts while the connection writes: a response still
+        // streaming to a client that sent its next request early (pipelining) is not cut.
+        let writes = activity.writes.load(Ordering::Relaxed);
+        let writing = writes != self.writes;
+        self.writes = writes;
+        if !busy
+            && activity.head_bytes.load(Ordering::Relaxed)
+            && (self.head_since.is_none() || writing)
+        {
+            self.head_since = Some(now);
+        }
         let events = activity.events.load(Ordering::Relaxed);
-        if events != self.seen || activity.in_progress.load(Ordering::SeqCst) > 0 {
+        if events != self.seen || busy {
             self.seen = events;
             self.active_at = now;
-            return false;
+        } else if now.duration_since(self.active_at) >= self.keep_alive {
+            return Look::Idle;
         }
-        now.duration_since(self.active_at) >= self.timeout
+        match self.head_since {
+            Some(since) if now.duration_since(since) >= self.header_read => Look::SlowHead,
+            _ => Look::Fine,
+        }
     }
 }
 
@@ -101,11 +198,31 @@ impl Drop for Busy {
 pub(super) struct Watched<S> {
     inner: S,
     activity: std::sync::Arc<Activity>,
+    /// Bytes of HTTP/2's preface the connection's first bytes matched, while they match.
+    preface: Option<usize>,
 }
 
 impl<S> Watched<S> {
     pub(super) fn new(inner: S, activity: std::sync::Arc<Activity>) -> Self {
-        Self { inner, activity }
+        Self {
+            inner,
+            activity,
+            preface: Some(0),
+        }
+    }
+
+    /// Compares the connection's first bytes with HTTP/2's preface.
+    fn first_bytes(&mut self, bytes: &[u8]) {
+        let Some(matched) = self.preface else { return };
+        let n = bytes.len().min(H2_PREFACE.len() - matched);
+        if bytes[..n] != H2_PREFACE[matched..matched + n] {
+            self.preface = None;
+        } else if matched + n == H2_PREFACE.len() {
+            self.preface = None;
+            self.activity.h2.store(true, Ordering::Relaxed);
+        } else {
+            self.preface = Some(matched + n);
+        }
     }
 }
 
@@ -119,7 +236,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
         let before = buf.filled().len();
         let poll = Pin::new(&mut this.inner).poll_read(cx, buf);
         if buf.filled().len() > before {
-            this.activity.touch();
+            this.activity.read();
+            if this.preface.is_some() {
+                this.first_bytes(&buf.filled()[before..]);
+            }
         }
         poll
     }
@@ -134,7 +254,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         let this = self.get_mut();
         let poll = Pin::new(&mut this.inner).poll_write(cx, buf);
         if matches!(poll, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.touch();
+            this.activity.wrote();
         }
         poll
     }
@@ -147,7 +267,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
         let this = self.get_mut();
         let poll = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
         if matches!(poll, Poll::Ready(Ok(n)) if n > 0) {
-            this.activity.touch();
+            this.activity.wrote();
         }
         poll
     }
@@ -171,17 +291,36 @@ mod tests {
 
     use super::*;
 
-    /// Runs the watchdog's looks as the connection loop does; returns when it calls the
-    /// connection idle, measured from the start.
-    async fn idle_after(activity: &Activity, timeout: Duration) -> Duration {
+    const LONG: Duration = Duration::from_secs(3600);
+
+    /// Runs the watchdog's looks as the connection loop does; returns what the first look
+    /// that was not fine found, and when, measured from the start.
+    async fn until(
+        activity: &Activity,
+        keep_alive: Duration,
+        header_read: Duration,
+    ) -> (Look, Duration) {
         let start = Instant::now();
-        let mut watchdog = Watchdog::new(activity, timeout);
+        let mut watchdog = Watchdog::new(activity, keep_alive, header_read);
         loop {
             tokio::time::sleep_until(watchdog.next_look()).await;
-            if watchdog.look(activity) {
-                return start.elapsed();
+            match watchdog.look(activity) {
+                Look::Fine => {}
+                found => return (found, start.elapsed()),
             }
         }
+    }
+
+    async fn idle_after(activity: &Activity, timeout: Duration) -> Duration {
+        let (found, after) = until(activity, timeout, LONG).await;
+        assert_eq!(found, Look::Idle);
+        after
+    }
+
+    /// A request that has come and gone (its head arrived, its response was written).
+    fn one_request(activity: &Arc<Activity>) {
+        activity.read();
+        drop(activity.begin());
     }
 
     #[tokio::test(start_paused = true)]
@@ -216,14 +355,133 @@ mod tests {
         let busy = activity.begin();
         let waited = tokio::time::timeout(
             Duration::from_secs(60),
-            idle_after(&activity, Duration::from_secs(1)),
+            until(&activity, Duration::from_secs(1), Duration::from_secs(1)),
         )
         .await;
-        assert!(waited.is_err(), "idle while a request was in progress");
+        assert!(waited.is_err(), "cut off while a request was in progress");
         drop(busy);
         assert_eq!(
             idle_after(&activity, Duration::from_secs(1)).await,
             Duration::from_secs(1)
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_head_that_never_completes_is_cut_off_from_the_start() {
+        let activity = Arc::new(Activity::new());
+        // Half a head, then a byte every 100 ms: never idle, never a request.
+        let dripper = activity.clone();
+        tokio::spawn(async move {
+            loop {
+                dripper.read();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let (found, after) = until(&activity, LONG, Duration::from_secs(2)).await;
+        assert_eq!(found, Look::SlowHead);
+        assert!(
+            after >= Duration::from_secs(2) && after <= Duration::from_millis(2500),
+            "{after:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_head_is_timed_from_its_first_byte() {
+        let activity = Arc::new(Activity::new());
+        one_request(&activity);
+        let later = activity.clone();
+        tokio::spawn(async move {
+            // Quiet for 10 s between requests (longer than the header timeout, shorter than
+            // the keep-alive one), then a head that starts and never ends.
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            loop {
+                later.read();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let (found, after) =
+            until(&activity, Duration::from_secs(30), Duration::from_secs(2)).await;
+        assert_eq!(found, Look::SlowHead);
+        assert!(
+            after >= Duration::from_secs(12) && after <= Duration::from_millis(13_000),
+            "{after:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_response_still_streaming_is_not_a_late_head() {
+        let activity = Arc::new(Activity::new());
+        one_request(&activity);
+        // The response's body keeps being written for a minute; nothing is read.
+        let writer = activity.clone();
+        tokio::spawn(async move {
+            for _ in 0..600 {
+                writer.wrote();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let (found, after) = until(&activity, Duration::from_secs(1), Duration::from_secs(1)).await;
+        assert_eq!(found, Look::Idle, "cut off after {after:?}");
+        assert!(after >= Duration::from_secs(60), "{after:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_early_next_request_waits_while_the_response_streams() {
+        let activity = Arc::new(Activity::new());
+        one_request(&activity);
+        // The client sends its next request at once (pipelining) while the response's body
+        // is written for 10 s; then nothing more is written, and the head never completes.
+        activity.read();
+        let writer = activity.clone();
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                writer.wrote();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let (found, after) = until(&activity, LONG, Duration::from_secs(2)).await;
+        assert_eq!(found, Look::SlowHead);
+        assert!(
+            after >= Duration::from_secs(12) && after <= Duration::from_millis(13_000),
+            "{after:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http2_connections_have_no_header_timeout() {
+        let activity = Arc::new(Activity::new());
+        let mut watched = Watched::new(tokio::io::empty(), activity.clone());
+        watched.first_bytes(&H2_PREFACE[..10]);
+        assert!(!activity.h2.load(Ordering::Relaxed));
+        watched.first_bytes(&H2_PREFACE[10..]);
+        assert!(activity.h2.load(Ordering::Relaxed));
+        // Frames (pings) keep arriving, no request: neither idle nor a late head.
+        let pinger = activity.clone();
+        tokio::spawn(async move {
+            loop {
+                pinger.read();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let waited = tokio::time::timeout(
+            Duration::from_secs(60),
+            until(&activity, Duration::from_secs(1), Duration::from_secs(1)),
+        )
+        .await;
+        assert!(
+            waited.is_err(),
+            "an HTTP/2 connection was cut off: {waited:?}"
+        );
+    }
+
+    #[test]
+    fn only_the_whole_preface_makes_a_connection_http2() {
+        for first in [&b"GET / HTTP/1.1\r\n"[..], b"PRI * HTTP/1.1\r\n", b"P", b""] {
+            let activity = Arc::new(Activity::new());
+            let mut watched = Watched::new(tokio::io::empty(), activity.clone());
+            watched.first_bytes(first);
+            watched.first_bytes(b"GET / HTTP/1.1\r\n");
+            assert!(!activity.h2.load(Ordering::Relaxed), "{first:?}");
+        }
     }
 }

@@ -5,8 +5,9 @@
 //! What bounds what:
 //! - HTTP/2 without TLS is accepted too (prior knowledge): it is how cluster nodes forward
 //!   requests to each other; such a connection is pinged every second;
-//! - a connection that has not sent a whole request head within `header_read_timeout` is cut
-//!   off by hyper's own timer;
+//! - a connection that has not sent a whole request head within `header_read_timeout` (its
+//!   first from when it opened, later ones from their first byte) is closed by the
+//!   connection's watchdog (`activity.rs`), within a quarter of the shorter timeout more;
 //! - a connection with no request in progress and no bytes moving for `keep_alive_timeout` is
 //!   closed here (hyper has no idle timeout of its own) by the connection's watchdog, which
 //!   looks every quarter of the timeout: within 1.25x of it;
@@ -29,7 +30,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::options::{HttpOptions, MAX_BUF_BYTES};
 use crate::state::FrontState;
 
-use activity::{Activity, Watchdog, Watched};
+use activity::{Activity, Look, Watchdog, Watched};
 
 /// Streams one HTTP/2 connection carries at once (a peer node's forwarded requests).
 const MAX_H2_STREAMS: u32 = 1024;
@@ -106,10 +107,11 @@ async fn serve_connection(
     // HTTP/1.1 for clients; HTTP/2 without TLS (prior knowledge) for the other nodes of a
     // cluster, which forward requests over one multiplexed connection each.
     let mut builder = auto::Builder::new(TokioExecutor::new());
+    // The header read timeout is the watchdog's (`activity.rs`): hyper's own arms a timer for
+    // every request.
     builder
         .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(options.header_read_timeout)
+        .header_read_timeout(None)
         .max_buf_size(MAX_BUF_BYTES);
     builder
         .http2()
@@ -120,7 +122,11 @@ async fn serve_connection(
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let mut closing = false;
-    let mut watchdog = Watchdog::new(&activity, options.keep_alive_timeout);
+    let mut watchdog = Watchdog::new(
+        &activity,
+        options.keep_alive_timeout,
+        options.header_read_timeout,
+    );
     loop {
         tokio::select! {
             result = conn.as_mut() => {
@@ -137,12 +143,23 @@ async fn serve_connection(
                 conn.as_mut().graceful_shutdown();
             }
             _ = tokio::time::sleep_until(watchdog.next_look()), if !closing => {
-                if watchdog.look(&activity) {
-                    tracing::trace!(%peer, "closing an idle keep-alive connection");
-                    closing = true;
-                    // On an idle connection this closes it at once; a request that slipped in
-                    // meanwhile is answered first.
-                    conn.as_mut().graceful_shutdown();
+                match watchdog.look(&activity) {
+                    Look::Fine => {}
+                    Look::Idle => {
+                        tracing::trace!(%peer, "closing an idle keep-alive connection");
+                        closing = true;
+                        // On an idle connection this closes it at once; a request that slipped
+                        // in meanwhile is answered first.
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    Look::SlowHead => {
+                        tracing::debug!(
+                            %peer,
+                            "dropping a connection whose request head did not arrive within \
+                             header_read_timeout"
+                        );
+                        return;
+                    }
                 }
             }
         }

@@ -390,3 +390,94 @@ async fn limits_that_cannot_work_refuse_to_start() {
         "{error}"
     );
 }
+
+/// Streams `chunks` chunks, one every 100 ms.
+struct Trickle {
+    chunks: usize,
+}
+
+impl Deployment for Trickle {
+    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
+        let (tx, body) = Body::channel(1);
+        let chunks = self.chunks;
+        tokio::spawn(async move {
+            for i in 0..chunks {
+                tokio::time::sleep(ms(100)).await;
+                tx.send(format!("{i} ")).await?;
+            }
+            Ok::<_, BoxError>(())
+        });
+        Ok(Response::new(body))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_streaming_past_the_header_timeout_keeps_its_connection() {
+    let mut options = HttpOptions::default();
+    options.header_read_timeout = ms(300);
+    options.keep_alive_timeout = Duration::from_secs(60);
+    let spec = DeploymentSpec::new("Trickle", |_ctx| async { Ok(Trickle { chunks: 12 }) });
+    let server = start(Application::new("a").ingress(spec), options).await;
+    // Two 1.2 s streams, one after the other on one HTTP/1.1 connection: neither is cut, and
+    // the connection is kept for the second.
+    let stream = TcpStream::connect(server.local_addr()).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    for n in 1..=2 {
+        timeout(Duration::from_secs(10), sender.ready())
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("the connection was closed before request {n}: {e}"));
+        let request = http::Request::get("/")
+            .header("host", "x")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = timeout(Duration::from_secs(10), sender.send_request(request))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("request {n}: {e}"));
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap_or_else(|e| panic!("stream {n} was cut: {e}"))
+            .to_bytes();
+        assert_eq!(body, "0 1 2 3 4 5 6 7 8 9 10 11 ", "stream {n}");
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_outlives_the_header_timeout_between_requests() {
+    let mut options = HttpOptions::default();
+    options.header_read_timeout = ms(200);
+    options.keep_alive_timeout = Duration::from_secs(60);
+    let server = start(Application::new("a").ingress(echo("Echo")), options).await;
+    // A cluster peer's connection: HTTP/2 without TLS, pinged every second by the server,
+    // quiet between forwarded requests for longer than the (HTTP/1) header timeout.
+    let stream = TcpStream::connect(server.local_addr()).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let connection = tokio::spawn(conn);
+    for n in 1..=3 {
+        let request = http::Request::get(format!("http://{}/", server.local_addr()))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let response = timeout(Duration::from_secs(10), sender.send_request(request))
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("request {n} on the HTTP/2 connection: {e}"));
+        assert_eq!(response.status(), StatusCode::OK);
+        tokio::time::sleep(ms(1500)).await;
+    }
+    assert!(
+        !connection.is_finished(),
+        "the HTTP/2 connection was closed"
+    );
+    server.shutdown().await;
+}
