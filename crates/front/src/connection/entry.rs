@@ -7,22 +7,19 @@ use std::sync::Arc;
 
 use http::HeaderValue;
 use hyper::body::Incoming;
-use modelmux_cache::BoxError;
 use modelmux_context::RequestId;
 use tokio::time::Instant;
-use tower::ServiceExt;
 
 use super::stack::Apps;
 use crate::Response;
 use crate::access_log::AccessEntry;
 use crate::ingress::{REQUEST_ID_HEADER, Routed, Served};
 use crate::state::FrontState;
-use modelmux_serve::ServeError;
 use modelmux_serve::{ServedModel, access_log_on};
 
 pub(crate) async fn handle(
     state: Arc<FrontState>,
-    apps: Apps,
+    apps: Arc<Apps>,
     request: http::Request<Incoming>,
 ) -> Result<Response, Infallible> {
     // A client's request id is echoed if it is usable, else one is made up.
@@ -44,12 +41,9 @@ pub(crate) async fn handle(
             uri: request.uri().clone(),
             started: Instant::now(),
         });
-        let (response, served) = match apps.oneshot((request_id.clone(), request)).await {
+        let (response, served) = match apps.call(request_id.clone(), request).await {
             Ok(Routed { response, served }) => (response, served),
-            Err(e) => (
-                front_error(e, &state).into_response(Some(request_id.as_str())),
-                None,
-            ),
+            Err(e) => (e.into_response(Some(request_id.as_str())), None),
         };
         if let Some(asked) = asked {
             access_line(&state, &asked, &request_id, &response, served.as_ref());
@@ -60,27 +54,6 @@ pub(crate) async fn handle(
         response.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
     Ok(response)
-}
-
-/// What the front door's tower layers refused with, as the one error type.
-fn front_error(error: BoxError, state: &FrontState) -> ServeError {
-    if error.is::<tower::load_shed::error::Overloaded>() {
-        ServeError::ServerOverloaded {
-            message: format!(
-                "the server is at its limit of {} requests in progress; try again shortly",
-                state.config.http.max_inflight_requests
-            ),
-        }
-    } else if error.is::<tower::timeout::error::Elapsed>() {
-        ServeError::RequestTimeout {
-            limit: state.config.http.request_timeout.unwrap_or_default(),
-        }
-    } else {
-        ServeError::Deployment {
-            deployment: "-".into(),
-            message: error.to_string(),
-        }
-    }
 }
 
 /// What the access line says of the request as it came in.

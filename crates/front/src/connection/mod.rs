@@ -1,6 +1,6 @@
 //! The front door: accepts connections (at most `max_connections` at once), serves each with
 //! hyper under the HTTP timeouts, closes idle keep-alive connections, and puts application
-//! requests through a tower stack (load shedding, a concurrency cap, the request timeout).
+//! requests through load shedding, a concurrency cap and the request timeout (`stack.rs`).
 //!
 //! What bounds what:
 //! - HTTP/2 without TLS is accepted too (prior knowledge): it is how cluster nodes forward
@@ -45,7 +45,7 @@ pub(crate) async fn accept_loop(
 ) {
     let options = state.config.http.clone();
     let permits = Arc::new(Semaphore::new(options.max_connections));
-    let apps = stack::build(state.clone());
+    let apps = stack::Apps::new(state.clone());
     loop {
         // The permit is taken before accepting: past the cap, clients wait in the kernel's
         // (bounded) listen backlog, costing this process nothing.
@@ -86,7 +86,7 @@ async fn serve_connection(
     stream: tokio::net::TcpStream,
     peer: SocketAddr,
     state: Arc<FrontState>,
-    apps: stack::Apps,
+    apps: Arc<stack::Apps>,
     options: HttpOptions,
     mut stopped: watch::Receiver<bool>,
 ) {

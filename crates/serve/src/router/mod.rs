@@ -185,6 +185,10 @@ fn copy_pays<R: ReplicaView>(
     wait > load
 }
 
+/// Replica indices, on the stack up to 16 (a choice is made for every request; two heap
+/// allocations for it were an eighth of a trivial request's).
+type Indices = smallvec::SmallVec<[usize; 16]>;
+
 /// Applies the rules above, with `waiting` requests already queued in front of this one.
 pub fn choose_with<R: ReplicaView>(
     replicas: &[R],
@@ -195,15 +199,15 @@ pub fn choose_with<R: ReplicaView>(
 ) -> Choice {
     let open = |r: &R| r.is_available() && !r.is_saturated();
     let Some(model) = model else {
-        let candidates: Vec<usize> = (0..replicas.len())
+        let candidates: Indices = (0..replicas.len())
             .filter(|&i| open(&replicas[i]))
             .collect();
         return power_of_two(replicas, &candidates, rng)
             .map_or(Choice::Wait, |i| Choice::Replica(i, Reason::LeastLoaded));
     };
 
-    let mut holders = Vec::new();
-    let mut open_holders = Vec::new();
+    let mut holders = Indices::new();
+    let mut open_holders = Indices::new();
     for (i, r) in replicas.iter().enumerate() {
         if r.is_available() && r.holds(model, now) {
             holders.push(i);
