@@ -317,6 +317,35 @@ mod tests {
         after
     }
 
+    /// After `delay`, calls `f` on `activity` every 100 ms, `times` times.
+    fn every_tenth(
+        activity: &Arc<Activity>,
+        delay: Duration,
+        times: usize,
+        f: impl Fn(&Activity) + Send + 'static,
+    ) {
+        let activity = activity.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            for _ in 0..times {
+                f(&activity);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+    }
+
+    /// Asserts the watchdog finds a late head, between `from` and `to` after its start.
+    async fn slow_head_between(
+        activity: &Activity,
+        header_read: Duration,
+        from: Duration,
+        to: Duration,
+    ) {
+        let (found, after) = until(activity, LONG, header_read).await;
+        assert_eq!(found, Look::SlowHead);
+        assert!(after >= from && after <= to, "{after:?}");
+    }
+
     /// A request that has come and gone (its head arrived, its response was written).
     fn one_request(activity: &Arc<Activity>) {
         activity.read();
@@ -370,42 +399,25 @@ mod tests {
     async fn a_first_head_that_never_completes_is_cut_off_from_the_start() {
         let activity = Arc::new(Activity::new());
         // Half a head, then a byte every 100 ms: never idle, never a request.
-        let dripper = activity.clone();
-        tokio::spawn(async move {
-            loop {
-                dripper.read();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        let (found, after) = until(&activity, LONG, Duration::from_secs(2)).await;
-        assert_eq!(found, Look::SlowHead);
-        assert!(
-            after >= Duration::from_secs(2) && after <= Duration::from_millis(2500),
-            "{after:?}"
-        );
+        every_tenth(&activity, Duration::ZERO, usize::MAX, Activity::read);
+        let two = Duration::from_secs(2);
+        slow_head_between(&activity, two, two, Duration::from_millis(2500)).await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_later_head_is_timed_from_its_first_byte() {
         let activity = Arc::new(Activity::new());
         one_request(&activity);
-        let later = activity.clone();
-        tokio::spawn(async move {
-            // Quiet for 10 s between requests (longer than the header timeout, shorter than
-            // the keep-alive one), then a head that starts and never ends.
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            loop {
-                later.read();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        let (found, after) =
-            until(&activity, Duration::from_secs(30), Duration::from_secs(2)).await;
-        assert_eq!(found, Look::SlowHead);
-        assert!(
-            after >= Duration::from_secs(12) && after <= Duration::from_millis(13_000),
-            "{after:?}"
+        // Quiet for 10 s between requests (longer than the header timeout, shorter than the
+        // keep-alive one), then a head that starts and never ends.
+        every_tenth(
+            &activity,
+            Duration::from_secs(10),
+            usize::MAX,
+            Activity::read,
         );
+        let (from, to) = (Duration::from_secs(12), Duration::from_millis(13_000));
+        slow_head_between(&activity, Duration::from_secs(2), from, to).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -413,13 +425,7 @@ mod tests {
         let activity = Arc::new(Activity::new());
         one_request(&activity);
         // The response's body keeps being written for a minute; nothing is read.
-        let writer = activity.clone();
-        tokio::spawn(async move {
-            for _ in 0..600 {
-                writer.wrote();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
+        every_tenth(&activity, Duration::ZERO, 600, Activity::wrote);
         let (found, after) = until(&activity, Duration::from_secs(1), Duration::from_secs(1)).await;
         assert_eq!(found, Look::Idle, "cut off after {after:?}");
         assert!(after >= Duration::from_secs(60), "{after:?}");
@@ -432,19 +438,9 @@ mod tests {
         // The client sends its next request at once (pipelining) while the response's body
         // is written for 10 s; then nothing more is written, and the head never completes.
         activity.read();
-        let writer = activity.clone();
-        tokio::spawn(async move {
-            for _ in 0..100 {
-                writer.wrote();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
-        let (found, after) = until(&activity, LONG, Duration::from_secs(2)).await;
-        assert_eq!(found, Look::SlowHead);
-        assert!(
-            after >= Duration::from_secs(12) && after <= Duration::from_millis(13_000),
-            "{after:?}"
-        );
+        every_tenth(&activity, Duration::ZERO, 100, Activity::wrote);
+        let (from, to) = (Duration::from_secs(12), Duration::from_millis(13_000));
+        slow_head_between(&activity, Duration::from_secs(2), from, to).await;
     }
 
     #[tokio::test(start_paused = true)]
@@ -456,13 +452,7 @@ mod tests {
         watched.first_bytes(&H2_PREFACE[10..]);
         assert!(activity.h2.load(Ordering::Relaxed));
         // Frames (pings) keep arriving, no request: neither idle nor a late head.
-        let pinger = activity.clone();
-        tokio::spawn(async move {
-            loop {
-                pinger.read();
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        });
+        every_tenth(&activity, Duration::ZERO, usize::MAX, Activity::read);
         let waited = tokio::time::timeout(
             Duration::from_secs(60),
             until(&activity, Duration::from_secs(1), Duration::from_secs(1)),
