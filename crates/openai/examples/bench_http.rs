@@ -312,17 +312,20 @@ async fn main() -> Res<()> {
     // The order turns round each round (1, 2, adapters; then adapters, 2, 1), so that a drift
     // within a round falls on both sides of each ratio alike.
     for round in 0..(2 * a.runs).max(10) {
-        let (b1, b2, a2) = if round % 2 == 0 {
-            let b1 = rate_once(one_addr, &base_models, &prompt, a.tokens).await?;
-            let b2 = rate_once(two_addr, &base_models, &prompt, a.tokens).await?;
-            let a2 = rate_once(two_addr, &adapters[..8], &prompt, a.tokens).await?;
-            (b1, b2, a2)
-        } else {
-            let a2 = rate_once(two_addr, &adapters[..8], &prompt, a.tokens).await?;
-            let b2 = rate_once(two_addr, &base_models, &prompt, a.tokens).await?;
-            let b1 = rate_once(one_addr, &base_models, &prompt, a.tokens).await?;
-            (b1, b2, a2)
-        };
+        let mut order = [0, 1, 2];
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        let mut rates = [0.0; 3];
+        for i in order {
+            let (addr, models) = match i {
+                0 => (one_addr, &base_models[..]),
+                1 => (two_addr, &base_models[..]),
+                _ => (two_addr, &adapters[..8]),
+            };
+            rates[i] = rate_once(addr, models, &prompt, a.tokens).await?;
+        }
+        let [b1, b2, a2] = rates;
         two_vs_one.push(b2 / b1);
         adapters_vs_base.push(a2 / b2);
         base1.push(b1);

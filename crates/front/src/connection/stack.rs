@@ -12,7 +12,6 @@
 //! one `try_acquire_owned` on the shared semaphore, held by the request's future.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use hyper::body::Incoming;
 use modelmux_context::RequestId;
@@ -27,15 +26,12 @@ pub(crate) struct Apps {
     state: Arc<FrontState>,
     /// `max_inflight_requests` permits.
     cap: Arc<Semaphore>,
-    timeout: Option<Duration>,
 }
 
 impl Apps {
     pub(super) fn new(state: Arc<FrontState>) -> Arc<Self> {
-        let options = &state.config.http;
         Arc::new(Self {
-            cap: Arc::new(Semaphore::new(options.max_inflight_requests)),
-            timeout: options.request_timeout,
+            cap: Arc::new(Semaphore::new(state.config.http.max_inflight_requests)),
             state,
         })
     }
@@ -57,7 +53,7 @@ impl Apps {
         // The route's future (about 3 KB: the body read, then the dispatch) is boxed: held
         // inline, it would be copied into every future that awaits it.
         let routing = Box::pin(crate::ingress::route(&self.state, request_id, request));
-        match self.timeout {
+        match self.state.config.http.request_timeout {
             None => Ok(routing.await),
             Some(limit) => tokio::time::timeout(limit, routing)
                 .await

@@ -20,6 +20,21 @@ fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
 
+/// A GET of `uri` with no body, for a hyper client connection.
+fn empty_get(uri: &str) -> http::Request<http_body_util::Empty<bytes::Bytes>> {
+    http::Request::get(uri)
+        .body(http_body_util::Empty::new())
+        .unwrap()
+}
+
+/// The default options with these two timeouts.
+fn timeouts(header_read: Duration, keep_alive: Duration) -> HttpOptions {
+    let mut options = HttpOptions::default();
+    options.header_read_timeout = header_read;
+    options.keep_alive_timeout = keep_alive;
+    options
+}
+
 async fn start(app: Application, options: HttpOptions) -> Server {
     Server::builder()
         .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
@@ -90,9 +105,7 @@ fn slow(delay: Duration) -> (DeploymentSpec, Arc<AtomicUsize>, Arc<AtomicUsize>)
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slowloris_connections_are_cut_off_within_the_header_timeout() {
-    let mut options = HttpOptions::default();
-    options.header_read_timeout = ms(400);
-    options.keep_alive_timeout = Duration::from_secs(60);
+    let options = timeouts(ms(400), Duration::from_secs(60));
     let server = start(Application::new("a").ingress(echo("Echo")), options).await;
     let addr = server.local_addr();
     let begun = Instant::now();
@@ -141,9 +154,7 @@ async fn slowloris_connections_are_cut_off_within_the_header_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_idle_connections_are_closed_after_the_keep_alive_timeout() {
-    let mut options = HttpOptions::default();
-    options.keep_alive_timeout = ms(500);
-    options.header_read_timeout = Duration::from_secs(60);
+    let options = timeouts(Duration::from_secs(60), ms(500));
     let server = start(Application::new("a").ingress(echo("Echo")), options).await;
     let addr = server.local_addr();
     let mut clients = Vec::new();
@@ -413,9 +424,7 @@ impl Deployment for Trickle {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_streaming_past_the_header_timeout_keeps_its_connection() {
-    let mut options = HttpOptions::default();
-    options.header_read_timeout = ms(300);
-    options.keep_alive_timeout = Duration::from_secs(60);
+    let options = timeouts(ms(300), Duration::from_secs(60));
     let spec = DeploymentSpec::new("Trickle", |_ctx| async { Ok(Trickle { chunks: 12 }) });
     let server = start(Application::new("a").ingress(spec), options).await;
     // Two 1.2 s streams, one after the other on one HTTP/1.1 connection: neither is cut, and
@@ -431,10 +440,7 @@ async fn a_response_streaming_past_the_header_timeout_keeps_its_connection() {
             .await
             .unwrap()
             .unwrap_or_else(|e| panic!("the connection was closed before request {n}: {e}"));
-        let request = http::Request::get("/")
-            .header("host", "x")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .unwrap();
+        let request = empty_get("http://x/");
         let response = timeout(Duration::from_secs(10), sender.send_request(request))
             .await
             .unwrap()
@@ -450,9 +456,7 @@ async fn a_response_streaming_past_the_header_timeout_keeps_its_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_connection_outlives_the_header_timeout_between_requests() {
-    let mut options = HttpOptions::default();
-    options.header_read_timeout = ms(200);
-    options.keep_alive_timeout = Duration::from_secs(60);
+    let options = timeouts(ms(200), Duration::from_secs(60));
     let server = start(Application::new("a").ingress(echo("Echo")), options).await;
     // A cluster peer's connection: HTTP/2 without TLS, pinged every second by the server,
     // quiet between forwarded requests for longer than the (HTTP/1) header timeout.
@@ -465,9 +469,7 @@ async fn an_http2_connection_outlives_the_header_timeout_between_requests() {
     .unwrap();
     let connection = tokio::spawn(conn);
     for n in 1..=3 {
-        let request = http::Request::get(format!("http://{}/", server.local_addr()))
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .unwrap();
+        let request = empty_get(&format!("http://{}/", server.local_addr()));
         let response = timeout(Duration::from_secs(10), sender.send_request(request))
             .await
             .unwrap()
