@@ -107,6 +107,29 @@ pub fn f16_bits(src: &[f32], dst: &mut [u16]) {
     }
 }
 
+/// Asks the CPU to start reading `values` into its L2 cache, one 64-byte line at a time: a
+/// hint, which never faults and changes no result (nothing on other architectures). For data
+/// read in short streams after something larger has pushed it out of the caches: each
+/// adapter's matrices, read once per step after the base model's weights. The hardware
+/// prefetcher follows long streams; a rank-8 matrix is 8 rows of about a kilobyte each, and
+/// its lines, asked for one at a time by the loops, arrive at DRAM latency (on an Intel Xeon
+/// with AVX-512, one thread, 9 KB matrices out of 72 MB: 5.4 GB/s without the hint, 8.8 with
+/// it).
+pub fn prefetch<T>(values: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        let start = values.as_ptr().cast::<i8>();
+        for offset in (0..std::mem::size_of_val(values)).step_by(64) {
+            // SAFETY: SSE, which `_mm_prefetch` needs, is part of x86_64. A prefetch never
+            // faults, and `wrapping_add` stays inside `values`.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(offset)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = values;
+}
+
 /// `a * b + c`, fused where the copy has FMA.
 #[inline(always)]
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {

@@ -238,11 +238,18 @@ impl LlamaModel {
             (rest, offset) = (tail, run.end);
         }
         parallel::for_each(&mut pieces, |(run, y)| {
-            for (target, columns) in targets {
-                if let Some(pair) = run.adapter.pair(layer, *target) {
-                    let x = &x[run.start * in_dim..run.end * in_dim];
-                    pair.apply(x, in_dim, y, width, columns.clone());
-                }
+            let pairs = || {
+                (targets.iter()).filter_map(|(target, columns)| {
+                    Some((run.adapter.pair(layer, *target)?, columns))
+                })
+            };
+            // Every matrix this adapter needs here is asked for before the first is read, so
+            // they arrive together instead of one short stream after another (the base
+            // model's weights pushed them out of the caches since the last step).
+            pairs().for_each(|(pair, _)| pair.prefetch());
+            let x = &x[run.start * in_dim..run.end * in_dim];
+            for (pair, columns) in pairs() {
+                pair.apply(x, in_dim, y, width, columns.clone());
             }
         });
         Ok(())

@@ -147,6 +147,24 @@ impl LoraPair {
         }
     }
 
+    /// Starts reading its matrices into the cache (a hint; see [`vector::prefetch`]).
+    pub(crate) fn prefetch(&self) {
+        match &self.stored {
+            Stored::Exact { a, bt } => {
+                vector::prefetch(a);
+                vector::prefetch(bt);
+            }
+            Stored::Half { a, bt, .. } => {
+                vector::prefetch(a);
+                vector::prefetch(bt);
+            }
+            Stored::Int8 { a, bt } => {
+                vector::prefetch(&a.values);
+                vector::prefetch(&bt.values);
+            }
+        }
+    }
+
     /// Adds this projection's delta for the rows of `x` (`rows x in_dim`) to `columns` of
     /// `y` (rows of `y_width` values: the projection's output may be stacked with others').
     pub(crate) fn apply(
