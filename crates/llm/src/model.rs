@@ -226,18 +226,27 @@ impl LlamaModel {
         let (in_dim, width) = (x.len() / rows, matrix.out_dim());
         // Each adapter's rows of `out`, apart, so the adapters run on all threads at once;
         // only the adapters that adapt one of these targets (none of them: no split at all).
-        let mut pieces: Vec<(&AdapterRun<'_>, &mut [f32])> = Vec::with_capacity(runs.len());
-        let (mut rest, mut offset) = (&mut out[..], 0);
-        let adapts = |run: &AdapterRun<'_>| {
+        // An adapter with more rows than the threads' fair share is split too, so one adapter
+        // on every row does not leave the other threads idle.
+        let adapts = |run: &&AdapterRun<'_>| {
             (targets.iter()).any(|(target, _)| run.adapter.pair(layer, *target).is_some())
         };
-        for run in runs.iter().filter(|run| adapts(run)) {
-            let (_, tail) = rest.split_at_mut((run.start - offset) * width);
-            let (rows, tail) = tail.split_at_mut((run.end - run.start) * width);
-            pieces.push((run, rows));
-            (rest, offset) = (tail, run.end);
+        let adapted: usize = runs.iter().filter(adapts).map(|r| r.end - r.start).sum();
+        let share = adapted.div_ceil(parallel::threads()).max(1);
+        let mut pieces: Vec<(&AdapterRun<'_>, Range<usize>, &mut [f32])> =
+            Vec::with_capacity(runs.len());
+        let (mut rest, mut offset) = (&mut out[..], 0);
+        for run in runs.iter().filter(adapts) {
+            let mut start = run.start;
+            while start < run.end {
+                let end = run.end.min(start.saturating_add(share));
+                let (_, tail) = rest.split_at_mut((start - offset) * width);
+                let (rows, tail) = tail.split_at_mut((end - start) * width);
+                pieces.push((run, start..end, rows));
+                (rest, offset, start) = (tail, end, end);
+            }
         }
-        parallel::for_each(&mut pieces, |(run, y)| {
+        parallel::for_each(&mut pieces, |(run, rows, y)| {
             let pairs = || {
                 (targets.iter()).filter_map(|(target, columns)| {
                     Some((run.adapter.pair(layer, *target)?, columns))
@@ -247,7 +256,7 @@ impl LlamaModel {
             // they arrive together instead of one short stream after another (the base
             // model's weights pushed them out of the caches since the last step).
             pairs().for_each(|(pair, _)| pair.prefetch());
-            let x = &x[run.start * in_dim..run.end * in_dim];
+            let x = &x[rows.start * in_dim..rows.end * in_dim];
             for (pair, columns) in pairs() {
                 pair.apply(x, in_dim, y, width, columns.clone());
             }
