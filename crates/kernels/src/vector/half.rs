@@ -113,9 +113,10 @@ mod x86 {
 
     use super::{LANES, axpys_tail, dot_tail, tree_sum};
 
-    /// Rows taken together by the dot loops: each has its own accumulators, so their
+    /// Rows taken together by the AVX-512 dot loop: each has its own accumulators, so their
     /// multiply-adds do not wait on each other (one row alone waits 4 cycles, a multiply-add's
-    /// latency, per 16 values), and each chunk of `x` is loaded once for all of them.
+    /// latency, per 16 values), and each chunk of `x` is loaded once for all of them. A short
+    /// last group repeats its last row, computed and not stored.
     const ROWS: usize = 4;
 
     /// # Safety
@@ -153,39 +154,31 @@ mod x86 {
     /// The CPU has AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn dots_avx2(x: &[f32], rows: &[u16], stride: usize, out: &mut [f32]) {
+        // One row at a time, each a sequential stream: unlike the AVX-512 loop, whose rows
+        // side by side were measured on a Xeon, this one runs on AVX2-only CPUs (Zen 3),
+        // where several short streams read side by side stalled `axpys_avx2`.
         let whole = x.len() / LANES * LANES;
-        let row = |j: usize| &rows[j * stride..j * stride + x.len()];
-        let mut j = 0;
-        while j < out.len() {
-            let n = ROWS.min(out.len() - j);
-            let group: [&[u16]; ROWS] = std::array::from_fn(|r| row(j + r.min(n - 1)));
-            // Per row, lanes 0..8 and 8..16 of the accumulators.
-            let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+        for (j, o) in out.iter_mut().enumerate() {
+            let row = &rows[j * stride..j * stride + x.len()];
+            // Lanes 0..8 and 8..16 of the accumulators.
+            let mut acc = [_mm256_setzero_ps(); 2];
             for c in (0..whole).step_by(LANES) {
-                for h in 0..2 {
-                    // SAFETY: `c + 8 * h + 8 <= whole <= x.len()`, and each row holds
-                    // `x.len()` values.
+                for (h, acc) in acc.iter_mut().enumerate() {
+                    // SAFETY: `c + 8 * h + 8 <= whole <= x.len() == row.len()`.
                     unsafe {
-                        let x = _mm256_loadu_ps(x.as_ptr().add(c + 8 * h));
-                        for (acc, row) in acc.iter_mut().zip(&group) {
-                            let w = _mm256_cvtph_ps(_mm_loadu_si128(
-                                row.as_ptr().add(c + 8 * h).cast(),
-                            ));
-                            acc[h] = _mm256_fmadd_ps(x, w, acc[h]);
-                        }
+                        let w =
+                            _mm256_cvtph_ps(_mm_loadu_si128(row.as_ptr().add(c + 8 * h).cast()));
+                        *acc = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(c + 8 * h)), w, *acc);
                     }
                 }
             }
-            for (r, acc) in acc.iter().take(n).enumerate() {
-                let mut lanes = [0.0f32; LANES];
-                // SAFETY: `lanes` is 16 f32s: two stores of 8.
-                unsafe {
-                    _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
-                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
-                }
-                out[j + r] = dot_tail(tree_sum(lanes), &x[whole..], &group[r][whole..]);
+            let mut lanes = [0.0f32; LANES];
+            // SAFETY: `lanes` is 16 f32s: two stores of 8.
+            unsafe {
+                _mm256_storeu_ps(lanes.as_mut_ptr(), acc[0]);
+                _mm256_storeu_ps(lanes.as_mut_ptr().add(8), acc[1]);
             }
-            j += n;
+            *o = dot_tail(tree_sum(lanes), &x[whole..], &row[whole..]);
         }
     }
 
