@@ -18,8 +18,10 @@
 //! - `single`: one stream on the base model: decode tok/s (tokens after the first over the
 //!   time after the first), TTFT; medians of `--runs`. Its other figures are `base8`'s.
 //! - `base8`: `--streams` concurrent streams on the base model: aggregate tok/s (all tokens
-//!   over the time from the first submission to the last finish; median of `--runs`), median
-//!   and max TTFT over every stream, and the mean time of one engine step.
+//!   over the time from the first submission to the last finish, the prompts' prefill
+//!   included; median of `--runs`), the streams' decode rate (`decode_sum_tok_s`: the sum of
+//!   every stream's decode tok/s, the throughput of the steps where they all decode; median of
+//!   `--runs`), median and max TTFT over every stream, and the mean time of one engine step.
 //! - `adapters8`: the same with stream i on adapter `bench-0i`, all loaded beforehand
 //!   (`max_adapters` = streams). Each run is paired with a run of the same streams on the base
 //!   model in the same runtime (before it in even runs, after it in odd ones):
@@ -249,6 +251,7 @@ async fn concurrent(args: &Args, name: &str, streams: usize, adapters: bool) -> 
     }
     batch(&rt, &prompt, 2, ids.clone()).await?;
     let (mut rates, mut decode, mut ttfts, mut step_ms) = (vec![], vec![], vec![], vec![]);
+    let mut decode_sums = vec![];
     // With adapters, each run is paired with a run of the same streams on the base model in
     // the same runtime (before it in even runs, after it in odd ones), and the two rates are
     // compared pair by pair: the clock of a shared machine drifts between separate runs by
@@ -269,9 +272,11 @@ async fn concurrent(args: &Args, name: &str, streams: usize, adapters: bool) -> 
         rates.push(total as f64 / wall.as_secs_f64());
         step_ms.push(ms(wall) / steps.max(1) as f64);
         ttfts.extend(outcomes.iter().map(|o| ms(o.ttft)));
-        decode.extend(
-            (outcomes.iter()).map(|o| (o.tokens.max(2) - 1) as f64 / o.decode.as_secs_f64()),
-        );
+        let rates_of_run: Vec<f64> = (outcomes.iter())
+            .map(|o| (o.tokens.max(2) - 1) as f64 / o.decode.as_secs_f64())
+            .collect();
+        decode_sums.push(rates_of_run.iter().sum::<f64>());
+        decode.extend(rates_of_run);
         if adapters && run % 2 == 1 {
             base_rates.push(base_run().await?);
         }
@@ -282,7 +287,7 @@ async fn concurrent(args: &Args, name: &str, streams: usize, adapters: bool) -> 
     let mut result = json!({
         "scenario": name, "streams": streams, "tokens": args.tokens, "runs": args.runs,
         "prompt_tokens": prompt.len(), "decode_tok_s": pct(&decode, 0.5),
-        "aggregate_tok_s": pct(&rates, 0.5),
+        "aggregate_tok_s": pct(&rates, 0.5), "decode_sum_tok_s": pct(&decode_sums, 0.5),
         "ttft_median_ms": pct(&ttfts, 0.5), "ttft_max_ms": pct(&ttfts, 1.0),
         "step_ms": pct(&step_ms, 0.5),
     });

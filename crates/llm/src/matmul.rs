@@ -125,6 +125,12 @@ impl Matrix {
         !matches!(self.kernel, Kernel::Candle(_))
     }
 
+    /// Whether the product splits its work on the pool of `parallel` (the kernels' formats),
+    /// not on candle's own.
+    pub(crate) fn on_pool(&self) -> bool {
+        !matches!(self.kernel, Kernel::Candle(_))
+    }
+
     /// Row `row` (`in` values) as the kernel multiplies by it.
     ///
     /// # Panics

@@ -83,6 +83,15 @@ pub struct LlamaModel {
     lockstep: Lockstep<Vec<OwnedSegment>, SharedStep>,
 }
 
+/// Buffers of one step that every projection reuses.
+#[derive(Default)]
+struct StepBuffers {
+    /// The activations quantized for the matrix kernels.
+    quantized: Int8Rows,
+    /// The adapters' deltas before they are added to a projection's output.
+    delta: Vec<f32>,
+}
+
 /// Rows `start..end` of the batch, all with `adapter`.
 struct AdapterRun<'a> {
     start: usize,
@@ -210,6 +219,11 @@ impl LlamaModel {
 
     /// `out = x W^T` for `matrix`, plus each adapter's delta on its rows, for each of the
     /// stacked `targets` in its columns of `out`.
+    ///
+    /// The adapters' deltas are computed beside the product, in `buffers.delta`, and added
+    /// after it: the product is bound by arithmetic and the deltas by memory (every adapter's
+    /// matrices come from RAM, the base weights having pushed them out of the caches since the
+    /// last step), so a thread reading adapters while the other multiplies uses both.
     #[allow(clippy::too_many_arguments)]
     fn project(
         &self,
@@ -219,12 +233,11 @@ impl LlamaModel {
         x: &[f32],
         out: &mut [f32],
         runs: &[AdapterRun<'_>],
-        scratch: &mut Int8Rows,
+        buffers: &mut StepBuffers,
     ) -> Result<()> {
-        matrix.forward(x, out, scratch)?;
         let rows = out.len() / matrix.out_dim();
         let (in_dim, width) = (x.len() / rows, matrix.out_dim());
-        // Each adapter's rows of `out`, apart, so the adapters run on all threads at once;
+        // Each adapter's rows of the delta, apart, so the adapters run on all threads at once;
         // only the adapters that adapt one of these targets (none of them: no split at all).
         // An adapter with more rows than the threads' fair share is split too, so one adapter
         // on every row does not leave the other threads idle.
@@ -232,10 +245,16 @@ impl LlamaModel {
             (targets.iter()).any(|(target, _)| run.adapter.pair(layer, *target).is_some())
         };
         let adapted: usize = runs.iter().filter(adapts).map(|r| r.end - r.start).sum();
+        if adapted == 0 {
+            return matrix.forward(x, out, &mut buffers.quantized);
+        }
         let share = adapted.div_ceil(parallel::threads()).max(1);
+        if buffers.delta.len() < out.len() {
+            buffers.delta.resize(out.len(), 0.0);
+        }
         let mut pieces: Vec<(&AdapterRun<'_>, Range<usize>, &mut [f32])> =
             Vec::with_capacity(runs.len());
-        let (mut rest, mut offset) = (&mut out[..], 0);
+        let (mut rest, mut offset) = (&mut buffers.delta[..out.len()], 0);
         for run in runs.iter().filter(adapts) {
             let mut start = run.start;
             while start < run.end {
@@ -246,21 +265,34 @@ impl LlamaModel {
                 (rest, offset, start) = (tail, end, end);
             }
         }
-        parallel::for_each(&mut pieces, |(run, rows, y)| {
-            let pairs = || {
-                (targets.iter()).filter_map(|(target, columns)| {
-                    Some((run.adapter.pair(layer, *target)?, columns))
-                })
-            };
-            // Every matrix this adapter needs here is asked for before the first is read, so
-            // they arrive together instead of one short stream after another (the base
-            // model's weights pushed them out of the caches since the last step).
-            pairs().for_each(|(pair, _)| pair.prefetch());
-            let x = &x[rows.start * in_dim..rows.end * in_dim];
-            for (pair, columns) in pairs() {
-                pair.apply(x, in_dim, y, width, columns.clone());
-            }
-        });
+        let quantized = &mut buffers.quantized;
+        let mut lora = || {
+            parallel::for_each(&mut pieces, |(run, rows, y)| {
+                let pairs = || {
+                    (targets.iter()).filter_map(|(target, columns)| {
+                        Some((run.adapter.pair(layer, *target)?, columns))
+                    })
+                };
+                // Every matrix this adapter needs here is asked for before the first is
+                // read, so they arrive together instead of one short stream after another.
+                pairs().for_each(|(pair, _)| pair.prefetch());
+                y.fill(0.0);
+                let x = &x[rows.start * in_dim..rows.end * in_dim];
+                for (pair, columns) in pairs() {
+                    pair.apply(x, in_dim, y, width, columns.clone());
+                }
+            })
+        };
+        let (product, ()) = if matrix.on_pool() {
+            parallel::join(|| matrix.forward(x, out, quantized), lora)
+        } else {
+            // candle's product splits on its own pool: one product at a time there.
+            (matrix.forward(x, out, quantized), lora())
+        };
+        product?;
+        for (_, rows, delta) in &pieces {
+            add_assign(&mut out[rows.start * width..rows.end * width], delta);
+        }
         Ok(())
     }
 
@@ -358,7 +390,7 @@ impl LlamaModel {
         let o_targets = [(Target::O, 0..d)];
         let down_targets = [(Target::Down, 0..d)];
         // Buffers for the whole step, reused by every layer.
-        let mut scratch = Int8Rows::new();
+        let mut buffers = StepBuffers::default();
         let mut h = vec![0.0; rows * d];
         let mut qkv = vec![0.0; rows * (q_dim + 2 * kv_dim)];
         let (mut q, mut k, mut v) = (
@@ -389,7 +421,7 @@ impl LlamaModel {
                 &h,
                 &mut qkv,
                 &runs,
-                &mut scratch,
+                &mut buffers,
             )?;
             if let Some(bias) = &block.qkv_bias {
                 add_bias(&mut qkv, bias);
@@ -446,7 +478,7 @@ impl LlamaModel {
                 &attended,
                 o,
                 &runs,
-                &mut scratch,
+                &mut buffers,
             )?;
             if let Some((attn_post, _)) = &block.post_norms {
                 rms_norm_in_place(o, attn_post, config.rms_eps);
@@ -461,7 +493,7 @@ impl LlamaModel {
                 &h,
                 gu,
                 &runs,
-                &mut scratch,
+                &mut buffers,
             )?;
             gated_stacked(activation, gu, ffn, &mut gated);
             let down = &mut projected;
@@ -472,7 +504,7 @@ impl LlamaModel {
                 &gated,
                 down,
                 &runs,
-                &mut scratch,
+                &mut buffers,
             )?;
             if let Some((_, ffn_post)) = &block.post_norms {
                 rms_norm_in_place(down, ffn_post, config.rms_eps);
@@ -499,7 +531,7 @@ impl LlamaModel {
             let h = rms_norm(&wanted_rows, &self.weights.final_norm, config.rms_eps);
             self.weights
                 .lm_head
-                .forward(&h, &mut logits, &mut scratch)?;
+                .forward(&h, &mut logits, &mut buffers.quantized)?;
             if let Some(cap) = config.final_softcap {
                 modelmux_kernels::vector::soft_cap_in_place(&mut logits, cap);
             }
