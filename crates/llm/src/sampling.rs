@@ -272,17 +272,28 @@ impl Sampler {
     }
 }
 
-/// The index of the largest value (the lowest on ties; NaN never wins).
+/// The index of the largest value (the lowest on ties; NaN never wins; 0 when nothing is
+/// larger than negative infinity).
+///
+/// Two passes that the compiler vectorises: the largest value, 16 lanes at a time, then the
+/// first index holding it. One branch per value, as a plain loop has, costs 20-30 us over a
+/// 49152-token vocabulary, paid for every sequence of every step while the pool waits.
 pub fn argmax(values: &[f32]) -> u32 {
-    let mut best = 0;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in values.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = values.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            // Not `f32::max`: NaN must never be taken.
+            *m = if v > *m { v } else { *m };
         }
     }
-    best as u32
+    let max = (lanes.iter().chain(chunks.remainder()))
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    values.iter().position(|&v| v == max).unwrap_or(0) as u32
 }
 
 #[cfg(test)]
@@ -299,9 +310,32 @@ mod tests {
         }
     }
 
+    proptest::proptest! {
+        /// The vectorised argmax agrees with the definition (a plain loop keeping the first
+        /// strictly larger value) on values drawn from a few, so ties are common, with NaNs
+        /// and infinities among them, at lengths around the 16 lanes.
+        #[test]
+        fn argmax_is_the_first_strict_maximum(
+            picks in proptest::collection::vec(0usize..7, 0..80),
+        ) {
+            let pool = [-1.0, 0.5, 2.0, 2.0, f32::NAN, f32::NEG_INFINITY, f32::INFINITY];
+            let values: Vec<f32> = picks.iter().map(|&i| pool[i]).collect();
+            let mut want = 0;
+            let mut best = f32::NEG_INFINITY;
+            for (i, &v) in values.iter().enumerate() {
+                if v > best {
+                    (want, best) = (i as u32, v);
+                }
+            }
+            proptest::prop_assert_eq!(argmax(&values), want);
+        }
+    }
+
     #[test]
     fn greedy_takes_the_first_maximum() {
         assert_eq!(argmax(&[1.0, 3.0, 3.0, f32::NAN]), 1);
+        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 0);
+        assert_eq!(argmax(&[]), 0);
         let mut s = Sampler::new(&SamplingParams::greedy(1));
         assert_eq!(s.sample(&mut [0.0, -1.0, 5.0]), 2);
     }
