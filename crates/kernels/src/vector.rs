@@ -130,6 +130,43 @@ pub fn prefetch<T>(values: &[T]) {
     let _ = values;
 }
 
+/// Memory to ask the CPU for later, perhaps from another thread ([`Prefetches::issue`]): the
+/// addresses and lengths of slices, not the slices, so the list can outlive them. Asking for
+/// memory that has since been freed is harmless: a prefetch is a hint and never faults.
+#[derive(Debug, Default)]
+pub struct Prefetches(Vec<(usize, usize)>);
+
+impl Prefetches {
+    /// An empty list.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds `values`' memory to the list.
+    pub fn push<T>(&mut self, values: &[T]) {
+        self.0
+            .push((values.as_ptr() as usize, std::mem::size_of_val(values)));
+    }
+
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Asks for every line of every range on the list, as [`prefetch`] does.
+    pub fn issue(&self) {
+        #[cfg(target_arch = "x86_64")]
+        for &(start, bytes) in &self.0 {
+            use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+            for offset in (0..bytes).step_by(64) {
+                // SAFETY: SSE, which `_mm_prefetch` needs, is part of x86_64. A prefetch never
+                // faults, whatever the address (the memory may be gone by now).
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(start.wrapping_add(offset) as *const i8) };
+            }
+        }
+    }
+}
+
 /// `a * b + c`, fused where the copy has FMA.
 #[inline(always)]
 fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
@@ -333,6 +370,25 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A list of prefetches outlives the memory it names: issued after the memory is gone (a
+    /// 4 MiB buffer, which the allocator maps and unmaps on its own), and for addresses that
+    /// were never mapped, it neither faults nor changes anything.
+    #[test]
+    fn prefetches_of_memory_gone_or_never_mapped_do_not_fault() {
+        let mut list = Prefetches::new();
+        assert!(list.is_empty());
+        let kept = vec![1.0f32; 1024];
+        list.push(&kept);
+        let gone = vec![7u8; 4 << 20];
+        list.push(&gone);
+        drop(gone);
+        list.0.push((0, 1 << 16));
+        list.0.push((usize::MAX - 4095, 4096));
+        list.issue();
+        assert!(!list.is_empty());
+        assert!(kept.iter().all(|&v| v == 1.0));
+    }
 
     #[test]
     fn exp_is_within_two_ulp_of_libm() {

@@ -8,17 +8,16 @@ use crate::gguf::LlamaConfig;
 use crate::kv::{KvCache, KvDtype};
 use crate::lockstep::Lockstep;
 use crate::lora::{AdapterLease, LoraAdapter};
-use std::ops::Range;
-
-use modelmux_kernels::Int8Rows;
-
-use crate::matmul::{Matrix, ranges};
+use crate::matmul::ranges;
 use crate::ops::{
     AttentionShape, AttentionSpan, Rope, add_assign, add_bias, attention, gated_stacked, rms_norm,
     rms_norm_in_place, rms_norm_into,
 };
 use crate::parallel;
 use crate::weights::{LlamaWeights, Target, WeightFormat};
+use project::{AdapterRun, StepBuffers};
+
+mod project;
 
 /// One sequence's part of a step: the tokens it adds (one to decode, or a chunk of its
 /// prompt), its cache (holding every token before them) and its adapter.
@@ -81,22 +80,6 @@ pub struct LlamaModel {
     window_rope: Option<Rope>,
     /// Where the engines sharing this model meet to run their steps as one pass.
     lockstep: Lockstep<Vec<OwnedSegment>, SharedStep>,
-}
-
-/// Buffers of one step that every projection reuses.
-#[derive(Default)]
-struct StepBuffers {
-    /// The activations quantized for the matrix kernels.
-    quantized: Int8Rows,
-    /// The adapters' deltas before they are added to a projection's output.
-    delta: Vec<f32>,
-}
-
-/// Rows `start..end` of the batch, all with `adapter`.
-struct AdapterRun<'a> {
-    start: usize,
-    end: usize,
-    adapter: &'a LoraAdapter,
 }
 
 impl LlamaModel {
@@ -217,85 +200,6 @@ impl LlamaModel {
         self.rope.max_positions()
     }
 
-    /// `out = x W^T` for `matrix`, plus each adapter's delta on its rows, for each of the
-    /// stacked `targets` in its columns of `out`.
-    ///
-    /// The adapters' deltas are computed beside the product, in `buffers.delta`, and added
-    /// after it: the product is bound by arithmetic and the deltas by memory (every adapter's
-    /// matrices come from RAM, the base weights having pushed them out of the caches since the
-    /// last step), so a thread reading adapters while the other multiplies uses both.
-    #[allow(clippy::too_many_arguments)]
-    fn project(
-        &self,
-        matrix: &Matrix,
-        layer: usize,
-        targets: &[(Target, Range<usize>)],
-        x: &[f32],
-        out: &mut [f32],
-        runs: &[AdapterRun<'_>],
-        buffers: &mut StepBuffers,
-    ) -> Result<()> {
-        let rows = out.len() / matrix.out_dim();
-        let (in_dim, width) = (x.len() / rows, matrix.out_dim());
-        // Each adapter's rows of the delta, apart, so the adapters run on all threads at once;
-        // only the adapters that adapt one of these targets (none of them: no split at all).
-        // An adapter with more rows than the threads' fair share is split too, so one adapter
-        // on every row does not leave the other threads idle.
-        let adapts = |run: &&AdapterRun<'_>| {
-            (targets.iter()).any(|(target, _)| run.adapter.pair(layer, *target).is_some())
-        };
-        let adapted: usize = runs.iter().filter(adapts).map(|r| r.end - r.start).sum();
-        if adapted == 0 {
-            return matrix.forward(x, out, &mut buffers.quantized);
-        }
-        let share = adapted.div_ceil(parallel::threads()).max(1);
-        if buffers.delta.len() < out.len() {
-            buffers.delta.resize(out.len(), 0.0);
-        }
-        let mut pieces: Vec<(&AdapterRun<'_>, Range<usize>, &mut [f32])> =
-            Vec::with_capacity(runs.len());
-        let (mut rest, mut offset) = (&mut buffers.delta[..out.len()], 0);
-        for run in runs.iter().filter(adapts) {
-            let mut start = run.start;
-            while start < run.end {
-                let end = run.end.min(start.saturating_add(share));
-                let (_, tail) = rest.split_at_mut((start - offset) * width);
-                let (rows, tail) = tail.split_at_mut((end - start) * width);
-                pieces.push((run, start..end, rows));
-                (rest, offset, start) = (tail, end, end);
-            }
-        }
-        let quantized = &mut buffers.quantized;
-        let mut lora = || {
-            parallel::for_each(&mut pieces, |(run, rows, y)| {
-                let pairs = || {
-                    (targets.iter()).filter_map(|(target, columns)| {
-                        Some((run.adapter.pair(layer, *target)?, columns))
-                    })
-                };
-                // Every matrix this adapter needs here is asked for before the first is
-                // read, so they arrive together instead of one short stream after another.
-                pairs().for_each(|(pair, _)| pair.prefetch());
-                y.fill(0.0);
-                let x = &x[rows.start * in_dim..rows.end * in_dim];
-                for (pair, columns) in pairs() {
-                    pair.apply(x, in_dim, y, width, columns.clone());
-                }
-            })
-        };
-        let (product, ()) = if matrix.on_pool() {
-            parallel::join(|| matrix.forward(x, out, quantized), lora)
-        } else {
-            // candle's product splits on its own pool: one product at a time there.
-            (matrix.forward(x, out, quantized), lora())
-        };
-        product?;
-        for (_, rows, delta) in &pieces {
-            add_assign(&mut out[rows.start * width..rows.end * width], delta);
-        }
-        Ok(())
-    }
-
     /// Runs one step. Returns, for each segment, the logits after its last token when it
     /// asked for them.
     pub fn forward(&self, segments: &mut [Segment<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
@@ -401,6 +305,7 @@ impl LlamaModel {
         let mut projected = vec![0.0; rows * d];
         let mut gate_up = vec![0.0; rows * 2 * ffn];
         let mut gated = vec![0.0; rows * ffn];
+        self.prefetch_next(&runs, 0, &qkv_targets);
         let mut x = self.weights.embed(&tokens)?;
         if config.embedding_scale != 1.0 {
             x.iter_mut().for_each(|v| *v *= config.embedding_scale);
@@ -423,6 +328,7 @@ impl LlamaModel {
                 &runs,
                 &mut buffers,
             )?;
+            self.prefetch_next(&runs, layer, &o_targets);
             if let Some(bias) = &block.qkv_bias {
                 add_bias(&mut qkv, bias);
             }
@@ -480,6 +386,7 @@ impl LlamaModel {
                 &runs,
                 &mut buffers,
             )?;
+            self.prefetch_next(&runs, layer, &gate_up_targets);
             if let Some((attn_post, _)) = &block.post_norms {
                 rms_norm_in_place(o, attn_post, config.rms_eps);
             }
@@ -495,6 +402,7 @@ impl LlamaModel {
                 &runs,
                 &mut buffers,
             )?;
+            self.prefetch_next(&runs, layer, &down_targets);
             gated_stacked(activation, gu, ffn, &mut gated);
             let down = &mut projected;
             self.project(
@@ -508,6 +416,9 @@ impl LlamaModel {
             )?;
             if let Some((_, ffn_post)) = &block.post_norms {
                 rms_norm_in_place(down, ffn_post, config.rms_eps);
+            }
+            if layer + 1 < self.weights.blocks.len() {
+                self.prefetch_next(&runs, layer + 1, &qkv_targets);
             }
             add_assign(&mut x, down);
         }

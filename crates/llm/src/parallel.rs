@@ -152,6 +152,12 @@ pub(crate) fn join<A: Send, B: Send>(
     }
 }
 
+/// Runs `f` on the pool, some time later, on whichever of its threads is free first; the
+/// caller goes on at once. Called from a step, that is a thread kept awake beside it.
+pub(crate) fn spawn(f: impl FnOnce() + Send + 'static) {
+    rayon::spawn(f);
+}
+
 /// Calls `f` on every item, on the pool's threads when there are several.
 pub(crate) fn for_each<T: Send>(items: &mut [T], f: impl Fn(&mut T) + Sync) {
     if threads() == 1 || items.len() < 2 {

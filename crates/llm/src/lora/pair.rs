@@ -165,6 +165,24 @@ impl LoraPair {
         }
     }
 
+    /// Adds its matrices to `list`, to be asked for later.
+    pub(crate) fn prefetch_later(&self, list: &mut vector::Prefetches) {
+        match &self.stored {
+            Stored::Exact { a, bt } => {
+                list.push(a);
+                list.push(bt);
+            }
+            Stored::Half { a, bt, .. } => {
+                list.push(a);
+                list.push(bt);
+            }
+            Stored::Int8 { a, bt } => {
+                list.push(&a.values);
+                list.push(&bt.values);
+            }
+        }
+    }
+
     /// Adds this projection's delta for the rows of `x` (`rows x in_dim`) to `columns` of
     /// `y` (rows of `y_width` values: the projection's output may be stacked with others').
     pub(crate) fn apply(
