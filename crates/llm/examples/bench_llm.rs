@@ -271,7 +271,7 @@ async fn concurrent(args: &Args, name: &str, streams: usize, adapters: bool) -> 
     }
     batch(&rt, &prompt, 2, ids.clone()).await?;
     let (mut rates, mut decode, mut ttfts, mut step_ms) = (vec![], vec![], vec![], vec![]);
-    let mut decode_sums = vec![];
+    let mut decode_together = vec![];
     // With adapters, each run is paired with a run of the same streams on the base model in
     // the same runtime (before it in even runs, after it in odd ones), and the two rates are
     // compared pair by pair: the clock of a shared machine drifts between separate runs by
@@ -295,7 +295,7 @@ async fn concurrent(args: &Args, name: &str, streams: usize, adapters: bool) -> 
         decode.extend(
             (outcomes.iter()).map(|o| (o.tokens.max(2) - 1) as f64 / o.decode.as_secs_f64()),
         );
-        decode_sums.extend(decode_throughput(&outcomes));
+        decode_together.extend(decode_throughput(&outcomes));
         if adapters && run % 2 == 1 {
             base_rates.push(base_run().await?);
         }
@@ -306,7 +306,7 @@ async fn concurrent(args: &Args, name: &str, streams: usize, adapters: bool) -> 
     let mut result = json!({
         "scenario": name, "streams": streams, "tokens": args.tokens, "runs": args.runs,
         "prompt_tokens": prompt.len(), "decode_tok_s": pct(&decode, 0.5),
-        "aggregate_tok_s": pct(&rates, 0.5), "decode_all_tok_s": pct(&decode_sums, 0.5),
+        "aggregate_tok_s": pct(&rates, 0.5), "decode_all_tok_s": pct(&decode_together, 0.5),
         "ttft_median_ms": pct(&ttfts, 0.5), "ttft_max_ms": pct(&ttfts, 1.0),
         "step_ms": pct(&step_ms, 0.5),
     });
