@@ -120,21 +120,17 @@ impl Matrix {
         })
     }
 
-    /// Whether [`Matrix::dequantize_row`] can read rows back (the kernels' formats).
-    pub(crate) fn has_rows(&self) -> bool {
-        !matches!(self.kernel, Kernel::Candle(_))
-    }
-
-    /// Whether the product splits its work on the pool of `parallel` (the kernels' formats),
-    /// not on candle's own.
-    pub(crate) fn on_pool(&self) -> bool {
+    /// Whether the matrix is in one of the kernels' formats, not candle's: then
+    /// [`Matrix::dequantize_row`] can read its rows back, and its product splits its work on
+    /// the pool of `parallel` (candle's splits on candle's own).
+    pub(crate) fn in_kernel_format(&self) -> bool {
         !matches!(self.kernel, Kernel::Candle(_))
     }
 
     /// Row `row` (`in` values) as the kernel multiplies by it.
     ///
     /// # Panics
-    /// When the matrix is in candle's format (see [`Matrix::has_rows`]).
+    /// When the matrix is in candle's format (see [`Matrix::in_kernel_format`]).
     pub(crate) fn dequantize_row(&self, row: usize, out: &mut [f32]) {
         match &self.kernel {
             Kernel::Int8(m) => m.dequantize_row(row, out),

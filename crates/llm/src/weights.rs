@@ -392,7 +392,7 @@ impl LlamaWeights {
                 if unread.len() > shown.len() { ", ..." } else { "" }
             )));
         }
-        let embedding = if tied && lm_head.has_rows() {
+        let embedding = if tied && lm_head.in_kernel_format() {
             bytes -= embedding.storage_size_in_bytes() as u64;
             None
         } else {

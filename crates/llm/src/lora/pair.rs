@@ -147,39 +147,29 @@ impl LoraPair {
         }
     }
 
+    /// Where its two matrices are: (address, bytes) of `A` and of `B^T`, as stored.
+    fn regions(&self) -> [(usize, usize); 2] {
+        fn region<T>(values: &[T]) -> (usize, usize) {
+            (values.as_ptr() as usize, std::mem::size_of_val(values))
+        }
+        match &self.stored {
+            Stored::Exact { a, bt } => [region(a), region(bt)],
+            Stored::Half { a, bt, .. } => [region(a), region(bt)],
+            Stored::Int8 { a, bt } => [region(&a.values), region(&bt.values)],
+        }
+    }
+
     /// Starts reading its matrices into the cache (a hint; see [`vector::prefetch`]).
     pub(crate) fn prefetch(&self) {
-        match &self.stored {
-            Stored::Exact { a, bt } => {
-                vector::prefetch(a);
-                vector::prefetch(bt);
-            }
-            Stored::Half { a, bt, .. } => {
-                vector::prefetch(a);
-                vector::prefetch(bt);
-            }
-            Stored::Int8 { a, bt } => {
-                vector::prefetch(&a.values);
-                vector::prefetch(&bt.values);
-            }
+        for (start, bytes) in self.regions() {
+            vector::prefetch_range(start, bytes);
         }
     }
 
     /// Adds its matrices to `list`, to be asked for later.
     pub(crate) fn prefetch_later(&self, list: &mut vector::Prefetches) {
-        match &self.stored {
-            Stored::Exact { a, bt } => {
-                list.push(a);
-                list.push(bt);
-            }
-            Stored::Half { a, bt, .. } => {
-                list.push(a);
-                list.push(bt);
-            }
-            Stored::Int8 { a, bt } => {
-                list.push(&a.values);
-                list.push(&bt.values);
-            }
+        for (start, bytes) in self.regions() {
+            list.push_range(start, bytes);
         }
     }
 

@@ -98,7 +98,7 @@ impl LlamaModel {
                 }
             })
         };
-        let (product, ()) = if matrix.on_pool() {
+        let (product, ()) = if matrix.in_kernel_format() {
             parallel::join(|| matrix.forward(x, out, quantized), lora)
         } else {
             // candle's product splits on its own pool: one product at a time there.
