@@ -56,11 +56,18 @@ print(*(a.nbytes / best(split(int(n))) / 1e9 for n in sys.argv[1:]))
 ' "$@"
 }
 
-# f32 GEMM GFLOP/s on $1 threads (numpy/OpenBLAS): the compute bound.
-gemm() { OPENBLAS_NUM_THREADS=$1 OMP_NUM_THREADS=$1 MKL_NUM_THREADS=$1 "$PY" -c '
+# f32 GEMM GFLOP/s on $1 threads (numpy/OpenBLAS): the compute bound. With MODELMUX_KERNEL=avx2
+# (modelmux held to AVX2 on an AVX-512 CPU), OpenBLAS is held to its AVX2 kernels too
+# (OPENBLAS_CORETYPE=Haswell, unless set), so the bound is the one an AVX2-only CPU of this
+# kind would have.
+gemm() {
+    local coretype="${OPENBLAS_CORETYPE:-}"
+    [[ "${MODELMUX_KERNEL:-}" == avx2 && -z "$coretype" ]] && coretype=Haswell
+    OPENBLAS_CORETYPE="$coretype" OPENBLAS_NUM_THREADS=$1 OMP_NUM_THREADS=$1 MKL_NUM_THREADS=$1 "$PY" -c '
 import time, numpy as np
 a = np.random.rand(2048, 2048).astype(np.float32); b = a.copy(); a @ b
 times = []
 for _ in range(3):
     t = time.perf_counter(); a @ b; times.append(time.perf_counter() - t)
-print(2 * 2048 ** 3 / min(times) / 1e9)'; }
+print(2 * 2048 ** 3 / min(times) / 1e9)'
+}

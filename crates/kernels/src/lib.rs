@@ -79,8 +79,10 @@ pub const BLOCK: usize = 32;
 /// Output rows per weight panel: the unit of work, and how column ranges are aligned.
 pub const PANEL: usize = 16;
 
-/// The environment variable that caps the kernel [`Isa::detect`] picks: `scalar`, `avx2` or
-/// `avx512-vnni` (any other value is ignored; a kernel the CPU lacks is never picked).
+/// The environment variable that caps the instruction set the kernels use: `scalar`, `avx2`
+/// or `avx512-vnni` (any other value is ignored; a kernel the CPU lacks is never picked). It
+/// caps the matrix kernel [`Isa::detect`] picks and the width of the [`vector`] loops alike,
+/// so `avx2` runs the whole forward pass as on a CPU without AVX-512.
 pub const KERNEL_ENV: &str = "MODELMUX_KERNEL";
 
 /// An instruction set a kernel is written for (ordered slowest first).
@@ -103,9 +105,7 @@ impl Isa {
     pub fn detect() -> Isa {
         static DETECTED: OnceLock<Isa> = OnceLock::new();
         *DETECTED.get_or_init(|| {
-            let cap = std::env::var(KERNEL_ENV)
-                .ok()
-                .and_then(|name| Isa::from_name(&name));
+            let cap = Isa::cap();
             Isa::ALL
                 .into_iter()
                 .rev()
@@ -113,6 +113,13 @@ impl Isa {
                 .find(|isa| isa.is_available())
                 .unwrap_or(Isa::Scalar)
         })
+    }
+
+    /// The cap [`KERNEL_ENV`] sets, if it names a kernel.
+    pub(crate) fn cap() -> Option<Isa> {
+        std::env::var(KERNEL_ENV)
+            .ok()
+            .and_then(|name| Isa::from_name(&name))
     }
 
     /// The kernel called `name` (`scalar`, `avx2`, `avx512-vnni`), as [`Isa::name`] says.

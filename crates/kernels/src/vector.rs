@@ -13,7 +13,7 @@ use std::sync::OnceLock;
 /// Accumulators of a dot product: one AVX-512 vector, two AVX2 ones.
 const LANES: usize = 16;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Level {
     Base,
     #[cfg(target_arch = "x86_64")]
@@ -28,19 +28,30 @@ fn level() -> Level {
         #[cfg(target_arch = "x86_64")]
         {
             // Every feature the AVX-512 copy is compiled with.
-            if is_x86_feature_detected!("avx512f")
+            let avx512 = is_x86_feature_detected!("avx512f")
                 && is_x86_feature_detected!("avx512vl")
                 && is_x86_feature_detected!("avx2")
-                && is_x86_feature_detected!("fma")
-            {
-                return Level::Avx512;
-            }
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-                return Level::Avx2;
-            }
+                && is_x86_feature_detected!("fma");
+            let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+            level_for(crate::Isa::cap(), avx512, avx2)
         }
+        #[cfg(not(target_arch = "x86_64"))]
         Level::Base
     })
+}
+
+/// The widest copy a CPU with these features runs, at most as wide as the kernel `cap`
+/// ([`crate::KERNEL_ENV`]) allows: `avx2` leaves the AVX2 copies, `scalar` the baseline.
+#[cfg(target_arch = "x86_64")]
+fn level_for(cap: Option<crate::Isa>, avx512: bool, avx2: bool) -> Level {
+    let allows = |isa| cap.is_none_or(|cap| isa <= cap);
+    if avx512 && allows(crate::Isa::Avx512Vnni) {
+        Level::Avx512
+    } else if avx2 && allows(crate::Isa::Avx2) {
+        Level::Avx2
+    } else {
+        Level::Base
+    }
 }
 
 /// A function that runs `$body::<FMA>` (or `$body::<FMA, T>` for `=> body<T>`) in the widest
@@ -373,6 +384,31 @@ multiversion! {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `MODELMUX_KERNEL` caps the loops' width as it caps the matrix kernel: a cap never widens
+    /// them past what the CPU has, and no cap leaves the widest.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_kernel_cap_limits_the_loops_width() {
+        use crate::Isa;
+        for (cap, avx512, avx2, want) in [
+            (None, true, true, Level::Avx512),
+            (Some(Isa::Avx512Vnni), true, true, Level::Avx512),
+            (Some(Isa::Avx2), true, true, Level::Avx2),
+            (Some(Isa::Scalar), true, true, Level::Base),
+            (None, false, true, Level::Avx2),
+            (Some(Isa::Avx512Vnni), false, true, Level::Avx2),
+            (Some(Isa::Scalar), false, true, Level::Base),
+            (None, false, false, Level::Base),
+            (Some(Isa::Avx2), false, false, Level::Base),
+        ] {
+            assert_eq!(
+                level_for(cap, avx512, avx2),
+                want,
+                "{cap:?} {avx512} {avx2}"
+            );
+        }
+    }
 
     /// A list of prefetches outlives the memory it names: issued after the memory is gone (a
     /// 4 MiB buffer, which the allocator maps and unmaps on its own), and for addresses that
