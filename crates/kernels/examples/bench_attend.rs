@@ -2,7 +2,9 @@
 //! (binary16) over SmolLM2-135M's attention shape (3 key/value heads of 64 values, 3 query
 //! heads each): 8 sequences x `--positions` positions x 30 layers, the work of one 8-stream
 //! decode step, with the keys and values in cache (one buffer reused) and from memory (a
-//! buffer per sequence and layer, 37 MB in f32 at 100 positions).
+//! buffer per sequence and layer, 37 MB in f32 at 100 positions). Each head's positions lie
+//! one after another, as the engine's KV cache stores them. The loops run at the widest the
+//! CPU has; `MODELMUX_KERNEL=avx2` holds them to AVX2, to compare.
 //!
 //! ```sh
 //! cargo run --release -p modelmux-kernels --example bench_attend [POSITIONS]
@@ -27,9 +29,11 @@ fn main() {
         .and_then(|p| p.parse().ok())
         .unwrap_or(100);
     let (kv_heads, head_dim, group, calls) = (3, 64, 3, 8 * 30);
-    let stride = kv_heads * head_dim;
+    // As the engine's KV cache lays them out: each key/value head's positions one after
+    // another (`kv/rows.rs`), the heads apart.
+    let stride = head_dim;
     let buffer = |seed: usize, half: bool| -> Stored {
-        let x: Vec<f32> = (0..positions * stride)
+        let x: Vec<f32> = (0..positions * kv_heads * head_dim)
             .map(|i| (((i + seed) * 7919 % 211) as f32 - 105.0) / 60.0)
             .collect();
         if half {
@@ -54,7 +58,7 @@ fn main() {
                 let t = Instant::now();
                 for call in 0..calls {
                     for h in 0..kv_heads {
-                        let span = h * head_dim..(positions - 1) * stride + (h + 1) * head_dim;
+                        let span = h * positions * head_dim..(h + 1) * positions * head_dim;
                         match (&keys[call % buffers], &values[call % buffers]) {
                             (Stored::F32(k), Stored::F32(v)) => attend(
                                 &q,

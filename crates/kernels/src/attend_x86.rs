@@ -11,9 +11,9 @@ use std::arch::x86_64::*;
 use crate::vector::KvValue;
 
 /// Positions per pass: one vector of results.
-const POSITIONS: usize = 8;
+pub(crate) const POSITIONS: usize = 8;
 /// How many positions ahead keys and values are prefetched.
-const AHEAD: usize = 16;
+pub(crate) const AHEAD: usize = 16;
 
 /// `scores[h * len + j] = (q[h] · keys[j * stride..][..D]) * scale` for every head `h < G`
 /// and every position `j` below `len` rounded down to a multiple of eight; returns that
@@ -48,18 +48,7 @@ pub(crate) unsafe fn scores<const D: usize, const G: usize, T: KvValue>(
         scores.len()
     );
     let scale = _mm256_set1_ps(scale);
-    // Keys and values of positions further on, a line (64 bytes) at a time: they are
-    // usually in memory (a decode step's weights have pushed them out of cache), and rows
-    // `stride` apart are not a stream the hardware prefetcher follows well. The values are
-    // read after every score is known; by then they are in cache.
-    let prefetch = |positions: std::ops::Range<usize>| {
-        let positions = positions.start..positions.end.min(len);
-        let line = 64 / std::mem::size_of::<T>();
-        for at in positions.flat_map(|p| (0..D).step_by(line).map(move |l| p * stride + l)) {
-            _mm_prefetch::<_MM_HINT_T0>(keys.as_ptr().wrapping_add(at).cast());
-            _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().wrapping_add(at).cast());
-        }
-    };
+    let prefetch = |positions| prefetch_positions::<D, T>(keys, values, stride, positions, len);
     prefetch(0..AHEAD);
     for first in (0..full).step_by(POSITIONS) {
         prefetch(first + AHEAD..first + AHEAD + POSITIONS);
@@ -75,6 +64,27 @@ pub(crate) unsafe fn scores<const D: usize, const G: usize, T: KvValue>(
         }
     }
     full
+}
+
+/// Asks for the keys and values of `positions` (those below `len`) to be brought into cache,
+/// a line (64 bytes) at a time: they are usually in memory (a decode step's weights have
+/// pushed them out of cache). The values are read after every score is known; by then they
+/// are in cache. A prefetch never faults, so positions past the slices' ends are harmless.
+#[inline]
+#[target_feature(enable = "sse")]
+pub(crate) fn prefetch_positions<const D: usize, T>(
+    keys: &[T],
+    values: &[T],
+    stride: usize,
+    positions: std::ops::Range<usize>,
+    len: usize,
+) {
+    let positions = positions.start..positions.end.min(len);
+    let line = 64 / std::mem::size_of::<T>();
+    for at in positions.flat_map(|p| (0..D).step_by(line).map(move |l| p * stride + l)) {
+        _mm_prefetch::<_MM_HINT_T0>(keys.as_ptr().wrapping_add(at).cast());
+        _mm_prefetch::<_MM_HINT_T0>(values.as_ptr().wrapping_add(at).cast());
+    }
 }
 
 /// `out[h * D + d] = Σ_j scores[h * len + j] * values[j * stride + d]` for every head
@@ -183,7 +193,7 @@ unsafe fn load8<T: KvValue>(k: *const T) -> __m256 {
 /// lane `p` of the result is `dots[p]`'s lanes summed as `tree_sum` sums them.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
-fn reduce(dots: [__m256; POSITIONS]) -> __m256 {
+pub(crate) fn reduce(dots: [__m256; POSITIONS]) -> __m256 {
     // Width 4: lane i + lane i + 4, two positions per vector (low and high halves).
     let halves = |a: __m256, b: __m256| {
         _mm256_add_ps(
@@ -230,9 +240,21 @@ mod tests {
             .collect()
     }
 
+    /// The loops to test: AVX2's, and `attend_avx512`'s (`wide`) where the CPU runs them.
+    fn widths() -> Vec<bool> {
+        assert!(crate::x86::has_avx2(), "the callers checked");
+        if crate::attend_avx512::available() {
+            vec![false, true]
+        } else {
+            eprintln!("NOT RUN: the AVX-512 attention loops (this CPU has no AVX-512 F)");
+            vec![false]
+        }
+    }
+
     /// The scores of `keys` (f32, or binary16 with `half`) against `dot_fixed` of the keys
-    /// as f32 (converted exactly).
-    fn check<const D: usize, const G: usize>(half: bool) {
+    /// as f32 (converted exactly), by the AVX2 loop or (`wide`) the AVX-512 one.
+    fn check<const D: usize, const G: usize>(half: bool, wide: bool) {
+        use crate::attend_avx512::scores as scores512;
         let stride = 3 * D + 8;
         for len in [1, 8, 37, 64] {
             let (keys, vals) = (values(len * stride, D + G), values(len * stride, 7));
@@ -243,12 +265,14 @@ mod tests {
             let (mut k16, mut v16) = (vec![0u16; keys.len()], vec![0u16; vals.len()]);
             crate::vector::f16_bits(&keys, &mut k16);
             crate::vector::f16_bits(&vals, &mut v16);
-            // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
+            // SAFETY: the caller checked the CPU has AVX2, FMA and F16C, and AVX-512 F for
+            // `wide`.
             let done = unsafe {
-                if half {
-                    scores(&q, &k16, &v16, stride, 0.125, len, &mut got)
-                } else {
-                    scores(&q, &keys, &vals, stride, 0.125, len, &mut got)
+                match (half, wide) {
+                    (true, false) => scores(&q, &k16, &v16, stride, 0.125, len, &mut got),
+                    (false, false) => scores(&q, &keys, &vals, stride, 0.125, len, &mut got),
+                    (true, true) => scores512(&q, &k16, &v16, stride, 0.125, len, &mut got),
+                    (false, true) => scores512(&q, &keys, &vals, stride, 0.125, len, &mut got),
                 }
             };
             let keys: Vec<f32> = if half {
@@ -267,7 +291,7 @@ mod tests {
                     assert_eq!(
                         got.to_bits(),
                         want.to_bits(),
-                        "D {D} G {G} half {half} head {h} at {j}"
+                        "D {D} G {G} half {half} wide {wide} head {h} at {j}"
                     );
                 }
             }
@@ -280,9 +304,10 @@ mod tests {
         }
     }
 
-    /// `weighted_sums` against the portable loop's arithmetic: one `mul_add` per position, in
-    /// position order, for f32 and binary16 values.
-    fn check_sums<const D: usize, const G: usize>(half: bool) {
+    /// `weighted_sums` (or, `wide`, the AVX-512 one) against the portable loop's arithmetic:
+    /// one `mul_add` per position, in position order, for f32 and binary16 values.
+    fn check_sums<const D: usize, const G: usize>(half: bool, wide: bool) {
+        use crate::attend_avx512::weighted_sums as sums512;
         let stride = 2 * D + 8;
         for len in [1, 7, 37] {
             let vals = values(len * stride, D * G + len);
@@ -290,12 +315,18 @@ mod tests {
             let mut v16 = vec![0u16; vals.len()];
             crate::vector::f16_bits(&vals, &mut v16);
             let mut got = vec![f32::NAN; G * D];
-            // SAFETY: the caller checked the CPU has AVX2, FMA and F16C.
+            // SAFETY: the caller checked the CPU has AVX2, FMA and F16C, and AVX-512 F for
+            // `wide`.
             unsafe {
-                if half {
-                    weighted_sums::<D, G, u16>(&scores, len, &v16, stride, &mut got);
-                } else {
-                    weighted_sums::<D, G, f32>(&scores, len, &vals, stride, &mut got);
+                match (half, wide) {
+                    (true, false) => {
+                        weighted_sums::<D, G, u16>(&scores, len, &v16, stride, &mut got)
+                    }
+                    (false, false) => {
+                        weighted_sums::<D, G, f32>(&scores, len, &vals, stride, &mut got)
+                    }
+                    (true, true) => sums512::<D, G, u16>(&scores, len, &v16, stride, &mut got),
+                    (false, true) => sums512::<D, G, f32>(&scores, len, &vals, stride, &mut got),
                 }
             }
             let vals: Vec<f32> = if half {
@@ -314,7 +345,7 @@ mod tests {
                     assert_eq!(
                         got.to_bits(),
                         want.to_bits(),
-                        "D {D} G {G} half {half} head {h} value {d}: {got} vs {want}"
+                        "D {D} G {G} half {half} wide {wide} head {h} value {d}: {got} vs {want}"
                     );
                 }
             }
@@ -327,11 +358,15 @@ mod tests {
             eprintln!("NOT RUN: this CPU has no AVX2, FMA and F16C");
             return;
         }
-        for half in [false, true] {
-            check_sums::<64, 1>(half);
-            check_sums::<64, 3>(half);
-            check_sums::<128, 4>(half);
-            check_sums::<256, 2>(half);
+        for (half, wide) in [false, true]
+            .into_iter()
+            .flat_map(|h| widths().into_iter().map(move |w| (h, w)))
+        {
+            check_sums::<64, 1>(half, wide);
+            check_sums::<64, 3>(half, wide);
+            check_sums::<64, 4>(half, wide);
+            check_sums::<128, 4>(half, wide);
+            check_sums::<256, 2>(half, wide);
         }
     }
 
@@ -341,13 +376,16 @@ mod tests {
             eprintln!("NOT RUN: this CPU has no AVX2, FMA and F16C");
             return;
         }
-        for half in [false, true] {
-            check::<64, 1>(half);
-            check::<64, 3>(half);
-            check::<64, 4>(half);
-            check::<128, 2>(half);
-            check::<256, 1>(half);
-            check::<256, 4>(half);
+        for (half, wide) in [false, true]
+            .into_iter()
+            .flat_map(|h| widths().into_iter().map(move |w| (h, w)))
+        {
+            check::<64, 1>(half, wide);
+            check::<64, 3>(half, wide);
+            check::<64, 4>(half, wide);
+            check::<128, 2>(half, wide);
+            check::<256, 1>(half, wide);
+            check::<256, 4>(half, wide);
         }
     }
 }

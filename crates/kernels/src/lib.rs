@@ -49,6 +49,8 @@
 #![deny(unsafe_op_in_unsafe_fn)]
 
 #[cfg(target_arch = "x86_64")]
+mod attend_avx512;
+#[cfg(target_arch = "x86_64")]
 mod attend_x86;
 mod columns;
 mod int4;

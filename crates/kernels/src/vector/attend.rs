@@ -97,10 +97,18 @@ fn heads<const FMA: bool, const D: usize, const G: usize, T: KvValue>(
     // on this CPU; `has_avx2` finds F16C too.
     #[cfg(target_arch = "x86_64")]
     let x86 = FMA && crate::x86::has_avx2();
+    // The AVX-512 loops where the loops run at that width (`level`, which the kernel cap
+    // limits) and the CPU has F16C too.
+    #[cfg(target_arch = "x86_64")]
+    let wide = x86 && level() == Level::Avx512 && crate::attend_avx512::available();
     #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
-    if x86 {
+    if wide {
+        // SAFETY: the CPU has AVX-512 F, AVX2, FMA and F16C (above).
+        done =
+            unsafe { crate::attend_avx512::scores(&q, keys, values, stride, scale, len, scores) };
+    } else if x86 {
         // SAFETY: the CPU has AVX2, FMA and F16C (above).
         done = unsafe { crate::attend_x86::scores(&q, keys, values, stride, scale, len, scores) };
     }
@@ -115,7 +123,11 @@ fn heads<const FMA: bool, const D: usize, const G: usize, T: KvValue>(
         softmax_body::<FMA>(s);
     }
     #[cfg(target_arch = "x86_64")]
-    if x86 {
+    if wide {
+        // SAFETY: the CPU has AVX-512 F, AVX2, FMA and F16C (above).
+        unsafe { crate::attend_avx512::weighted_sums::<D, G, T>(scores, len, values, stride, out) };
+        return;
+    } else if x86 {
         // SAFETY: the CPU has AVX2, FMA and F16C (above).
         unsafe { crate::attend_x86::weighted_sums::<D, G, T>(scores, len, values, stride, out) };
         return;
