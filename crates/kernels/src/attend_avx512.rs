@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::attend_x86::{AHEAD, POSITIONS, prefetch_positions, reduce};
+use crate::attend_x86::{PositionDot, scores_with};
 use crate::vector::KvValue;
 
 /// Whether this CPU runs these loops (AVX-512 F with AVX2, FMA and F16C).
@@ -37,34 +37,36 @@ pub(crate) unsafe fn scores<const D: usize, const G: usize, T: KvValue>(
     len: usize,
     scores: &mut [f32],
 ) -> usize {
-    const { assert!(D.is_multiple_of(64), "dot_fixed's 64 accumulators") };
-    let full = len / POSITIONS * POSITIONS;
-    if full == 0 {
-        return 0;
-    }
-    assert!(
-        keys.len() >= (full - 1) * stride + D && scores.len() >= G * len,
-        "{len} positions of {D} values (stride {stride}) in {} keys, {} scores for {G} heads",
-        keys.len(),
-        scores.len()
-    );
-    let scale = _mm256_set1_ps(scale);
-    let prefetch = |positions| prefetch_positions::<D, T>(keys, values, stride, positions, len);
-    prefetch(0..AHEAD);
-    for first in (0..full).step_by(POSITIONS) {
-        prefetch(first + AHEAD..first + AHEAD + POSITIONS);
-        for (h, q) in q.iter().enumerate() {
-            let dots: [__m256; POSITIONS] = std::array::from_fn(|p| {
-                // SAFETY: position `first + p < full` starts at most `(full - 1) * stride`,
-                // and its `D` values lie within `keys` (asserted above).
-                unsafe { dot(q, keys.as_ptr().add((first + p) * stride)) }
-            });
-            let result = _mm256_mul_ps(reduce(dots), scale);
-            // SAFETY: `h * len + first + 8 <= G * len <= scores.len()` (asserted above).
-            unsafe { _mm256_storeu_ps(scores.as_mut_ptr().add(h * len + first), result) };
+    // SAFETY: the CPU has AVX2, FMA, F16C and what `Avx512Dot` needs (the caller's).
+    unsafe { scores_with::<Avx512Dot, D, G, T>(q, keys, values, stride, scale, len, scores) }
+}
+
+/// The AVX-512 dot product.
+struct Avx512Dot;
+
+impl PositionDot for Avx512Dot {
+    /// `dot_fixed`'s accumulators for one position summed down to eight lanes. Its 64 lanes are
+    /// four vectors here (`m` holds lanes `16m..16m + 16`), and its halving tree's widths 32, 16
+    /// and 8 are the same sums: vector 0 + 2 and 1 + 3, then the two, then the halves.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512 F, AVX2, FMA and F16C; `k` points at `D` readable values.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn dot<const D: usize, T: KvValue>(q: &[f32; D], k: *const T) -> __m256 {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for c in 0..D / 64 {
+            for (m, acc) in acc.iter_mut().enumerate() {
+                let at = c * 64 + 16 * m;
+                // SAFETY: `at + 16 <= D`: within `q`, and within `k`'s `D` values (the caller's).
+                let (a, b) = unsafe { (_mm512_loadu_ps(q.as_ptr().add(at)), load16(k.add(at))) };
+                *acc = _mm512_fmadd_ps(a, b, *acc);
+            }
         }
+        let wide = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
+        let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(wide)));
+        _mm256_add_ps(_mm512_castps512_ps256(wide), high)
     }
-    full
 }
 
 /// `attend_x86::weighted_sums` with AVX-512: `out[h * D + d] = Σ_j scores[h * len + j] *
@@ -126,29 +128,6 @@ pub(crate) unsafe fn weighted_sums<const D: usize, const G: usize, T: KvValue>(
             }
         }
     }
-}
-
-/// `dot_fixed`'s accumulators for one position summed down to eight lanes. Its 64 lanes are
-/// four vectors here (`m` holds lanes `16m..16m + 16`), and its halving tree's widths 32, 16
-/// and 8 are the same sums: vector 0 + 2 and 1 + 3, then the two, then the halves.
-///
-/// # Safety
-/// The CPU has AVX-512 F, AVX2, FMA and F16C; `k` points at `D` readable values.
-#[inline]
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn dot<const D: usize, T: KvValue>(q: &[f32; D], k: *const T) -> __m256 {
-    let mut acc = [_mm512_setzero_ps(); 4];
-    for c in 0..D / 64 {
-        for (m, acc) in acc.iter_mut().enumerate() {
-            let at = c * 64 + 16 * m;
-            // SAFETY: `at + 16 <= D`: within `q`, and within `k`'s `D` values (the caller's).
-            let (a, b) = unsafe { (_mm512_loadu_ps(q.as_ptr().add(at)), load16(k.add(at))) };
-            *acc = _mm512_fmadd_ps(a, b, *acc);
-        }
-    }
-    let wide = _mm512_add_ps(_mm512_add_ps(acc[0], acc[2]), _mm512_add_ps(acc[1], acc[3]));
-    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(wide)));
-    _mm256_add_ps(_mm512_castps512_ps256(wide), high)
 }
 
 /// Sixteen values from `k` as f32: loaded, or converted from binary16 (exactly).

@@ -36,6 +36,70 @@ pub(crate) unsafe fn scores<const D: usize, const G: usize, T: KvValue>(
     len: usize,
     scores: &mut [f32],
 ) -> usize {
+    // SAFETY: the CPU has what `Avx2Dot` needs (the caller's).
+    unsafe { scores_with::<Avx2Dot, D, G, T>(q, keys, values, stride, scale, len, scores) }
+}
+
+/// A position's dot product summed down to eight lanes as `dot_fixed` sums it: what the
+/// AVX2 and AVX-512 scores differ in ([`scores_with`] is the rest).
+pub(crate) trait PositionDot {
+    /// `q · k`'s accumulators summed down to eight lanes.
+    ///
+    /// # Safety
+    /// The CPU has the features the implementation is written for; `k` points at `D`
+    /// readable values.
+    unsafe fn dot<const D: usize, T: KvValue>(q: &[f32; D], k: *const T) -> __m256;
+}
+
+/// The AVX2 dot product.
+struct Avx2Dot;
+
+impl PositionDot for Avx2Dot {
+    /// `dot_fixed`'s accumulators for one position (lanes `8m..8m + 8` of its 64 in vector `m`)
+    /// summed down to eight lanes: its halving tree's widths 32, 16 and 8.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; `k` points at `D` readable values.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot<const D: usize, T: KvValue>(q: &[f32; D], k: *const T) -> __m256 {
+        let mut acc = [_mm256_setzero_ps(); 8];
+        for c in 0..D / 64 {
+            for (m, acc) in acc.iter_mut().enumerate() {
+                let at = c * 64 + 8 * m;
+                // SAFETY: `at + 8 <= D`: within `q`, and within `k`'s `D` values (the caller's).
+                let (a, b) = unsafe { (_mm256_loadu_ps(q.as_ptr().add(at)), load8(k.add(at))) };
+                *acc = _mm256_fmadd_ps(a, b, *acc);
+            }
+        }
+        for m in 0..4 {
+            acc[m] = _mm256_add_ps(acc[m], acc[m + 4]);
+        }
+        for m in 0..2 {
+            acc[m] = _mm256_add_ps(acc[m], acc[m + 2]);
+        }
+        _mm256_add_ps(acc[0], acc[1])
+    }
+}
+
+/// The scores loop of [`scores`], with `P` computing each position's dot product: eight
+/// positions at a time, each head's eight dots reduced side by side, keys and values
+/// prefetched [`AHEAD`] positions on.
+///
+/// # Safety
+/// The CPU has AVX2, FMA and F16C, and what `P` needs. Inlined into a function compiled for
+/// them, as both callers are.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn scores_with<P: PositionDot, const D: usize, const G: usize, T: KvValue>(
+    q: &[&[f32; D]; G],
+    keys: &[T],
+    values: &[T],
+    stride: usize,
+    scale: f32,
+    len: usize,
+    scores: &mut [f32],
+) -> usize {
     const { assert!(D.is_multiple_of(64), "dot_fixed's 64 accumulators") };
     let full = len / POSITIONS * POSITIONS;
     if full == 0 {
@@ -47,20 +111,22 @@ pub(crate) unsafe fn scores<const D: usize, const G: usize, T: KvValue>(
         keys.len(),
         scores.len()
     );
-    let scale = _mm256_set1_ps(scale);
-    let prefetch = |positions| prefetch_positions::<D, T>(keys, values, stride, positions, len);
-    prefetch(0..AHEAD);
-    for first in (0..full).step_by(POSITIONS) {
-        prefetch(first + AHEAD..first + AHEAD + POSITIONS);
-        for (h, q) in q.iter().enumerate() {
-            let dots: [__m256; POSITIONS] = std::array::from_fn(|p| {
-                // SAFETY: position `first + p < full` starts at most `(full - 1) * stride`,
-                // and its `D` values lie within `keys` (asserted above).
-                unsafe { dot(q, keys.as_ptr().add((first + p) * stride)) }
-            });
-            let result = _mm256_mul_ps(reduce(dots), scale);
-            // SAFETY: `h * len + first + 8 <= G * len <= scores.len()` (asserted above).
-            unsafe { _mm256_storeu_ps(scores.as_mut_ptr().add(h * len + first), result) };
+    // SAFETY: the CPU has SSE, AVX2 and FMA (the caller's).
+    unsafe {
+        let scale = _mm256_set1_ps(scale);
+        let prefetch = |positions| prefetch_positions::<D, T>(keys, values, stride, positions, len);
+        prefetch(0..AHEAD);
+        for first in (0..full).step_by(POSITIONS) {
+            prefetch(first + AHEAD..first + AHEAD + POSITIONS);
+            for (h, q) in q.iter().enumerate() {
+                // Position `first + p < full` starts at most `(full - 1) * stride`, and its
+                // `D` values lie within `keys` (asserted above).
+                let dots: [__m256; POSITIONS] =
+                    std::array::from_fn(|p| P::dot(q, keys.as_ptr().add((first + p) * stride)));
+                let result = _mm256_mul_ps(reduce(dots), scale);
+                // `h * len + first + 8 <= G * len <= scores.len()` (asserted above).
+                _mm256_storeu_ps(scores.as_mut_ptr().add(h * len + first), result);
+            }
         }
     }
     full
@@ -144,32 +210,6 @@ pub(crate) unsafe fn weighted_sums<const D: usize, const G: usize, T: KvValue>(
             }
         }
     }
-}
-
-/// `dot_fixed`'s accumulators for one position (lanes `8m..8m + 8` of its 64 in vector `m`)
-/// summed down to eight lanes: its halving tree's widths 32, 16 and 8.
-///
-/// # Safety
-/// The CPU has AVX2, FMA and F16C; `k` points at `D` readable values.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot<const D: usize, T: KvValue>(q: &[f32; D], k: *const T) -> __m256 {
-    let mut acc = [_mm256_setzero_ps(); 8];
-    for c in 0..D / 64 {
-        for (m, acc) in acc.iter_mut().enumerate() {
-            let at = c * 64 + 8 * m;
-            // SAFETY: `at + 8 <= D`: within `q`, and within `k`'s `D` values (the caller's).
-            let (a, b) = unsafe { (_mm256_loadu_ps(q.as_ptr().add(at)), load8(k.add(at))) };
-            *acc = _mm256_fmadd_ps(a, b, *acc);
-        }
-    }
-    for m in 0..4 {
-        acc[m] = _mm256_add_ps(acc[m], acc[m + 4]);
-    }
-    for m in 0..2 {
-        acc[m] = _mm256_add_ps(acc[m], acc[m + 2]);
-    }
-    _mm256_add_ps(acc[0], acc[1])
 }
 
 /// Eight keys from `k` as f32: loaded, or converted from binary16 (exactly).
