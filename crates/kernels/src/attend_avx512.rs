@@ -9,7 +9,7 @@
 
 use std::arch::x86_64::*;
 
-use crate::attend_x86::{PositionDot, scores_with};
+use crate::attend_x86::{PositionDot, scores_with, sums_fit};
 use crate::vector::KvValue;
 
 /// Whether this CPU runs these loops (AVX-512 F with AVX2, FMA and F16C).
@@ -93,17 +93,7 @@ pub(crate) unsafe fn weighted_sums<const D: usize, const G: usize, T: KvValue>(
             "bands of four vectors, 16 sums"
         )
     };
-    assert!(
-        len > 0
-            && values.len() >= (len - 1) * stride + D
-            && scores.len() >= G * len
-            && out.len() >= G * D,
-        "{len} positions of {D} values (stride {stride}) in {} values, {} scores, {} outputs \
-         for {G} heads",
-        values.len(),
-        scores.len(),
-        out.len()
-    );
+    sums_fit::<D, G, T>(scores, len, values, stride, out);
     // Bands of 64 values: four accumulators per head, at most 16 in all, beside the four
     // vectors of values and a broadcast score (AVX-512 has 32 registers).
     for band in (0..D).step_by(64) {

@@ -173,17 +173,7 @@ pub(crate) unsafe fn weighted_sums<const D: usize, const G: usize, T: KvValue>(
     out: &mut [f32],
 ) {
     const { assert!(D.is_multiple_of(16), "bands of two vectors") };
-    assert!(
-        len > 0
-            && values.len() >= (len - 1) * stride + D
-            && scores.len() >= G * len
-            && out.len() >= G * D,
-        "{len} positions of {D} values (stride {stride}) in {} values, {} scores, {} outputs \
-         for {G} heads",
-        values.len(),
-        scores.len(),
-        out.len()
-    );
+    sums_fit::<D, G, T>(scores, len, values, stride, out);
     // Bands of 16 values: two accumulators per head, at most 8 in all, beside the two
     // vectors of values and a broadcast score (AVX2 has 16 registers).
     for band in (0..D).step_by(16) {
@@ -210,6 +200,31 @@ pub(crate) unsafe fn weighted_sums<const D: usize, const G: usize, T: KvValue>(
             }
         }
     }
+}
+
+/// Checks that the slices a weighted sum reads and writes hold what it touches: `len > 0`
+/// positions of `values`, `G * len` scores, `G * D` outputs.
+///
+/// # Panics
+/// When one does not, naming the sizes.
+pub(crate) fn sums_fit<const D: usize, const G: usize, T>(
+    scores: &[f32],
+    len: usize,
+    values: &[T],
+    stride: usize,
+    out: &[f32],
+) {
+    assert!(
+        len > 0
+            && values.len() >= (len - 1) * stride + D
+            && scores.len() >= G * len
+            && out.len() >= G * D,
+        "{len} positions of {D} values (stride {stride}) in {} values, {} scores, {} outputs \
+         for {G} heads",
+        values.len(),
+        scores.len(),
+        out.len()
+    );
 }
 
 /// Eight keys from `k` as f32: loaded, or converted from binary16 (exactly).
@@ -280,15 +295,24 @@ mod tests {
             .collect()
     }
 
-    /// The loops to test: AVX2's, and `attend_avx512`'s (`wide`) where the CPU runs them.
-    fn widths() -> Vec<bool> {
-        assert!(crate::x86::has_avx2(), "the callers checked");
-        if crate::attend_avx512::available() {
+    /// The cases to test, `(half, wide)`: f32 and binary16 keys and values, each through the
+    /// AVX2 loops and (`wide`) `attend_avx512`'s where the CPU runs them; empty, with a line
+    /// saying so, on a CPU without AVX2, FMA and F16C.
+    fn cases() -> Vec<(bool, bool)> {
+        if !crate::x86::has_avx2() {
+            eprintln!("NOT RUN: this CPU has no AVX2, FMA and F16C");
+            return Vec::new();
+        }
+        let widths = if crate::attend_avx512::available() {
             vec![false, true]
         } else {
             eprintln!("NOT RUN: the AVX-512 attention loops (this CPU has no AVX-512 F)");
             vec![false]
-        }
+        };
+        [false, true]
+            .into_iter()
+            .flat_map(|half| widths.iter().map(move |&wide| (half, wide)))
+            .collect()
     }
 
     /// The scores of `keys` (f32, or binary16 with `half`) against `dot_fixed` of the keys
@@ -394,14 +418,7 @@ mod tests {
 
     #[test]
     fn weighted_sums_are_the_portable_loops_bit_for_bit() {
-        if !crate::x86::has_avx2() {
-            eprintln!("NOT RUN: this CPU has no AVX2, FMA and F16C");
-            return;
-        }
-        for (half, wide) in [false, true]
-            .into_iter()
-            .flat_map(|h| widths().into_iter().map(move |w| (h, w)))
-        {
+        for (half, wide) in cases() {
             check_sums::<64, 1>(half, wide);
             check_sums::<64, 3>(half, wide);
             check_sums::<64, 4>(half, wide);
@@ -412,14 +429,7 @@ mod tests {
 
     #[test]
     fn scores_are_dot_fixed_bit_for_bit() {
-        if !crate::x86::has_avx2() {
-            eprintln!("NOT RUN: this CPU has no AVX2, FMA and F16C");
-            return;
-        }
-        for (half, wide) in [false, true]
-            .into_iter()
-            .flat_map(|h| widths().into_iter().map(move |w| (h, w)))
-        {
+        for (half, wide) in cases() {
             check::<64, 1>(half, wide);
             check::<64, 3>(half, wide);
             check::<64, 4>(half, wide);
