@@ -235,3 +235,96 @@ async fn the_choices_of_an_n_request_start_from_a_cached_prefix_and_answer_as_co
     assert_eq!(engine.snapshot().prompt_tokens - computed, 12);
     common::settled(&engine).await;
 }
+
+/// The KV budget under a mix: 32 requests at once, half of them sharing four 96-token system
+/// prompts, half long new prompts (200-230 tokens) whose blocks are cached too. The budget
+/// (2400 tokens) holds the four running sequences and only part of what the run leaves to
+/// cache, so entries are evicted for new entries and for sequences as it goes. A monitor
+/// samples the engine all along: neither the sequences' reservations nor the cache's
+/// entries ever pass the budget; every request finishes whole; the system prompts are
+/// reused (at least 6 of their 12 possible reuses) and the cache gives memory back; at the
+/// end nothing is held but the cache's entries, which a reset frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kv_budget_holds_under_cached_prefixes_mixed_with_long_new_prompts() {
+    let per_token = runtime()
+        .model()
+        .config()
+        .kv_bytes_per_token(runtime().model().kv_dtype());
+    let engine = Arc::new(runtime().engine(EngineConfig {
+        kv_cache_bytes: per_token * 2400,
+        max_model_len: 256,
+        max_batch_tokens: 64,
+        ..config(true)
+    }));
+    let systems: Vec<Vec<u32>> = (0..4).map(|s| prompt(96, 20 + s)).collect();
+    let prompts: Vec<Vec<u32>> = (0..32u32)
+        .map(|i| {
+            if i % 2 == 0 {
+                let mut p = systems[(i / 2 % 4) as usize].clone();
+                p.extend(prompt(8 + (i as usize % 5) * 3, 100 + i));
+                p
+            } else {
+                prompt(200 + (i as usize % 4) * 10, 300 + i)
+            }
+        })
+        .collect();
+
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let monitor = {
+        let (engine, done) = (engine.clone(), done.clone());
+        tokio::spawn(async move {
+            let (mut samples, mut most_cached, mut gave_back) = (0u64, 0u64, false);
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let s = engine.snapshot();
+                assert!(s.kv_reserved_bytes <= s.kv_capacity_bytes, "{s:?}");
+                assert!(s.prefix_cache_bytes <= s.kv_capacity_bytes, "{s:?}");
+                gave_back |= s.prefix_cache_bytes < most_cached;
+                most_cached = most_cached.max(s.prefix_cache_bytes);
+                samples += 1;
+                tokio::time::sleep(std::time::Duration::from_micros(200)).await;
+            }
+            (samples, most_cached, gave_back)
+        })
+    };
+    let requests: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let (engine, p) = (engine.clone(), p.clone());
+            tokio::spawn(async move { generate(&engine, &p, None, None).await })
+        })
+        .collect();
+    let answers = tokio::time::timeout(std::time::Duration::from_secs(120), async {
+        let mut answers = Vec::new();
+        for request in requests {
+            answers.push(request.await);
+        }
+        answers
+    })
+    .await
+    .expect("every request finishes");
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (samples, most_cached, gave_back) = monitor.await.unwrap();
+    for answer in answers {
+        assert_eq!(
+            answer.unwrap().0.len(),
+            6,
+            "each request gets all its tokens"
+        );
+    }
+    assert!(samples > 10, "the monitor saw the run ({samples} samples)");
+    assert!(
+        hits(&engine) >= 6 * 96,
+        "the system prompts were reused: {:?}",
+        engine.snapshot()
+    );
+    assert!(
+        gave_back,
+        "the cache gave memory back during the run (at most {most_cached} bytes)"
+    );
+    common::settled(&engine).await;
+    let s = engine.snapshot();
+    assert!(s.prefix_cache_bytes > 0 && s.prefix_cache_bytes <= s.kv_capacity_bytes);
+    engine.reset_prefix_cache().await.unwrap();
+    let s = engine.snapshot();
+    assert_eq!((s.prefix_cache_bytes, s.kv_reserved_bytes), (0, 0), "{s:?}");
+}
