@@ -2,7 +2,8 @@
 //! if computed whole; the cache is shared only under the same adapter *content* and cache salt
 //! (an adapter reloaded under its name with other weights shares nothing: vllm#42125; another
 //! adapter never reuses the base model's or another adapter's KV: llama.cpp#26207); entries
-//! give their memory back to sequences; `reset_prefix_cache` drops them.
+//! give their memory back to sequences, and the budget holds under many requests mixing
+//! cached prefixes with long new prompts; `reset_prefix_cache` drops them.
 
 use crate::common;
 
