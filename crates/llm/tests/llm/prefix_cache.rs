@@ -78,6 +78,12 @@ fn assert_same(got: &(Vec<u32>, Vec<f32>), want: &(Vec<u32>, Vec<f32>)) {
     }
 }
 
+/// KV bytes one token of SmolLM2 takes in the engine's cache.
+fn kv_bytes_per_token() -> u64 {
+    let model = runtime().model();
+    model.config().kv_bytes_per_token(model.kv_dtype())
+}
+
 /// Prompt tokens the engine found cached so far.
 fn hits(engine: &Engine) -> u64 {
     engine.snapshot().prefix_cache_hits
@@ -162,10 +168,7 @@ async fn prefixes_are_shared_only_under_the_same_adapter_content_and_salt() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cached_prefixes_give_their_memory_to_sequences_and_reset_drops_them() {
-    let per_token = runtime()
-        .model()
-        .config()
-        .kv_bytes_per_token(runtime().model().kv_dtype());
+    let per_token = kv_bytes_per_token();
     // Room for one sequence of 260 tokens (prompt + max_tokens), no more.
     let engine = runtime().engine(EngineConfig {
         kv_cache_bytes: per_token * 260,
@@ -247,10 +250,7 @@ async fn the_choices_of_an_n_request_start_from_a_cached_prefix_and_answer_as_co
 /// end nothing is held but the cache's entries, which a reset frees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kv_budget_holds_under_cached_prefixes_mixed_with_long_new_prompts() {
-    let per_token = runtime()
-        .model()
-        .config()
-        .kv_bytes_per_token(runtime().model().kv_dtype());
+    let per_token = kv_bytes_per_token();
     let engine = Arc::new(runtime().engine(EngineConfig {
         kv_cache_bytes: per_token * 2400,
         max_model_len: 256,
