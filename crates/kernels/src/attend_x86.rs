@@ -1,9 +1,10 @@
-//! Attention scores with AVX2 intrinsics, eight positions at a time. Written by hand
-//! because the compiler kept `dot_fixed`'s 64 accumulators and their halving tree on the
-//! stack (a store, a reload that missed store forwarding, and a scalar add per lane: 80%
-//! of attention's time). The operations per score are `dot_fixed`'s, in its order, so the
-//! scores are bit-identical to it; only the last three steps of eight positions' trees run
-//! side by side in the lanes of shared vectors.
+//! Attention's scores and weighted sums with AVX2 intrinsics, eight positions at a time,
+//! and the scores loop `attend_avx512` shares ([`scores_with`], over a [`PositionDot`]).
+//! Written by hand because the compiler kept `dot_fixed`'s 64 accumulators and their halving
+//! tree on the stack (a store, a reload that missed store forwarding, and a scalar add per
+//! lane: 80% of attention's time). The operations per score are `dot_fixed`'s, in its order,
+//! so the scores are bit-identical to it; only the last three steps of eight positions'
+//! trees run side by side in the lanes of shared vectors.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
