@@ -177,7 +177,6 @@ impl Replica {
         }
     }
 
-    /// Runs the deployment's health check with a timeout.
     /// Runs an operator's control on this replica, containing a panic.
     pub(crate) async fn control(
         &self,
@@ -197,6 +196,7 @@ impl Replica {
         }
     }
 
+    /// Runs the deployment's health check with a timeout, containing a panic.
     pub(crate) async fn check_health(&self, timeout: Duration) -> Result<(), String> {
         let instance = self.instance.clone();
         let check =
