@@ -61,9 +61,10 @@ print(*(a.nbytes / best(split(int(n))) / 1e9 for n in sys.argv[1:]))
 # (OPENBLAS_CORETYPE=Haswell, unless set), so the bound is the one an AVX2-only CPU of this
 # kind would have.
 gemm() {
-    local coretype="${OPENBLAS_CORETYPE:-}"
-    [[ "${MODELMUX_KERNEL:-}" == avx2 && -z "$coretype" ]] && coretype=Haswell
-    OPENBLAS_CORETYPE="$coretype" OPENBLAS_NUM_THREADS=$1 OMP_NUM_THREADS=$1 MKL_NUM_THREADS=$1 "$PY" -c '
+    # Set only when holding back: an empty OPENBLAS_CORETYPE is not "unset" to every OpenBLAS.
+    local hold=()
+    [[ "${MODELMUX_KERNEL:-}" == avx2 && -z "${OPENBLAS_CORETYPE:-}" ]] && hold=(OPENBLAS_CORETYPE=Haswell)
+    env "${hold[@]}" OPENBLAS_NUM_THREADS="$1" OMP_NUM_THREADS="$1" MKL_NUM_THREADS="$1" "$PY" -c '
 import time, numpy as np
 a = np.random.rand(2048, 2048).astype(np.float32); b = a.copy(); a @ b
 times = []

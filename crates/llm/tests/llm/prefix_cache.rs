@@ -288,9 +288,9 @@ async fn the_kv_budget_holds_under_cached_prefixes_mixed_with_long_new_prompts()
         })
     };
     let requests: Vec<_> = prompts
-        .iter()
+        .into_iter()
         .map(|p| {
-            let (engine, p) = (engine.clone(), p.clone());
+            let engine = engine.clone();
             tokio::spawn(async move { generate(&engine, &p, None, None).await })
         })
         .collect();
