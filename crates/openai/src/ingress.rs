@@ -212,7 +212,19 @@ impl OpenAiIngress {
         }
     }
 
-    async fn models(&self) -> Response {
+    /// The models served, once the LLM replicas of this node have started: while they start,
+    /// 503 with `Retry-After`, as `/health` answers (clients poll this for readiness, as they
+    /// do vLLM's).
+    async fn models(&self) -> Result<Response, ServeError> {
+        if self.llm.starting() {
+            return Err(ServeError::Failed(modelmux_cache::Failure::new(
+                modelmux_cache::ErrorKind::Unavailable,
+                format!(
+                    "'{}' is still loading: its replicas are starting (see /health)",
+                    self.base
+                ),
+            )));
+        }
         let held = self.llm.held_models();
         let replicas: Vec<String> = held.iter().map(|(r, _)| r.clone()).collect();
         let mut adapters: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -250,7 +262,9 @@ impl OpenAiIngress {
                 .into_iter()
                 .map(|(a, on)| card(format!("{}:{a}", self.base), Some(self.base.clone()), on)),
         );
-        json_response(&serde_json::json!({"object": "list", "data": data}))
+        Ok(json_response(
+            &serde_json::json!({"object": "list", "data": data}),
+        ))
     }
 }
 
@@ -263,7 +277,7 @@ impl Deployment for OpenAiIngress {
         };
         let op = Op::of(request.method(), path)?;
         let answer = match op {
-            Op::Models => Ok(self.models().await),
+            Op::Models => self.models().await,
             Op::LoadAdapter => self.adapter_control(request, true).await,
             Op::UnloadAdapter => self.adapter_control(request, false).await,
             _ => {

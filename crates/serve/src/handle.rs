@@ -132,6 +132,12 @@ impl DeploymentHandle {
         self.deployment.evict_model(id)
     }
 
+    /// Whether this node is still starting the deployment's first replicas: a call made now
+    /// waits for them (under the deployment's queue timeout).
+    pub fn starting(&self) -> bool {
+        self.deployment.starting()
+    }
+
     /// Starts setting options; the handle itself is not changed.
     pub fn options(&self) -> HandleOptions {
         HandleOptions {

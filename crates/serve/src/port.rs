@@ -77,6 +77,10 @@ pub trait Dispatch: Send + Sync + 'static {
     /// Evicts model `id` from every replica of this node; returns the replicas that held it.
     fn evict_model(&self, id: &str) -> Vec<String>;
 
+    /// Whether this node is still starting the deployment's first replicas (requests for
+    /// them wait meanwhile).
+    fn starting(&self) -> bool;
+
     /// Capacity may have freed (a load ended, a model was evicted): requests waiting for a
     /// replica may move now.
     fn capacity_changed(self: Arc<Self>);

@@ -171,11 +171,17 @@ impl Watchdog {
         {
             self.head_since = Some(now);
         }
+        // A connection whose head has begun to arrive is the header read timeout's, however
+        // quiet it has gone: closing it as idle would be a graceful shutdown, which hyper holds
+        // open until that head completes, that is, for as long as the client likes.
+        let head_begun = !busy
+            && activity.head_bytes.load(Ordering::Relaxed)
+            && !activity.h2.load(Ordering::Relaxed);
         let events = activity.events.load(Ordering::Relaxed);
         if events != self.seen || busy {
             self.seen = events;
             self.active_at = now;
-        } else if now.duration_since(self.active_at) >= self.keep_alive {
+        } else if !head_begun && now.duration_since(self.active_at) >= self.keep_alive {
             return Look::Idle;
         }
         match self.head_since {
@@ -403,6 +409,32 @@ mod tests {
         every_tenth(&activity, Duration::ZERO, usize::MAX, Activity::read);
         let two = Duration::from_secs(2);
         slow_head_between(&activity, two, two, Duration::from_millis(2500)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_that_stops_arriving_is_late_not_idle() {
+        // The defaults: the keep-alive timeout (5 s) is shorter than the header read
+        // timeout (10 s). Half a head arrives at once, then nothing: idle by the first rule,
+        // but closing it as idle is a graceful shutdown that waits for the head forever.
+        for later in [false, true] {
+            let activity = Arc::new(Activity::new());
+            if later {
+                one_request(&activity);
+            }
+            activity.read();
+            let (found, after) =
+                until(&activity, Duration::from_secs(5), Duration::from_secs(10)).await;
+            assert_eq!(
+                found,
+                Look::SlowHead,
+                "later head: {later}, after {after:?}"
+            );
+            let (from, to) = (Duration::from_secs(10), Duration::from_millis(12_500));
+            assert!(
+                after >= from && after <= to,
+                "later head: {later}, {after:?}"
+            );
+        }
     }
 
     #[tokio::test(start_paused = true)]

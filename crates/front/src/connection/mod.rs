@@ -142,9 +142,13 @@ async fn serve_connection(
                 closing = true;
                 conn.as_mut().graceful_shutdown();
             }
-            _ = tokio::time::sleep_until(watchdog.next_look()), if !closing => {
+            // The watchdog keeps looking while the connection closes: a graceful shutdown
+            // waits for a request head that has begun, and only the header read timeout ends
+            // one that never completes.
+            _ = tokio::time::sleep_until(watchdog.next_look()) => {
                 match watchdog.look(&activity) {
                     Look::Fine => {}
+                    Look::Idle if closing => {}
                     Look::Idle => {
                         tracing::trace!(%peer, "closing an idle keep-alive connection");
                         closing = true;

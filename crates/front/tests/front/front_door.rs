@@ -152,6 +152,65 @@ async fn slowloris_connections_are_cut_off_within_the_header_timeout() {
     server.shutdown().await;
 }
 
+/// The default timeouts, where the keep-alive one (5 s) is shorter than the header read one
+/// (10 s): half a head and then silence must be cut off by the header timeout. (Closing it as
+/// idle instead was a graceful shutdown that hyper held open for the head: forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_half_heads_are_cut_off_under_the_default_timeouts() {
+    let options = HttpOptions::default();
+    assert!(options.keep_alive_timeout < options.header_read_timeout);
+    let header_read = options.header_read_timeout;
+    // The watchdog's stated slack: a quarter of the shorter timeout.
+    let slack = options.keep_alive_timeout.min(header_read) / 4;
+    let server = start(Application::new("a").ingress(echo("Echo")), options).await;
+    let addr = server.local_addr();
+    let begun = Instant::now();
+    let mut waits = Vec::new();
+    for _ in 0..50 {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        waits.push(tokio::spawn(async move {
+            read_until_closed(&mut s).await;
+            Instant::now()
+        }));
+    }
+    // A second late head, on a connection that has served one request already.
+    let mut again = TcpStream::connect(addr).await.unwrap();
+    again
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 4096];
+    assert!(again.read(&mut buf).await.unwrap() > 0);
+    let second_begun = Instant::now();
+    again
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // One second of margin for a loaded machine, on top of the stated slack.
+    let bound = header_read + slack + Duration::from_secs(1);
+    for wait in waits {
+        let closed = timeout(bound + Duration::from_secs(5), wait)
+            .await
+            .expect("a silent half head was still connected long after the header timeout")
+            .unwrap();
+        let took = closed - begun;
+        assert!(
+            took >= header_read && took <= bound,
+            "closed after {took:?}; header timeout {header_read:?}, bound {bound:?}"
+        );
+    }
+    let closed = timeout(
+        bound + Duration::from_secs(5),
+        read_until_closed(&mut again),
+    )
+    .await;
+    assert!(closed.is_ok(), "a silent later head was never cut off");
+    let took = second_begun.elapsed();
+    assert!(took >= header_read && took <= bound, "{took:?}");
+    server.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_idle_connections_are_closed_after_the_keep_alive_timeout() {
     let options = timeouts(Duration::from_secs(60), ms(500));

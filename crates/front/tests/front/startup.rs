@@ -135,3 +135,105 @@ async fn a_replica_that_fails_to_start_fails_the_start_and_closes_the_port() {
         assert!(matches!(read, Ok(0) | Err(_)), "a stopped server answered");
     }
 }
+
+/// A deployment that passes each request on to `callee` through a handle.
+fn caller(callee: &str) -> DeploymentSpec {
+    let callee = callee.to_owned();
+    DeploymentSpec::new("Caller", move |ctx| {
+        let handle = ctx.handle(&callee);
+        async move { Ok(Caller(handle?)) }
+    })
+}
+
+struct Caller(modelmux_serve::DeploymentHandle);
+
+impl modelmux_serve::Deployment for Caller {
+    async fn call(
+        &self,
+        request: modelmux_serve::Request,
+    ) -> Result<modelmux_serve::Response, modelmux_serve::BoxError> {
+        Ok(self.0.call(request).await?)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_call_waits_for_the_replicas_still_starting() {
+    // The ingress is up first and calls a deployment whose replica is still starting: its
+    // call waits for that replica (it is not refused as "not served here", a cluster's answer).
+    let release = Arc::new(Notify::new());
+    let app = Application::new("app")
+        .ingress(caller("Big"))
+        .deployment(held("Big", release.clone()));
+    let (addr, task) = listening(vec![app]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while get(addr, "/-/healthz", &[]).await.json()["loading"] != serde_json::json!(["app/Big"]) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Caller never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let early = tokio::spawn(async move { get(addr, "/x", &[]).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !early.is_finished(),
+        "the call was answered before its replica started"
+    );
+    release.notify_one();
+    let answer = tokio::time::timeout(Duration::from_secs(10), early)
+        .await
+        .expect("the waiting call is answered once the replica starts")
+        .unwrap();
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.text());
+    let server = task.await.unwrap().unwrap();
+    assert_eq!(get(addr, "/y", &[]).await.status, StatusCode::OK);
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handle_call_waiting_for_a_replica_that_fails_to_start_is_told_at_once() {
+    let release = Arc::new(Notify::new());
+    let failing = DeploymentSpec::new("Broken", {
+        let release = release.clone();
+        move |_ctx| {
+            let release = release.clone();
+            async move {
+                release.notified().await;
+                Err::<common::Echo, _>("the model file is missing".into())
+            }
+        }
+    });
+    let app = Application::new("app")
+        .ingress(caller("Broken"))
+        .deployment(failing);
+    let (addr, task) = listening(vec![app]).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while get(addr, "/-/healthz", &[]).await.json()["loading"] != serde_json::json!(["app/Broken"])
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Caller never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let early = tokio::spawn(async move { get(addr, "/x", &[]).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    release.notify_one();
+    // The queue's timeout is 30 s: the answer comes well before it.
+    let answer = tokio::time::timeout(Duration::from_secs(5), early)
+        .await
+        .expect("the waiting call is answered when the start fails")
+        .unwrap();
+    assert_eq!(
+        answer.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "{}",
+        answer.text()
+    );
+    assert!(
+        !answer.text().contains("not served here"),
+        "a single node's answer names a cluster: {}",
+        answer.text()
+    );
+    assert!(task.await.unwrap().is_err());
+}

@@ -10,5 +10,6 @@ mod prometheus;
 mod routing;
 mod sampling;
 mod score;
+mod startup;
 mod streaming;
 mod vllm_metrics;

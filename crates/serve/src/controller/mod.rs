@@ -215,10 +215,11 @@ impl Controller {
                 .unwrap_or_else(|| app.deployments[0].config.name.clone());
             let mut deployments = Vec::new();
             for spec in app.deployments {
+                let router = routers[&spec.config.name].clone();
                 if run_replicas && spec.config.num_replicas > 0 {
                     starting.push(format!("{name}/{}", spec.config.name));
+                    router.set_starting(true);
                 }
-                let router = routers[&spec.config.name].clone();
                 deployments.push((router, Arc::new(parking_lot::RwLock::new(spec))));
             }
             states.push(AppState {
@@ -279,13 +280,19 @@ impl Controller {
                         router.waker(),
                     )
                 });
-                let replicas =
-                    futures_util::future::try_join_all(starts)
-                        .await
-                        .map_err(|source| StartError::Replica {
+                let replicas = match futures_util::future::try_join_all(starts).await {
+                    Ok(replicas) => replicas,
+                    Err(source) => {
+                        // Nothing more starts: whoever waits for a replica here is told so.
+                        for (router, _) in self.apps.iter().flat_map(|a| &a.deployments) {
+                            router.set_starting(false);
+                        }
+                        return Err(StartError::Replica {
                             deployment: spec.config.name.clone(),
                             source,
-                        })?;
+                        });
+                    }
+                };
                 router.set_replicas(replicas.into_iter().map(Arc::new).collect());
                 let name = format!("{}/{}", app.name, spec.config.name);
                 self.starting.lock().retain(|d| *d != name);

@@ -41,6 +41,10 @@ impl Dispatch for DeploymentRouter {
         self.on_every_cache(|c| c.evict(id))
     }
 
+    fn starting(&self) -> bool {
+        self.is_starting()
+    }
+
     fn capacity_changed(self: Arc<Self>) {
         self.grant();
         self.changes.notify_one();

@@ -66,6 +66,9 @@ pub(crate) struct DeploymentRouter {
     /// `waiting`'s length, read without its lock.
     queued: AtomicUsize,
     shutting_down: AtomicBool,
+    /// This node is starting the deployment's first replicas: a request for this node's
+    /// replicas waits for them (in the queue, under its timeout) instead of being refused.
+    starting: AtomicBool,
     /// Held while a request places a model (loads it somewhere new): the decision is made
     /// again under it, and its pending mark is complete before the next placement looks. Without
     /// it, two first requests racing could see a torn view (one replica's model count already
@@ -108,6 +111,7 @@ impl DeploymentRouter {
             waiting: parking_lot::Mutex::default(),
             queued: AtomicUsize::new(0),
             shutting_down: AtomicBool::new(false),
+            starting: AtomicBool::new(false),
             placing: parking_lot::Mutex::new(()),
         }
     }
@@ -122,8 +126,29 @@ impl DeploymentRouter {
 
     pub(crate) fn set_replicas(self: &Arc<Self>, replicas: Vec<Arc<Replica>>) {
         self.replicas.store(Arc::new(replicas));
+        self.starting.store(false, Ordering::SeqCst);
         self.retarget();
         self.changes.notify_one();
+    }
+
+    /// Marks the deployment's first replicas on this node as starting (or, with `false`, as
+    /// given up on: a start that failed). Requests for this node's replicas wait while they
+    /// start; once none is starting and none runs, they are refused at once.
+    pub(crate) fn set_starting(&self, starting: bool) {
+        self.starting.store(starting, Ordering::SeqCst);
+        if !starting && self.targets.load().local.is_empty() {
+            // Whoever waited for them is told now, not at its timeout.
+            let mut waiting = self.waiting.lock();
+            waiting
+                .entries
+                .retain(|w| !matches!(w.route, Route::Local { .. }));
+            self.queued.store(waiting.entries.len(), Ordering::SeqCst);
+        }
+    }
+
+    /// Whether this node is still starting the deployment's first replicas.
+    pub(crate) fn is_starting(&self) -> bool {
+        self.starting.load(Ordering::SeqCst)
     }
 
     /// Replicas of this deployment on other nodes.
@@ -305,10 +330,20 @@ impl DeploymentRouter {
                 },
             });
         }
-        if matches!(route, Route::Local { .. }) && self.targets.load().local.is_empty() {
-            return Err(ServeError::NotHere {
-                reason: format!("this node runs no replica of '{}'", self.config.name),
-            });
+        if let Route::Local { preferred } = route
+            && self.targets.load().local.is_empty()
+        {
+            // A request another node forwarded here goes back to it, to be sent elsewhere; one
+            // of this node's own (a handle's) waits for replicas that are starting, and is
+            // refused, as unavailable, when none will.
+            if preferred.is_some() {
+                return Err(ServeError::NotHere {
+                    reason: format!("this node runs no replica of '{}'", self.config.name),
+                });
+            }
+            if !self.is_starting() {
+                return Err(self.none_here());
+            }
         }
         if self.queued.load(Ordering::SeqCst) == 0 {
             if let Some(found) = self.try_acquire(model, route) {
@@ -356,6 +391,7 @@ impl DeploymentRouter {
                 Ok(Err(_)) => {
                     return Err(match route {
                         Route::Anywhere => ServeError::ShuttingDown,
+                        _ if !self.shutting_down.load(Ordering::SeqCst) => self.none_here(),
                         Route::Local { .. } => ServeError::NotHere {
                             reason: "this node is shutting down".into(),
                         },
@@ -375,6 +411,17 @@ impl DeploymentRouter {
                 }
             }
         }
+    }
+
+    /// A request for this node's replicas where none runs or starts.
+    fn none_here(&self) -> ServeError {
+        ServeError::Failed(modelmux_cache::Failure::new(
+            modelmux_cache::ErrorKind::Unavailable,
+            format!(
+                "no replica of deployment '{}' is running on this node",
+                self.config.name
+            ),
+        ))
     }
 
     /// Hands free capacity to waiters in order: each waiter, from the first, gets a slot if the
