@@ -34,8 +34,16 @@ def find_binary() -> str:
         if _runnable(path):
             return str(path)
     tried = ", ".join(str(p) for p in candidates)
-    raise BinaryNotFoundError(
-        "the modelmux server binary was not found (tried "
-        f"{tried}): set MODELMUX_BIN to its path, build it in the modelmux checkout "
-        "(cargo build --release), or install a modelmux wheel that contains it"
-    )
+    if (repo / "Cargo.toml").is_file():
+        # An editable install in a checkout whose binary is not built yet.
+        fix = f"build it: cargo build --release (in {repo}), or set MODELMUX_BIN to its path"
+    else:
+        # `pip install ./python` copies the Python package alone, away from any checkout.
+        fix = (
+            "this modelmux package was installed without it (`pip install ./python` copies the "
+            "Python package only). Install the wheel that carries it instead: in a modelmux "
+            "checkout run scripts/build-python-wheel, then pip install target/wheels/modelmux-*.whl; "
+            "or install the checkout editable (pip install -e ./python) and build the binary "
+            "there (cargo build --release); or set MODELMUX_BIN to the binary's path"
+        )
+    raise BinaryNotFoundError(f"the modelmux server binary was not found (tried {tried}): {fix}")

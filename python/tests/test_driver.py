@@ -4,6 +4,7 @@ HTTP, and the binary look-up and console script."""
 import asyncio
 import json
 import os
+import shutil
 import socket
 import stat
 import subprocess
@@ -170,6 +171,26 @@ class BinaryTest(unittest.TestCase):
                 find_binary()
             os.chmod(f.name, 0o755)
             self.assertEqual(find_binary(), f.name)
+
+    def test_a_package_installed_without_the_binary_names_the_fix(self):
+        # What `pip install ./python` installs: the package alone, outside any checkout.
+        os.environ.pop("MODELMUX_BIN", None)
+        package = os.path.join(os.path.dirname(__file__), "..", "modelmux")
+        with tempfile.TemporaryDirectory() as d:
+            shutil.copytree(package, os.path.join(d, "site-packages", "modelmux"))
+            env = {k: v for k, v in worker_env().items() if k != "MODELMUX_BIN"}
+            env["PYTHONPATH"] = os.path.join(d, "site-packages")
+            out = subprocess.run(
+                [sys.executable, "-c", "from modelmux._cli import main; main()", "serve"],
+                env=env,
+                cwd=d,
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        self.assertEqual(out.returncode, 127, out.stderr)
+        for fix in ("scripts/build-python-wheel", "pip install -e ./python", "MODELMUX_BIN"):
+            self.assertIn(fix, out.stderr)
 
     def test_console_script_execs_the_binary_with_its_arguments(self):
         with tempfile.TemporaryDirectory() as d:

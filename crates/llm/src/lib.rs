@@ -46,8 +46,9 @@ pub use gguf::{AttentionTemperature, GgufFile, LlamaConfig, RopeScaling};
 pub use kv::{KvBudget, KvCache, KvDtype, KvReservation};
 pub use logprobs::{MAX_TOP_LOGPROBS, TokenLogprob, token_logprob};
 pub use lora::{
-    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterLease, AdapterPrecision, AdapterSources,
-    AllowedSources, InvalidSourceEntry, LoraAdapter, SourceMatch,
+    ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterLease, AdapterNames, AdapterPrecision,
+    AdapterSources, AllowedSources, InvalidSourceEntry, LoraAdapter, MAX_NAMES, SourceMatch,
+    TooManyNames,
 };
 pub use model::{LlamaModel, Segment};
 pub use runtime::{AdapterLoader, LlmRuntime, RuntimeOptions};

@@ -82,11 +82,15 @@ impl AdapterLoader {
         self
     }
 
-    /// Where adapter `id` is read: the repository, or for a source the repository of the
-    /// allowed entry it lies below, with its id there.
+    /// Where adapter `id` is read: the repository, or for a source (or a name registered for
+    /// one) the repository of the allowed entry it lies below, with its id there.
     fn locate(&self, id: &ModelId) -> Result<(&ModelRepository, ModelId)> {
         if AllowedSources::is_source(id.as_str()) {
             self.sources.resolve(id.as_str())
+        } else if let Some(source) = self.sources.names().get(id.as_str()) {
+            // A name registered for a source (checked against the rule when it was, and
+            // again here).
+            self.sources.resolve(&source)
         } else {
             Ok((&self.repository, id.clone()))
         }

@@ -80,10 +80,9 @@ impl Op {
                 });
             }
             _ => {
-                return Err(ServeError::NotFound {
-                    what: format!(
-                        "no endpoint {path}: this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/score, /v1/rerank, /v1/models, /tokenize, /detokenize)"
-                    ),
+                return Err(ServeError::UnknownEndpoint {
+                    path: path.to_owned(),
+                    endpoints: "this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/score, /v1/rerank, /v1/models, /tokenize, /detokenize)".into(),
                 });
             }
         })

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use http::{Method, header};
 use modelmux_cache::{BoxError, ModelId};
-use modelmux_llm::AllowedSources;
+use modelmux_llm::{AdapterNames, AllowedSources};
 use modelmux_serve::{
     Body, Deployment, DeploymentHandle, Holding, Request, Response, ServeError, json_response,
 };
@@ -28,23 +28,20 @@ pub(crate) struct OpenAiIngress {
     pub(crate) llm: DeploymentHandle,
     /// The base model's name.
     pub(crate) base: String,
+    /// The longest sequence a request may make, in tokens (`/v1/models` says it).
+    pub(crate) max_model_len: usize,
     /// The adapter repository, for listing (the LLM replicas load from their own handle).
     pub(crate) adapters: Option<ModelRepository>,
     /// Where requests may name adapters by source (`lora_config.allowed_sources`).
     pub(crate) sources: AllowedSources,
+    /// Adapters registered under a name by `/v1/load_lora_adapter` (shared with this
+    /// process's LLM replicas, which load them).
+    pub(crate) names: AdapterNames,
     pub(crate) created: u64,
     /// The application's route prefix, taken off paths (`/` takes nothing).
     pub(crate) prefix: String,
     /// The admin API's bearer token, which the adapter controls require when set.
     pub(crate) admin: modelmux_serve::AdminAccess,
-}
-
-/// `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` (vLLM's shape).
-#[derive(serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AdapterControl {
-    lora_name: String,
-    lora_path: Option<String>,
 }
 
 impl OpenAiIngress {
@@ -118,7 +115,7 @@ impl OpenAiIngress {
 
     /// Calls the LLM deployment with `call` (parsed from `body`, which goes along for a
     /// replica that must parse it again), on `adapter`'s multiplexed model id.
-    async fn forward(
+    pub(crate) async fn forward(
         &self,
         op: Op,
         body: Bytes,
@@ -139,77 +136,6 @@ impl OpenAiIngress {
             None => self.llm.options().no_model_id(),
         };
         handle.call(request).await
-    }
-
-    fn authorize(&self, request: &Request) -> Result<(), ServeError> {
-        self.admin.authorize(request.headers(), true)
-    }
-
-    /// vLLM's adapter controls, with the adapter repository and the allowed sources as the only
-    /// sources: a load is placed by the router like a first request (so it lands where that
-    /// adapter's traffic will go); an unload evicts it from every replica.
-    async fn adapter_control(&self, request: Request, load: bool) -> Result<Response, ServeError> {
-        self.authorize(&request)?;
-        let body = request
-            .into_body()
-            .to_bytes(usize::MAX)
-            .await
-            .map_err(|e| ServeError::BadRequest {
-                message: e.to_string(),
-            })?;
-        let control: AdapterControl = crate::params::parse_body(&body)?;
-        let adapter = self
-            .adapter_for(&control.lora_name)?
-            .ok_or_else(|| invalid("lora_name", "the base model cannot be loaded or unloaded"))?;
-        if let Some(path) = &control.lora_path {
-            // An adapter named by source is read from that source; one named by id from the
-            // repository.
-            let expected = if AllowedSources::is_source(adapter.as_str()) {
-                adapter.to_string()
-            } else {
-                let repository = self.adapters.as_ref().map(|r| r.url()).unwrap_or_default();
-                format!("{repository}/{adapter}")
-            };
-            if path.trim_end_matches('/') != expected {
-                return Err(invalid(
-                    "lora_path",
-                    format!(
-                        "adapters load from the configured repository or the source lora_name names: lora_path must be absent or '{expected}'"
-                    ),
-                ));
-            }
-        }
-        if load {
-            let response = self
-                .forward(
-                    Op::LoadAdapter,
-                    Bytes::new(),
-                    LlmCall::LoadAdapter,
-                    Some(adapter.clone()),
-                )
-                .await?;
-            let body = response.into_body().to_bytes(1 << 16).await.map_err(|e| {
-                ServeError::BadRequest {
-                    message: e.to_string(),
-                }
-            })?;
-            let answer: serde_json::Value =
-                serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-            Ok(json_response(&serde_json::json!({
-                "lora_name": adapter.as_str(),
-                "loaded_on": answer["replica"],
-            })))
-        } else {
-            let evicted = self.llm.evict_model(adapter.as_str());
-            if evicted.is_empty() {
-                return Err(ServeError::NotFound {
-                    what: format!("adapter '{adapter}' is not loaded on any replica"),
-                });
-            }
-            Ok(json_response(
-                &serde_json::json!({"lora_name": adapter.as_str(), "unloaded_from": evicted}),
-            ))
-        }
     }
 
     /// The models served, once the LLM replicas of this node have started: while they start,
@@ -248,20 +174,36 @@ impl OpenAiIngress {
                 }
             }
         }
-        let card = |id: String, parent: Option<String>, loaded_on: Vec<String>| ModelCard {
-            id,
-            object: "model",
-            created: self.created,
-            owned_by: "modelmux",
-            parent,
-            loaded_on,
-        };
-        let mut data = vec![card(self.base.clone(), None, replicas)];
+        let card =
+            |id: String, root: String, parent: Option<String>, loaded_on: Vec<String>| ModelCard {
+                id,
+                object: "model",
+                created: self.created,
+                owned_by: "modelmux",
+                root,
+                parent,
+                max_model_len: None,
+                loaded_on,
+            };
+        let mut base = card(self.base.clone(), self.base.clone(), None, replicas);
+        base.max_model_len = Some(self.max_model_len);
+        let mut data = vec![base];
+        // Names registered by a load with a path come last, in the order they were
+        // registered, named as they were (vLLM's listing), with the path as their root.
+        let names = self.names.list();
         data.extend(
             adapters
-                .into_iter()
-                .map(|(a, on)| card(format!("{}:{a}", self.base), Some(self.base.clone()), on)),
+                .iter()
+                .filter(|(a, _)| !names.iter().any(|(n, _)| n == *a))
+                .map(|(a, on)| {
+                    let id = format!("{}:{a}", self.base);
+                    card(id.clone(), id, Some(self.base.clone()), on.clone())
+                }),
         );
+        data.extend(names.into_iter().map(|(name, path)| {
+            let on = adapters.get(&name).cloned().unwrap_or_default();
+            card(name, path, Some(self.base.clone()), on)
+        }));
         Ok(json_response(
             &serde_json::json!({"object": "list", "data": data}),
         ))

@@ -13,6 +13,7 @@
 //! `POST /detokenize`, and vLLM's
 //! `POST /v1/load_lora_adapter` / `POST /v1/unload_lora_adapter` (behind the admin token).
 
+mod adapter_control;
 mod call;
 mod config;
 mod errors;
@@ -138,7 +139,12 @@ pub fn llm_deployments(
             )
         })
         .transpose()?;
-    let sources = config.adapter_sources(disk_cache)?;
+    // The adapters `/v1/load_lora_adapter` registers under a name: the ingress writes, this
+    // process's LLM replicas read.
+    let names = modelmux_llm::AdapterNames::default();
+    let sources = config
+        .adapter_sources(disk_cache)?
+        .with_names(names.clone());
     let allowed = sources.allowed().clone();
     let options = config.runtime_options();
     let interval = Duration::from_millis(config.experimental_configs.stream_batching_interval_ms);
@@ -169,6 +175,7 @@ pub fn llm_deployments(
     })
     .max_ongoing_requests(config.engine_kwargs.max_num_seqs);
     let base = config.model_loading_config.model_id.clone();
+    let max_model_len = config.engine_kwargs.max_model_len;
     let server_name = name.to_owned();
     let prefix = route_prefix.to_owned();
     let admin = admin.clone();
@@ -177,14 +184,18 @@ pub fn llm_deployments(
         let base = base.clone();
         let adapters = adapters.clone();
         let sources = allowed.clone();
+        let names = names.clone();
         let prefix = prefix.clone();
         let admin = admin.clone();
+        let max_model_len = max_model_len;
         async move {
             Ok(ingress::OpenAiIngress {
                 llm: llm?,
                 base,
+                max_model_len,
                 adapters,
                 sources,
+                names,
                 created: protocol::unix_now(),
                 prefix,
                 admin,

@@ -207,8 +207,14 @@ pub(crate) struct ModelCard {
     pub(crate) object: &'static str,
     pub(crate) created: u64,
     pub(crate) owned_by: &'static str,
+    /// What it was loaded from (vLLM's field): the base model's name, an adapter's id, or the
+    /// path an adapter's name was registered for.
+    pub(crate) root: String,
     /// The base model an adapter applies to (`null` for the base model).
     pub(crate) parent: Option<String>,
+    /// The longest sequence, in tokens (the base model's card only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) max_model_len: Option<usize>,
     /// The replicas holding it now (an extension: which adapters are warm where).
     pub(crate) loaded_on: Vec<String>,
 }

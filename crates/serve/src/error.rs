@@ -24,6 +24,15 @@ pub enum ServeError {
         /// The request's path.
         path: String,
     },
+    /// An API has no endpoint at this path: 404 with the request's path and the endpoints the
+    /// API has, both echoed as they are (neither is a server's file path).
+    #[error("no endpoint {path}: {endpoints}")]
+    UnknownEndpoint {
+        /// The request's path.
+        path: String,
+        /// What the API serves instead.
+        endpoints: String,
+    },
     /// The request is malformed.
     #[error("{message}")]
     BadRequest {
@@ -215,7 +224,9 @@ impl ServeError {
     /// The HTTP status this error is answered with.
     pub fn http_status(&self) -> StatusCode {
         match self {
-            Self::NoRoute { .. } | Self::NotFound { .. } => StatusCode::NOT_FOUND,
+            Self::NoRoute { .. } | Self::NotFound { .. } | Self::UnknownEndpoint { .. } => {
+                StatusCode::NOT_FOUND
+            }
             Self::BadRequest { .. } | Self::InvalidParameter { .. } | Self::InvalidModelId(_) => {
                 StatusCode::BAD_REQUEST
             }
@@ -258,7 +269,7 @@ impl ServeError {
             Self::QueueTimeout { .. } => "queue_timeout",
             Self::UnknownDeployment { .. } => "unknown_deployment",
             Self::Unauthorized => "unauthorized",
-            Self::NotFound { .. } => "not_found",
+            Self::NotFound { .. } | Self::UnknownEndpoint { .. } => "not_found",
             // A failed load says what its loader said (an unknown model, a broken one).
             Self::Model(e) => match (self.http_status(), e) {
                 (StatusCode::NOT_FOUND, _) => "model_not_found",
@@ -324,7 +335,9 @@ impl ServeError {
         // The request's own path is echoed as it came; everything else may carry a server's
         // paths or a URL's secrets (from a loader, a store, a runtime).
         let message = match self {
-            Self::NoRoute { .. } | Self::NotImplemented { .. } => self.to_string(),
+            Self::NoRoute { .. } | Self::UnknownEndpoint { .. } | Self::NotImplemented { .. } => {
+                self.to_string()
+            }
             _ => crate::redact::redact(&self.to_string()),
         };
         serde_json::json!({

@@ -20,10 +20,12 @@ use crate::gguf::LlamaConfig;
 use crate::weights::Target;
 
 mod config;
+mod names;
 mod pair;
 mod source;
 
 use config::parse_config;
+pub use names::{AdapterNames, MAX_NAMES, TooManyNames};
 pub use pair::AdapterPrecision;
 pub(crate) use pair::LoraPair;
 pub use source::{AdapterSources, AllowedSources, InvalidSourceEntry, SourceMatch};

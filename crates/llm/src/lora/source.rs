@@ -19,6 +19,8 @@ use modelmux_store::ModelRepository;
 
 use crate::error::{LlmError, Result};
 
+use super::AdapterNames;
+
 /// Schemes of the store layer that a source may have; a plain absolute path is `file`.
 const SCHEMES: [&str; 5] = ["file", "s3", "s3a", "http", "https"];
 
@@ -254,6 +256,8 @@ pub struct AdapterSources {
     allowed: AllowedSources,
     /// One per entry, in order.
     repositories: Vec<ModelRepository>,
+    /// Adapters registered under a name, each read from its source.
+    names: AdapterNames,
 }
 
 impl AdapterSources {
@@ -270,7 +274,19 @@ impl AdapterSources {
         Ok(Self {
             allowed,
             repositories,
+            names: AdapterNames::default(),
         })
+    }
+
+    /// Reads the adapters registered in `names` from their sources.
+    pub fn with_names(mut self, names: AdapterNames) -> Self {
+        self.names = names;
+        self
+    }
+
+    /// The adapters registered under a name.
+    pub fn names(&self) -> &AdapterNames {
+        &self.names
     }
 
     /// The rule.

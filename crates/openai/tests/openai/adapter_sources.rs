@@ -238,7 +238,8 @@ async fn s3_sources_outside_allowed_sources_are_refused_and_never_reach_the_stor
         "{}",
         String::from_utf8_lossy(&loaded.body)
     );
-    assert_eq!(loaded.json()["lora_name"], source);
+    let text = String::from_utf8_lossy(&loaded.body);
+    assert!(text.contains("success") && text.contains(&source), "{text}");
 
     // The S3 server's log: the served adapter was read (so the log is live and complete up to
     // here), and nothing was asked about the refused ones since the uploads.
