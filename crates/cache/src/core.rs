@@ -537,9 +537,13 @@ impl<M: Model> Core<M> {
             pinned: r.pinned.load(Ordering::Relaxed),
             idle_for: r.idle_for(),
         });
-        let loading = st.loading.keys().map(|id| ModelInfo {
+        let loading = st.loading.iter().map(|(id, slot)| ModelInfo {
             id: id.clone(),
-            status: ModelStatus::Loading,
+            status: if slot.started {
+                ModelStatus::Loading
+            } else {
+                ModelStatus::Queued
+            },
             size_bytes: None,
             in_use: 0,
             pinned: false,

@@ -98,7 +98,11 @@ impl EvictReason {
 /// Where a model stands, as seen in a snapshot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModelStatus {
-    /// A load is in progress.
+    /// A load waits for a turn (`max_concurrent_loads`) or for room under the caps: it holds
+    /// no capacity yet. (Events and subscription snapshots call it `Loading`: for routing,
+    /// both mean "requests for this id come here and wait".)
+    Queued,
+    /// A load is in progress: it holds its share of the caps.
     Loading,
     /// Loaded and servable.
     Loaded,

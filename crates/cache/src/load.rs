@@ -39,6 +39,8 @@ pub(crate) struct LoadSlot<M: Model> {
     tx: Arc<LoadSender<M>>,
     /// Set just after the task is spawned (outside the lock); `None` for that instant.
     pub(crate) task: Option<AbortHandle>,
+    /// It has its turn and its room: it counts against the caps (until then it is queued).
+    pub(crate) started: bool,
     /// Tells this load from a later one for the same id.
     generation: u64,
 }
@@ -121,6 +123,7 @@ impl<M: Model> Core<M> {
         let slot = LoadSlot {
             tx: tx.clone(),
             task: None,
+            started: false,
             generation,
         };
         st.loading.insert(id.clone(), slot);
@@ -204,6 +207,9 @@ impl<M: Model> Core<M> {
         // Room may have taken a while: if everyone left meanwhile, load nothing.
         if let Some(e) = self.cancel_if_abandoned(ticket, tx) {
             return Err(e);
+        }
+        if let Some(slot) = self.state.lock().loading.get_mut(id) {
+            slot.started = true;
         }
         Metrics::add(&self.metrics.loads);
         tracing::info!(model_id = %id, "Loading model '{id}'.");

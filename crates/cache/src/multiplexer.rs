@@ -308,7 +308,8 @@ impl<M: Model> Multiplexer<M> {
         self.core.state.lock().loading.keys().cloned().collect()
     }
 
-    /// Every model held: loaded ones first, most recently used first, then loading ones.
+    /// Every model held: loaded ones first, most recently used first, then loading ones (and
+    /// those queued to load, which hold no capacity yet).
     pub fn models(&self) -> Vec<ModelInfo> {
         self.core.models()
     }
@@ -431,7 +432,7 @@ impl<M: Model> Multiplexer<M> {
 pub struct ModelInfo {
     /// The model.
     pub id: ModelId,
-    /// Loaded or loading.
+    /// Loaded, loading, or queued to load.
     pub status: ModelStatus,
     /// Reported size, when loaded and known.
     pub size_bytes: Option<u64>,

@@ -60,13 +60,15 @@ fn render(models: &Value) -> String {
                         )
                     })
                     .collect();
-                let loading: Vec<String> = list(&rep["loading"])
-                    .iter()
-                    .filter_map(|v| v.as_str().map(String::from))
-                    .collect();
                 let mut models = loaded.join(", ");
-                if !loading.is_empty() {
-                    models.push_str(&format!("; loading: {}", loading.join(", ")));
+                for what in ["loading", "queued"] {
+                    let ids: Vec<String> = list(&rep[what])
+                        .iter()
+                        .filter_map(|v| v.as_str().map(String::from))
+                        .collect();
+                    if !ids.is_empty() {
+                        models.push_str(&format!("; {what}: {}", ids.join(", ")));
+                    }
                 }
                 let up = match rep["available"].as_bool() {
                     Some(false) => "no",

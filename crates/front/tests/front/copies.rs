@@ -64,3 +64,42 @@ async fn a_hot_model_with_slow_requests_still_gets_a_copy() {
     assert_eq!(loads, 2, "no copy for a slow hot model");
     assert_eq!(replicas.len(), 2, "{replicas:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_behind_a_long_one_moves_to_an_idle_replica() {
+    // Two replicas of one slot each, cheap loads (10 ms), long requests (2 s): the second of
+    // two requests for one model arrives while the first runs. It is queued at first (its
+    // holder has only just filled), and placed again once its wait has outgrown the load:
+    // on the other replica, not 2 s later behind the first (Ray's
+    // test_multiplexed_multiple_replicas has both run at once).
+    let counters = Arc::new(Counters::default());
+    let spec = counted(
+        "Model",
+        counters.clone(),
+        Multiplexer::builder().max_models(2),
+        Duration::from_millis(10),
+        Duration::from_secs(2),
+    )
+    .num_replicas(2)
+    .max_ongoing_requests(1);
+    let server = common::serve(spec).await;
+    let addr = server.local_addr();
+    let first = tokio::spawn(async move { get_model(addr, "m").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let second = tokio::spawn(async move { get_model(addr, "m").await });
+    // Both are running at once: two loads (one per replica), both started long before the
+    // first request could have finished.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while counters.loads.load(Ordering::SeqCst) < 2 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second request still waits behind the first: {}",
+            common::get(addr, "/-/models", &[]).await.text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (a, b) = (first.await.unwrap(), second.await.unwrap());
+    assert_eq!((a.status, b.status), (StatusCode::OK, StatusCode::OK));
+    assert_ne!(a.replica(), b.replica());
+    server.shutdown().await;
+}

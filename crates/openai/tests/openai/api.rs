@@ -455,7 +455,10 @@ async fn adapters_are_loaded_and_unloaded_with_vllms_controls_behind_the_admin_t
     .await;
     assert_eq!(gone.status, 200, "{}", String::from_utf8_lossy(&gone.body));
     let text = String::from_utf8_lossy(&gone.body);
-    assert!(text.contains("success") && text.contains("from 1 replica"), "{text}");
+    assert!(
+        text.contains("success") && text.contains("from 1 replica"),
+        "{text}"
+    );
     assert!(!loaded(
         &get(addr, "/v1/models").await.json(),
         "smollm2:poet"

@@ -82,8 +82,12 @@ pub struct ReplicaModels {
     pub max_ongoing_requests: usize,
     /// Models loaded.
     pub loaded: Vec<LoadedModel>,
-    /// Models being loaded.
+    /// Models being loaded (each holds its share of the caps).
     pub loading: Vec<String>,
+    /// Models whose load waits for a turn (`max_concurrent_loads`) or for room: they hold
+    /// nothing yet (this node's replicas only).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub queued: Vec<String>,
     /// Models evicted whose last requests (or unload) have not finished.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub draining: Vec<String>,
@@ -242,6 +246,7 @@ impl Controller {
 fn local_models(replica: &Replica, node: Option<&str>) -> ReplicaModels {
     let mut loaded = Vec::new();
     let mut loading = Vec::new();
+    let mut queued = Vec::new();
     for info in replica.caches.iter().flat_map(|c| c.models()) {
         match info.status {
             ModelStatus::Loaded => loaded.push(LoadedModel {
@@ -252,6 +257,7 @@ fn local_models(replica: &Replica, node: Option<&str>) -> ReplicaModels {
                 idle_seconds: Some(info.idle_for.as_secs_f64()),
             }),
             ModelStatus::Loading => loading.push(info.id.to_string()),
+            ModelStatus::Queued => queued.push(info.id.to_string()),
         }
     }
     ReplicaModels {
@@ -264,6 +270,7 @@ fn local_models(replica: &Replica, node: Option<&str>) -> ReplicaModels {
         max_ongoing_requests: replica.max_ongoing(),
         loaded,
         loading,
+        queued,
         draining: replica.caches.iter().flat_map(|c| c.draining()).collect(),
     }
 }
@@ -296,6 +303,7 @@ fn remote_models(replica: &RemoteReplica) -> ReplicaModels {
         max_ongoing_requests: replica.slot.max_ongoing(),
         loaded,
         loading,
+        queued: Vec::new(),
         draining: Vec::new(),
     }
 }
@@ -366,6 +374,7 @@ mod tests {
                 idle_seconds: Some(0.5),
             }],
             loading: vec!["n".into()],
+            queued: vec!["q".into()],
             draining: Vec::new(),
         };
         assert_eq!(
@@ -376,6 +385,7 @@ mod tests {
                 "loaded": [{"id": "m", "size_bytes": null, "in_use": 1, "pinned": false,
                             "idle_seconds": 0.5}],
                 "loading": ["n"],
+                "queued": ["q"],
             })
         );
         let remote = ReplicaModels {
@@ -390,6 +400,7 @@ mod tests {
                 pinned: None,
                 idle_seconds: None,
             }],
+            queued: Vec::new(),
             ..local
         };
         assert_eq!(

@@ -95,6 +95,9 @@ impl ReplicaView for Target {
     fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
         self.slot().backing_off(id, now)
     }
+    fn full_for(&self, now: Instant) -> Option<Duration> {
+        self.slot().full_for(now)
+    }
 }
 
 impl ReplicaView for Replica {
@@ -136,5 +139,8 @@ impl ReplicaView for Replica {
     }
     fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
         self.slot.backing_off(id, now)
+    }
+    fn full_for(&self, now: Instant) -> Option<Duration> {
+        self.slot.full_for(now)
     }
 }

@@ -65,6 +65,10 @@ pub struct ReplicaLedger {
     freed: tokio::sync::Notify,
     /// Recent service time, an exponentially weighted mean in microseconds (0: none yet).
     service_micros: AtomicU64,
+    /// When its last slot was taken (nanoseconds after `born`): while it stays saturated, how
+    /// long nothing has freed. Read only by the copy rule, written only when a take fills it.
+    filled_at: AtomicU64,
+    born: Instant,
     /// Models whose load failed here: until when to place them elsewhere, and failures in a
     /// row (the avoidance doubles with each, as the cache's backoff does).
     failed: parking_lot::Mutex<HashMap<ModelId, (Instant, u32)>>,
@@ -144,6 +148,8 @@ impl ReplicaLedger {
             resuming: AtomicUsize::new(0),
             freed: tokio::sync::Notify::new(),
             service_micros: AtomicU64::new(0),
+            filled_at: AtomicU64::new(0),
+            born: Instant::now(),
             failed: parking_lot::Mutex::default(),
         }
     }
@@ -222,11 +228,24 @@ impl ReplicaLedger {
     }
 
     fn take(&self) -> bool {
-        self.ongoing
+        let taken = self
+            .ongoing
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                 (n < self.max_ongoing).then_some(n + 1)
-            })
-            .is_ok()
+            });
+        match taken {
+            Ok(before) => {
+                if before + 1 == self.max_ongoing && self.tracks_models {
+                    // The clock is read only when a take fills the replica (and only where
+                    // model ids steer routing, the one place it is asked).
+                    let at = Instant::now().duration_since(self.born).as_nanos();
+                    self.filled_at
+                        .store(u64::try_from(at).unwrap_or(u64::MAX), Ordering::Relaxed);
+                }
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// Releases a slot; returns the number still in progress.
@@ -336,7 +355,7 @@ impl ReplicaLedger {
             m.retain(|_, e| e.source != source);
             for (id, status) in snapshot {
                 let holding = match status {
-                    ModelStatus::Loading => Holding::Loading,
+                    ModelStatus::Queued | ModelStatus::Loading => Holding::Loading,
                     ModelStatus::Loaded => Holding::Loaded,
                 };
                 set(m, id, holding, source);
@@ -524,6 +543,14 @@ impl ReplicaView for ReplicaLedger {
 
     fn load_time(&self, id: &ModelId) -> Option<Duration> {
         self.models.load().get(id).and_then(|e| e.load_time)
+    }
+
+    fn full_for(&self, now: Instant) -> Option<Duration> {
+        if !self.is_saturated() {
+            return None;
+        }
+        let filled = self.born + Duration::from_nanos(self.filled_at.load(Ordering::Relaxed));
+        Some(now.saturating_duration_since(filled))
     }
 
     fn backing_off(&self, id: &ModelId, now: Instant) -> bool {

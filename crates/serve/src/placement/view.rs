@@ -39,6 +39,10 @@ pub trait ReplicaView {
     fn load_time(&self, _id: &ModelId) -> Option<Duration> {
         None
     }
+    /// While it is saturated: how long since its last slot was taken, no slot having freed
+    /// since (how long requests queued for it have had to wait at least). No default: a view
+    /// that forwards to another must forward this too, or the copy rule goes blind.
+    fn full_for(&self, now: Instant) -> Option<Duration>;
     /// Whether a load of `id` failed here recently: placing it here again would only be
     /// refused while the replica backs off.
     fn backing_off(&self, _id: &ModelId, _now: Instant) -> bool {
@@ -60,6 +64,9 @@ impl<T: ReplicaView> ReplicaView for Arc<T> {
     }
     fn load_time(&self, id: &ModelId) -> Option<Duration> {
         (**self).load_time(id)
+    }
+    fn full_for(&self, now: Instant) -> Option<Duration> {
+        (**self).full_for(now)
     }
     fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
         (**self).backing_off(id, now)

@@ -8,9 +8,11 @@
 //!    now would be ready no sooner, and a burst of first requests must trigger one load.
 //! 3. Holders all saturated with `m` loaded: a further copy only if it pays, that is if the
 //!    expected wait for a holder (its recent service time, scaled by the requests already
-//!    queued per holder slot) is longer than loading `m` took. Bursts of cheap requests then
+//!    queued per holder slot, or how long the holders have been full without a slot freeing,
+//!    whichever is longer) is longer than loading `m` took. Bursts of cheap requests then
 //!    wait for the holder instead of loading copies that take other models' slots; a hot
-//!    model with slow requests still gets copies.
+//!    model with slow requests still gets copies, and a request queued behind a long one is
+//!    placed again once its wait has outgrown the load.
 //! 4. No holder, or a copy pays: place `m` on the best other replica: one with a free model
 //!    slot, then the fewest models, then the highest rendezvous hash of `(m, replica)`. The
 //!    hash makes the choice deterministic, so every router (and every ingress process) with
@@ -156,14 +158,19 @@ pub fn choose<R: ReplicaView>(
 }
 
 /// Whether another copy of `model` pays, with every holder saturated: the expected wait for a
-/// holder is longer than a load of it took. With no request measured yet on the holders, it
-/// waits for the first measurement (the requests of a first burst finish in about one service
-/// time, and copying then would race the holder's drain); with no load time known, a copy is
-/// made, as before any measurement.
+/// holder is longer than a load of it took. The wait is the larger of two estimates: the
+/// holders' recent service time scaled by the requests queued per holder slot, and how long
+/// the holders have been full with no slot freeing (a request that has run that long is
+/// expected to run as long again; it is also the only estimate before any request finished).
+/// So a burst of cheap requests waits for its holder, while a request queued behind a long
+/// one gets a copy as soon as the wait has outgrown the load, whether it just arrived or has
+/// waited since before (the dispatcher asks again for queued requests). With no load time
+/// known, a copy is made, as before any measurement.
 fn copy_pays<R: ReplicaView>(
     replicas: &[R],
     holders: &[usize],
     model: &ModelId,
+    now: Instant,
     waiting: usize,
 ) -> bool {
     let Some(load) = holders
@@ -173,16 +180,18 @@ fn copy_pays<R: ReplicaView>(
     else {
         return true;
     };
-    let Some(service) = holders
+    let slots: usize = holders.iter().map(|&i| replicas[i].max_ongoing()).sum();
+    let measured = holders
         .iter()
         .filter_map(|&i| replicas[i].service_time())
         .min()
-    else {
-        return false;
-    };
-    let slots: usize = holders.iter().map(|&i| replicas[i].max_ongoing()).sum();
-    let wait = service.mul_f64(1.0 + waiting as f64 / slots.max(1) as f64);
-    wait > load
+        .map(|service| service.mul_f64(1.0 + waiting as f64 / slots.max(1) as f64));
+    let stalled = holders
+        .iter()
+        .map(|&i| replicas[i].full_for(now))
+        .min()
+        .flatten();
+    measured.max(stalled).is_some_and(|wait| wait > load)
 }
 
 /// Replica indices, on the stack up to 16 (a choice is made for every request; two heap
@@ -225,7 +234,7 @@ pub fn choose_with<R: ReplicaView>(
     {
         return Choice::Wait;
     }
-    if !holders.is_empty() && !copy_pays(replicas, &holders, model, waiting) {
+    if !holders.is_empty() && !copy_pays(replicas, &holders, model, now, waiting) {
         return Choice::Wait;
     }
     let candidate = |i: usize| open(&replicas[i]) && !holders.contains(&i);

@@ -19,6 +19,7 @@ struct Fake {
     oldest: u64,
     service: Option<Duration>,
     load: Option<Duration>,
+    full: Option<Duration>,
     failed: Vec<ModelId>,
 }
 
@@ -33,6 +34,7 @@ fn fake(id: &str) -> Fake {
         oldest: u64::MAX,
         service: None,
         load: None,
+        full: None,
         failed: Vec::new(),
     }
 }
@@ -80,6 +82,9 @@ impl ReplicaView for Fake {
     fn backing_off(&self, id: &ModelId, _now: Instant) -> bool {
         self.failed.contains(id)
     }
+    fn full_for(&self, _now: Instant) -> Option<Duration> {
+        self.full.filter(|_| self.is_saturated())
+    }
 }
 
 #[tokio::test]
@@ -109,6 +114,31 @@ async fn a_copy_is_loaded_only_when_waiting_for_the_holder_would_take_longer() {
     // No load time known: copy, as before any measurement.
     rs[0].load = None;
     assert_eq!(at(&rs, 0, &mut rng), Choice::Replica(1, Reason::NewCopy));
+}
+
+#[tokio::test]
+async fn a_holder_full_for_longer_than_the_load_gets_a_copy_measured_or_not() {
+    let ms = Duration::from_millis;
+    let mut rs = vec![fake("a"), fake("b")];
+    rs[0].models.insert(id("m"), Holding::Loaded);
+    rs[0].ongoing = 5;
+    rs[0].load = Some(ms(10));
+    let mut rng = Rng::new(5);
+    let at = |rs: &[Fake], rng: &mut Rng| choose_with(rs, Some(&id("m")), Instant::now(), rng, 0);
+    // Nothing measured, full for 5 ms of a 10 ms load: wait for the holder.
+    rs[0].full = Some(ms(5));
+    assert_eq!(at(&rs, &mut rng), Choice::Wait);
+    // Full for 3 s with nothing freeing (one long request ahead): a copy on the other replica,
+    // though no request has finished yet (Ray falls back to any replica after a second or two).
+    rs[0].full = Some(ms(3000));
+    assert_eq!(at(&rs, &mut rng), Choice::Replica(1, Reason::NewCopy));
+    // Cheap requests measured (2 ms) but the holder stuck for 50 ms: the stall decides.
+    rs[0].service = Some(ms(2));
+    rs[0].full = Some(ms(50));
+    assert_eq!(at(&rs, &mut rng), Choice::Replica(1, Reason::NewCopy));
+    // ...and a holder that just filled waits, as before.
+    rs[0].full = Some(ms(1));
+    assert_eq!(at(&rs, &mut rng), Choice::Wait);
 }
 
 #[tokio::test]
