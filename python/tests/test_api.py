@@ -5,6 +5,7 @@ import pickle
 import unittest
 
 from modelmux import serve
+from modelmux._api.multiplex import find_multiplexed
 from modelmux._api.graph import deployments_of
 from modelmux.serve.exceptions import BatchSizeMismatchError, RayServeException
 from modelmux.serve.handle import DeploymentHandle
@@ -146,7 +147,36 @@ class MultiplexedTest(unittest.TestCase):
         with self.assertRaises(TypeError):
             serve.multiplexed(size_bytes=12)
         with self.assertRaisesRegex(TypeError, r"must take \(self, model_id\)"):
-            serve.multiplexed(lambda self: None)
+            serve.multiplexed(lambda: None)
+        with self.assertRaisesRegex(TypeError, r"must take \(self, model_id\)"):
+            serve.multiplexed(lambda self, a, b: None)
+        with self.assertRaisesRegex(TypeError, "decorates a method"):
+            serve.multiplexed(type("Model", (), {}))
+
+    def test_plain_loaders_need_allow_sync_as_ray_refuses_them(self):
+        def get_model(model_id: str):
+            return model_id
+
+        with self.assertRaisesRegex(TypeError, "must be `async def`.*allow_sync=True"):
+            serve.multiplexed(get_model)
+        self.assertEqual(serve.multiplexed(allow_sync=True)(get_model)("a"), "a")
+
+    def test_a_plain_function_loader_is_found_through_the_methods_that_call_it(self):
+        @serve.multiplexed(max_num_models_per_replica=2)
+        async def get_model(model_id: str):
+            return f"model-{model_id}"
+
+        class Inferencer:
+            async def __call__(self, request):
+                return await get_model(serve.get_multiplexed_model_id())
+
+        found = find_multiplexed(Inferencer)
+        self.assertIsNotNone(found)
+        self.assertEqual(found[0], "get_model")
+        self.assertFalse(found[1].method)
+        self.assertEqual(found[1].max_num_models_per_replica, 2)
+        # Outside a replica it just loads.
+        self.assertEqual(asyncio.run(get_model("1")), "model-1")
 
     def test_outside_a_worker_the_loader_runs_directly_and_uncached(self):
         loads = []
@@ -157,7 +187,7 @@ class MultiplexedTest(unittest.TestCase):
                 loads.append(model_id)
                 return f"model-{model_id}"
 
-            @serve.multiplexed
+            @serve.multiplexed(allow_sync=True)
             def get_sync(self, model_id: str):
                 loads.append(model_id)
                 return model_id.upper()

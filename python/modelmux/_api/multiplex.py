@@ -28,6 +28,9 @@ class MultiplexConfig:
     max_num_models_per_replica: int
     max_bytes_per_replica: int | None
     size_bytes: Callable[[Any], int] | None
+    # A method taking (self, model_id); else a plain function taking (model_id), which the
+    # deployment's methods call (Ray accepts both).
+    method: bool = True
 
     def describe(self) -> dict[str, Any]:
         """The `multiplexed` entry `--inspect` reports."""
@@ -51,18 +54,41 @@ def _not_held(model_id: str) -> RuntimeError:
     )
 
 
+def _in_this_replica(config: MultiplexConfig, owner: Any) -> Any:
+    """The worker runtime when this loader is the replica's own (a method of the replica's
+    instance, or the function the replica's deployment multiplexes with); else None, and the
+    loader just runs."""
+    rt = context.runtime()
+    if rt is None:
+        return None
+    if config.method:
+        return rt if rt.instance is owner else None
+    return rt if getattr(rt, "multiplexed_func", None) is config.func else None
+
+
 def _wrap(config: MultiplexConfig) -> Callable[..., Any]:
     func = config.func
     missing = object()
 
+    def split(args: tuple[Any, ...]) -> tuple[Any, str]:
+        """(the instance or None, the model id) of a call."""
+        if config.method:
+            if len(args) != 2:
+                raise TypeError(f"{func.__qualname__}() takes (self, model_id)")
+            return args[0], args[1]
+        if len(args) != 1:
+            raise TypeError(f"{func.__qualname__}() takes (model_id)")
+        return None, args[0]
+
     if inspect.iscoroutinefunction(func):
 
         @functools.wraps(func)
-        async def load_async(self: Any, model_id: str) -> Any:
+        async def load_async(*args: Any) -> Any:
+            owner, model_id = split(args)
             _check_model_id(model_id)
-            rt = context.runtime()
-            if rt is None or rt.instance is not self:
-                return await func(self, model_id)
+            rt = _in_this_replica(config, owner)
+            if rt is None:
+                return await func(*args)
             model = _held_model(rt, model_id, missing)
             if model is not missing:
                 return model
@@ -77,11 +103,12 @@ def _wrap(config: MultiplexConfig) -> Callable[..., Any]:
     else:
 
         @functools.wraps(func)
-        def load_sync(self: Any, model_id: str) -> Any:
+        def load_sync(*args: Any) -> Any:
+            owner, model_id = split(args)
             _check_model_id(model_id)
-            rt = context.runtime()
-            if rt is None or rt.instance is not self:
-                return func(self, model_id)
+            rt = _in_this_replica(config, owner)
+            if rt is None:
+                return func(*args)
             model = _held_model(rt, model_id, missing)
             if model is not missing:
                 return model
@@ -133,17 +160,23 @@ def multiplexed(
     max_num_models_per_replica: int = 3,
     max_bytes_per_replica: int | None = None,
     size_bytes: Callable[[Any], int] | None = None,
+    allow_sync: bool = False,
     **unknown: Any,
 ) -> Any:
-    """Marks a deployment's method that loads a model by id, as Ray's `@serve.multiplexed`.
+    """Marks a deployment's method that loads a model by id, as Ray's `@serve.multiplexed`:
+    a method `async def get_model(self, model_id)`, or a plain function
+    `async def get_model(model_id)` that the deployment's methods call.
 
-    The method takes the model id (a non-empty str) and returns the model; async or plain.
+    It takes the model id (a non-empty str) and returns the model. As in Ray it must be
+    `async def`; `allow_sync=True` (modelmux's own) also takes a plain `def`, which a plain
+    method (run in a thread) may call.
 
     Args:
         max_num_models_per_replica: models one replica holds at most (-1: no limit).
         max_bytes_per_replica: bytes of models one replica holds at most (None: no limit);
             the sizes come from `size_bytes`.
         size_bytes: a callable giving a loaded model's size in bytes.
+        allow_sync: accept a plain (non-async) loader.
     """
     if unknown:
         names = ", ".join(repr(n) for n in unknown)
@@ -164,23 +197,38 @@ def multiplexed(
         raise TypeError("size_bytes must be a callable taking the model and returning its bytes")
 
     def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
-        if not callable(f):
-            raise TypeError("@serve.multiplexed decorates a method taking the model id")
-        params = list(inspect.signature(f).parameters.values())
-        if len(params) != 2:
+        if inspect.isclass(f) or not callable(f):
             raise TypeError(
-                f"@serve.multiplexed method {f.__qualname__} must take (self, model_id), "
-                f"it takes ({', '.join(p.name for p in params)})"
+                "@serve.multiplexed decorates a method (self, model_id) or a function (model_id)"
+            )
+        params = list(inspect.signature(f).parameters.values())
+        if len(params) not in (1, 2):
+            raise TypeError(
+                f"@serve.multiplexed method {f.__qualname__} must take (self, model_id) or, as "
+                f"a plain function, (model_id); it takes ({', '.join(p.name for p in params)})"
+            )
+        if not inspect.iscoroutinefunction(f) and not allow_sync:
+            raise TypeError(
+                f"@serve.multiplexed {f.__qualname__} must be `async def` (as in Ray); "
+                "modelmux also takes a plain def with allow_sync=True"
             )
         return _wrap(
-            MultiplexConfig(f, max_num_models_per_replica, max_bytes_per_replica, size_bytes)
+            MultiplexConfig(
+                f,
+                max_num_models_per_replica,
+                max_bytes_per_replica,
+                size_bytes,
+                method=len(params) == 2,
+            )
         )
 
     return decorate if func is None else decorate(func)
 
 
 def find_multiplexed(cls: type) -> tuple[str, MultiplexConfig] | None:
-    """The class's multiplexed method (its name and configuration), if it has one.
+    """The class's multiplexed loader (its name and configuration), if it has one: one of its
+    methods, else a multiplexed function its methods call by name (a module-level
+    `async def get_model(model_id)`, as Ray allows).
 
     Raises TypeError when it has more than one.
     """
@@ -189,6 +237,8 @@ def find_multiplexed(cls: type) -> tuple[str, MultiplexConfig] | None:
         config = getattr(inspect.getattr_static(cls, name), _ATTR, None)
         if isinstance(config, MultiplexConfig):
             found.append((name, config))
+    if not found:
+        found = _called_functions(cls)
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
         raise TypeError(
@@ -196,3 +246,27 @@ def find_multiplexed(cls: type) -> tuple[str, MultiplexConfig] | None:
             f"({names}); modelmux keeps one model table per replica"
         )
     return found[0] if found else None
+
+
+def _called_functions(cls: type) -> list[tuple[str, MultiplexConfig]]:
+    """The multiplexed functions the class's own methods name: among their globals, or
+    among the variables they close over (a function defined in an enclosing function)."""
+    found: dict[int, tuple[str, MultiplexConfig]] = {}
+    for attr in vars(cls).values():
+        func = getattr(attr, "__func__", attr)
+        code = getattr(func, "__code__", None)
+        if code is None:
+            continue
+        names: list[tuple[str, Any]] = [
+            (name, getattr(func, "__globals__", {}).get(name)) for name in code.co_names
+        ]
+        for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
+            try:
+                names.append((name, cell.cell_contents))
+            except ValueError:  # an empty cell
+                continue
+        for name, value in names:
+            config = getattr(value, _ATTR, None)
+            if isinstance(config, MultiplexConfig) and not config.method:
+                found[id(config)] = (name, config)
+    return list(found.values())

@@ -79,6 +79,8 @@ class Worker:
         self.loop = asyncio.get_running_loop()
         self.app_name: str = spec.get("app_name") or "default"
         self.instance: Any = None
+        # The module-level function the deployment multiplexes with (None for a method).
+        self.multiplexed_func: Any = None
         self.models: dict[str, Any] = {}
         self._spec = spec
         self._root = root
@@ -114,7 +116,12 @@ class Worker:
         multiplexed = find_multiplexed(cls)
         if multiplexed is not None:
             config = multiplexed[1]
-            self._loader = types.MethodType(config.func, self.instance)
+            if config.method:
+                self._loader = types.MethodType(config.func, self.instance)
+            else:
+                # A plain function the class calls: its calls in this replica use the table.
+                self.multiplexed_func = config.func
+                self._loader = config.func
             self._size_bytes = config.size_bytes
         user_config = self._spec.get("user_config")
         if user_config is not None and callable(getattr(self.instance, "reconfigure", None)):
