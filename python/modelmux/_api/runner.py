@@ -79,9 +79,11 @@ def run(
     """Serves the application `target` as `name` at `route_prefix`; returns its ingress's handle.
 
     Starts the modelmux server in the background (stdout and stderr go to this process's),
-    and waits until it serves the application. Running another application, or this one
-    again, restarts the server with all of them: models loaded in replicas are lost then,
-    until live reconfiguration lands. `blocking=True` waits until Ctrl-C, then shuts down.
+    and waits until it serves the application. Running an application that runs already
+    replaces its replicas, as Ray does: this returns once the old ones have shut down (their
+    models unloaded, `__del__` run); the other applications keep their replicas and models.
+    Running another application restarts the server with all of them (their models are
+    loaded again). `blocking=True` waits until Ctrl-C, then shuts down.
     """
     if unknown:
         names = ", ".join(repr(n) for n in unknown)
@@ -101,11 +103,18 @@ def run(
                 raise ValueError(
                     f"application '{other}' already serves route prefix {route_prefix}"
                 )
+        previous = _apps.get(name)
         _apps[name] = AppEntry(target, route_prefix)
         try:
-            _restart()
+            # An application that runs already is replaced in place, as in Ray (its old
+            # replicas shut down, their models unloaded; the other applications keep theirs).
+            if not (_server is not None and _server.serves(_apps) and _server.redeploy(dict(_apps), name)):
+                _restart()
         except BaseException:
-            del _apps[name]
+            if previous is None:
+                del _apps[name]
+            else:
+                _apps[name] = previous
             raise
         server = _server
     handle = DeploymentHandle(target.name, name)

@@ -67,13 +67,59 @@ class ServerProcess:
         self._dir = tempfile.mkdtemp(prefix="modelmux-serve-")
         self._apps = apps
         self._proc: subprocess.Popen[bytes] | None = None
+        # Each application's pickle; a redeployed application's gets a new name, so the
+        # server sees that it changed (and only it).
+        self._pickles: dict[str, str] = {}
+        self._version = 0
+
+    def serves(self, apps: dict[str, AppEntry]) -> bool:
+        """Whether this server runs the same applications (names and route prefixes) as
+        `apps`, so that a change of their code can be deployed to it without a restart."""
+        return [(n, _normalize(e.route_prefix)) for n, e in self._apps.items()] == [
+            (n, _normalize(e.route_prefix)) for n, e in apps.items()
+        ]
+
+    def redeploy(self, apps: dict[str, AppEntry], name: str) -> bool:
+        """Deploys `apps` (the same applications, `name`'s with new code) to the running
+        server: `name`'s replicas are replaced, and this returns once the old ones have shut
+        down (their models unloaded). False when the server refuses the change (it needs a
+        restart); nothing changed then."""
+        running, pickles = self._apps, dict(self._pickles)
+        self._apps = apps
+        self._pickles.pop(name, None)
+        config = self._write_config()
+        with open(config, encoding="utf-8") as f:
+            body = json.dumps({"config": f.read()}).encode()
+        answer = client.request(
+            "POST",
+            "/-/deploy",
+            body=body,
+            headers={"content-type": "application/json"},
+            base_url=self.base_url,
+            token=self.token,
+            timeout=START_TIMEOUT_S + STOP_TIMEOUT_S,
+        )
+        if answer.status != 200:
+            self._apps, self._pickles = running, pickles
+            if answer.status == 400:
+                return False
+            raise RuntimeError(
+                f"the modelmux server did not take the new application ({answer.status}): "
+                f"{answer.body.decode(errors='replace')}"
+            )
+        self._wait_ready()
+        return True
 
     def _write_config(self) -> str:
         applications = []
         for i, (name, entry) in enumerate(self._apps.items()):
-            path = os.path.join(self._dir, f"app-{i}.pkl")
-            with open(path, "wb") as f:
-                f.write(serialization.dumps_application(entry.app))
+            path = self._pickles.get(name)
+            if path is None:
+                self._version += 1
+                path = os.path.join(self._dir, f"app-{i}-v{self._version}.pkl")
+                with open(path, "wb") as f:
+                    f.write(serialization.dumps_application(entry.app))
+                self._pickles[name] = path
             applications.append(
                 {"name": name, "route_prefix": entry.route_prefix, "import_path": f"pickle:{path}"}
             )

@@ -30,6 +30,9 @@ from modelmux._worker.connection import Connection
 from modelmux._worker.protocol import Frame
 from modelmux._api.exceptions import ModelLoadError
 
+# How long an unload waits for the work a model's `__del__` started (handle calls).
+UNLOAD_WORK_TIMEOUT_S = 10.0
+
 
 async def call_user(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """Calls user code: a coroutine function is awaited; a plain one runs in the default thread
@@ -289,7 +292,7 @@ class Worker:
             if op == "load":
                 reply = await self._load(head.get("model_id"))
             elif op == "unload":
-                self.models.pop(head.get("model_id"), None)
+                await self._unload(head.get("model_id"))
                 reply = {"ok": True}
             elif op == "health":
                 check = getattr(self.instance, "check_health", None)
@@ -310,6 +313,18 @@ class Worker:
             reply = {"ok": False, "error": error}
         assert self._conn is not None
         self._conn.write(protocol.REPLY, stream, reply)
+
+    async def _unload(self, model_id: Any) -> None:
+        """Drops the model (its `__del__` runs, if nothing else holds it) and waits, up to
+        `UNLOAD_WORK_TIMEOUT_S`, for what that started on this loop: a handle call made from
+        `__del__` (recording that the model is gone, as Ray's own test does) reaches its
+        deployment before the server hears that the model is unloaded, and so before a
+        replica that is shutting down is stopped."""
+        before = asyncio.all_tasks(self.loop)
+        self.models.pop(model_id, None)
+        started = asyncio.all_tasks(self.loop) - before
+        if started:
+            await asyncio.wait(started, timeout=UNLOAD_WORK_TIMEOUT_S)
 
     async def _load(self, model_id: Any) -> dict[str, Any]:
         if not isinstance(model_id, str) or not model_id:

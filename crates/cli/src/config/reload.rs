@@ -14,7 +14,9 @@
 //!
 //! A configuration that does not parse or validate, whose models cannot be opened, or that
 //! changes what needs a restart (the listener, logging, the cluster, the disk cache, the set
-//! of applications and deployments, a Python application) is refused whole: nothing changes.
+//! of applications and deployments) is refused whole: nothing changes. A Python application
+//! whose code or settings changed is imported again and its deployments replaced (`Replace`):
+//! the deploy answers once the old replicas have shut down, their models unloaded.
 //! Deploys are applied one at a time.
 
 use std::path::PathBuf;
@@ -38,6 +40,10 @@ enum Change {
     Caps(Box<DeploymentSpec>, Option<usize>, Option<u64>, usize),
     /// The served deployment and the kind's front deployment, if it has one.
     Roll(Box<(DeploymentSpec, Option<DeploymentSpec>)>),
+    /// A deployment of a Python application whose code (or settings) changed: rolled, and
+    /// done once its old replicas have shut down (their models' `__del__` run), as Ray's
+    /// `serve.run` of a running application is.
+    Replace(Box<DeploymentSpec>),
 }
 
 /// The configuration a server runs, and how to change it.
@@ -95,6 +101,19 @@ impl Reloader {
         // opened refuses the whole configuration.
         let mut plan = Vec::new();
         for (i, app) in next.applications.iter().enumerate() {
+            if app.import_path.is_some() {
+                if old["applications"][i] != new["applications"][i] {
+                    for spec in self
+                        .python_replacements(i, app, &controller)
+                        .await
+                        .map_err(refuse)?
+                    {
+                        let name = spec.config().name.clone();
+                        plan.push((app.name.clone(), name, Change::Replace(Box::new(spec))));
+                    }
+                }
+                continue;
+            }
             let context = BuildContext {
                 disk_cache: self.disk_cache.as_ref(),
                 admin: &self.admin,
@@ -166,6 +185,10 @@ impl Reloader {
                     }
                     json!("rolled")
                 }
+                Change::Replace(spec) => {
+                    controller.roll_and_retire(&app, *spec).await?;
+                    json!("replaced")
+                }
             };
             report.push(json!({"application": app, "deployment": deployment, "change": what}));
         }
@@ -178,6 +201,36 @@ impl Reloader {
 }
 
 impl Reloader {
+    /// The deployments of Python application `app` (the `i`th), imported again, to replace
+    /// its running ones: the same deployments by name (another set needs a restart).
+    async fn python_replacements(
+        &self,
+        i: usize,
+        app: &super::AppConfig,
+        controller: &Controller,
+    ) -> Result<Vec<DeploymentSpec>, String> {
+        let specs = super::python::build(i, app)
+            .await
+            .map_err(|e| e.to_string())?
+            .into_deployments();
+        let mut running: Vec<String> = controller
+            .deployment_names()
+            .into_iter()
+            .filter(|(a, _)| *a == app.name)
+            .map(|(_, d)| d)
+            .collect();
+        let mut built: Vec<String> = specs.iter().map(|s| s.config().name.clone()).collect();
+        running.sort();
+        built.sort();
+        if running != built {
+            return Err(format!(
+                "application '{}': its deployments changed ({running:?} to {built:?}): that needs a restart",
+                app.name
+            ));
+        }
+        Ok(specs)
+    }
+
     /// Applies the `applications` of `text` (a configuration deployed to the whole cluster)
     /// over the running configuration: this node keeps its own listener, cluster, cache and
     /// log settings. Nothing happens when they are what runs already.
@@ -217,6 +270,9 @@ fn yaml(text: &str) -> Result<Value, ServeError> {
         message: format!("the new configuration is refused, nothing changed: {e}"),
     })
 }
+
+/// What a Python application's code is: changing these replaces its deployments.
+const PYTHON_CODE: &[&str] = &["import_path", "runtime_env", "python"];
 
 /// The settings a change of only these is a scaling.
 const SCALE: &[&str] = &["num_replicas"];
@@ -299,15 +355,26 @@ fn needs_no_restart(old: &Value, new: &Value) -> Result<(), String> {
             }
             app
         };
-        if settings(a) != settings(b) {
+        // A Python application may change its code (import path, working directory,
+        // interpreter) and its deployments' settings: its deployments are replaced.
+        let python = !a["import_path"].is_null() && !b["import_path"].is_null();
+        let fixed = |app: &Value| {
+            let mut app = settings(app);
+            if let (Value::Mapping(m), true) = (&mut app, python) {
+                for key in PYTHON_CODE {
+                    m.remove(*key);
+                }
+            }
+            app
+        };
+        if fixed(a) != fixed(b) {
             return Err(format!(
                 "application '{name}': its own settings changed (route prefix, ingress, import path, ...): that needs a restart"
             ));
         }
-        if !a["import_path"].is_null() && a != b {
-            return Err(format!(
-                "application '{name}' is a Python application: changing it needs a restart"
-            ));
+        if python {
+            // Its deployments are its code's: the entries only override settings.
+            continue;
         }
         let deployments = |app: &Value| {
             app["deployments"]

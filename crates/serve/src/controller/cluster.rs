@@ -45,7 +45,7 @@ impl Controller {
     }
 
     /// Every deployment of every application: `(app, deployment)`.
-    pub(crate) fn deployment_names(&self) -> Vec<(String, String)> {
+    pub fn deployment_names(&self) -> Vec<(String, String)> {
         self.apps
             .iter()
             .flat_map(|app| {

@@ -66,6 +66,12 @@ impl Application {
         self
     }
 
+    /// The application's deployments, in the order they were added (to roll them one by one
+    /// into a running application of the same name).
+    pub fn into_deployments(self) -> Vec<DeploymentSpec> {
+        self.deployments
+    }
+
     /// Adds the deployment that receives the application's HTTP requests. Without one, the
     /// first deployment added is the ingress.
     pub fn ingress(mut self, spec: DeploymentSpec) -> Self {

@@ -108,6 +108,22 @@ impl Controller {
     /// once all have started, and the old replicas drain. If one fails to start, the old ones
     /// keep serving and the error is returned.
     pub async fn roll(&self, app: &str, spec: DeploymentSpec) -> Result<(), ServeError> {
+        self.roll_with(app, spec, false).await
+    }
+
+    /// As [`roll`](Self::roll), and returns only once the old replicas have drained and shut
+    /// down (their models unloaded, their unload hooks run): what Ray's `serve.run` of a
+    /// running application waits for.
+    pub async fn roll_and_retire(&self, app: &str, spec: DeploymentSpec) -> Result<(), ServeError> {
+        self.roll_with(app, spec, true).await
+    }
+
+    async fn roll_with(
+        &self,
+        app: &str,
+        spec: DeploymentSpec,
+        wait: bool,
+    ) -> Result<(), ServeError> {
         let deployment = spec.config.name.clone();
         let (router, cell) = self
             .spec_cell(app, &deployment)
@@ -119,8 +135,13 @@ impl Controller {
             let old = router.replicas().to_vec();
             router.set_replicas(fresh);
             let grace = cell.read().config.graceful_shutdown_timeout;
-            for replica in old {
-                self.retire(replica, grace);
+            if wait {
+                let deadline = Instant::now() + grace;
+                futures_util::future::join_all(old.iter().map(|r| wind_down(r, deadline))).await;
+            } else {
+                for replica in old {
+                    self.retire(replica, grace);
+                }
             }
         }
         *cell.write() = spec;
@@ -210,17 +231,21 @@ impl Controller {
     /// shutdown waits for it.
     pub(crate) fn retire(&self, replica: Arc<Replica>, grace: Duration) {
         let deadline = Instant::now() + grace;
-        let task = tokio::spawn(async move {
-            drain(&replica, deadline).await;
-            replica
-                .shutdown(deadline.saturating_duration_since(Instant::now()))
-                .await;
-        });
+        let task = tokio::spawn(async move { wind_down(&replica, deadline).await });
         let mut retiring = self.retiring.lock();
         retiring.retain(|t| !t.is_finished());
         retiring.push(task);
         self.changes.notify_one();
     }
+}
+
+/// Waits for `replica`'s requests to finish (until `deadline`), then shuts it down: its
+/// models unloaded, with what is left of the deadline for their unload hooks.
+async fn wind_down(replica: &Replica, deadline: Instant) {
+    drain(replica, deadline).await;
+    replica
+        .shutdown(deadline.saturating_duration_since(Instant::now()))
+        .await;
 }
 
 /// Each loaded model of `replica` and how long it has been idle.
