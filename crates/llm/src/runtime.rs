@@ -108,9 +108,27 @@ impl AdapterLoader {
         fetched.bytes().await.map_err(err)
     }
 
+    /// Reads adapter `id`'s config and checks that it is a JSON object, before its weights
+    /// are fetched or their size asked: a config that is not one makes the adapter unusable
+    /// (a 400 from `/v1/load_lora_adapter`, as vLLM answers it) even when the weights file is
+    /// missing too, instead of a 404 for the weights. The rest of the config is checked with
+    /// the weights ([`LoraAdapter::from_peft_in`]).
+    async fn read_config(&self, id: &ModelId) -> Result<bytes::Bytes> {
+        let config = self.read(id, ADAPTER_CONFIG_FILE).await?;
+        let refused = match serde_json::from_slice::<serde_json::Value>(&config) {
+            Ok(serde_json::Value::Object(_)) => return Ok(config),
+            Ok(_) => format!("{ADAPTER_CONFIG_FILE} is not a JSON object"),
+            Err(e) => format!("{ADAPTER_CONFIG_FILE} is not valid JSON: {e}"),
+        };
+        // Not kept, so a fixed upload is picked up by the next load.
+        let (repository, key) = self.locate(id)?;
+        repository.discard(&key, ADAPTER_CONFIG_FILE);
+        Err(LlmError::adapter(id.as_str(), refused))
+    }
+
     /// Reads and checks adapter `id`.
     pub async fn load_adapter(&self, id: &ModelId) -> Result<LoraAdapter> {
-        let config = self.read(id, ADAPTER_CONFIG_FILE).await?;
+        let config = self.read_config(id).await?;
         let weights = self.read(id, ADAPTER_WEIGHTS_FILE).await?;
         let (base, precision) = (self.base.clone(), self.precision);
         let owned = id.to_string();
@@ -136,6 +154,9 @@ impl modelmux_cache::Loader<LoraAdapter> for AdapterLoader {
     }
 
     async fn probe(&self, id: &ModelId) -> Result<Option<u64>, BoxError> {
+        // The config first (one small file): one that is not JSON is refused as such, not as
+        // the weights missing.
+        self.read_config(id).await?;
         let (repository, key) = self.locate(id)?;
         let size = repository
             .size(&key, ADAPTER_WEIGHTS_FILE)

@@ -186,7 +186,10 @@ impl OpenAiIngress {
         }
     }
 
-    /// Loads adapter `id` where the router places it; the replica it loaded on.
+    /// Loads adapter `id` where the router places it; the replica it loaded on. An adapter
+    /// that cannot be used (a broken `adapter_config.json` or weights, made for another base
+    /// model) is a 400 here, as vLLM answers a failed load, not the 422 a request naming it
+    /// gets.
     async fn load_on_a_replica(&self, id: &ModelId) -> Result<String, ServeError> {
         let response = self
             .forward(
@@ -195,7 +198,16 @@ impl OpenAiIngress {
                 LlmCall::LoadAdapter,
                 Some(id.clone()),
             )
-            .await?;
+            .await
+            .map_err(|e| {
+                if e.http_status() == http::StatusCode::UNPROCESSABLE_ENTITY {
+                    ServeError::BadRequest {
+                        message: e.to_string(),
+                    }
+                } else {
+                    e
+                }
+            })?;
         let body =
             response
                 .into_body()

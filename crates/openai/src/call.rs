@@ -215,7 +215,7 @@ mod tests {
         }
         assert!(matches!(
             Op::of(&Method::POST, "/v2/chat"),
-            Err(ServeError::NotFound { .. })
+            Err(ServeError::UnknownEndpoint { .. })
         ));
         assert_eq!(Op::of(&Method::POST, "/score").unwrap(), Op::Score);
         assert!(matches!(
