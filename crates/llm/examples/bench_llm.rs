@@ -37,7 +37,7 @@
 //! - `memory`: VmRSS/VmHWM after loading the model, after loading `--streams` adapters, and
 //!   after that many concurrent adapter sequences of 1024 tokens each (prompt + `--tokens`),
 //!   against weight + adapter + KV bytes (prompt + output tokens x `kv_bytes_per_token`, what
-//!   the engine reserves).
+//!   the engine reserves) + the bytes the prefix cache keeps of the prompts afterwards.
 //! - `forward`: where a step's time goes, `LlamaModel::forward` alone (no engine): the
 //!   prompt's prefill, a 256-token prefill, and decode steps of 1 row, `--streams` rows, and
 //!   `--streams` rows on as many adapters (these two alternating, so both attend over the
@@ -422,10 +422,13 @@ async fn memory(args: &Args) -> Res<Value> {
     let ids = (0..args.streams).map(|i| Some(bench_id(i))).collect();
     let (wall, _) = batch(&rt, &prompt, args.tokens, ids).await?;
     let after_run = rss();
-    // What the engine reserves (and at most allocates): every sequence's prompt + max_tokens.
+    // What the engine reserves (and at most allocates): every sequence's prompt + max_tokens;
+    // and what the prefix cache keeps of the prompts after them (each prompt's whole blocks,
+    // per adapter: KV computed under different adapters differs), inside the KV budget.
     let per_token = rt.engine().kv_bytes_per_token();
     let kv = per_token * (args.streams * (prompt.len() + args.tokens)) as u64;
-    let expected = rt.weight_bytes() + adapter_bytes + kv;
+    let prefix = rt.engine().snapshot().prefix_cache_bytes;
+    let expected = rt.weight_bytes() + adapter_bytes + kv + prefix;
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
     Ok(json!({
         "scenario": "memory", "streams": args.streams,
@@ -436,6 +439,7 @@ async fn memory(args: &Args) -> Res<Value> {
         "rss_run_mib": mib(after_run.0), "hwm_run_mib": mib(after_run.1),
         "weight_mib": mib(rt.weight_bytes()), "adapter_mib": mib(adapter_bytes),
         "kv_mib": mib(kv),
+        "prefix_cache_mib": mib(prefix),
         "expected_mib": mib(expected),
         "ratio_hwm_to_expected": after_run.1 as f64 / expected as f64,
     }))
