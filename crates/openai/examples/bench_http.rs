@@ -26,6 +26,11 @@
 //!   measured in 2 x `--runs` (at least 10) rounds, each in the reverse order of the one
 //!   before: aggregate tok/s, and 2 replicas against 1 and adapters against the base model on
 //!   2 as medians of the rounds' own ratios.
+//! - `demo` (with `--demo-config examples/llm.yaml`): the demo's own settings (its replicas,
+//!   adapter slots, engine sizes and stream interval; the model and adapters are the bench's),
+//!   8 streams on adapters mixed over as many of them as a replica holds, against 8 streams on
+//!   the base model, on one server, in alternating rounds: `mixed_vs_base`, the median of the
+//!   rounds' ratios.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -51,6 +56,7 @@ struct Args {
     tokens: usize,
     runs: usize,
     interval_ms: u64,
+    demo_config: Option<String>,
 }
 
 fn args() -> Args {
@@ -60,6 +66,7 @@ fn args() -> Args {
         tokens: 64,
         runs: 2,
         interval_ms: 50,
+        demo_config: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -70,6 +77,7 @@ fn args() -> Args {
             "--tokens" => a.tokens = value.parse().expect("--tokens: a number"),
             "--runs" => a.runs = value.parse().expect("--runs: a number"),
             "--interval-ms" => a.interval_ms = value.parse().expect("--interval-ms: a number"),
+            "--demo-config" => a.demo_config = Some(value),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -334,6 +342,9 @@ async fn main() -> Res<()> {
     }
     one.shutdown().await;
     two.shutdown().await;
+    if let Some(path) = &a.demo_config {
+        demo(&a, path, &prompt).await?;
+    }
     println!(
         "{}",
         json!({"scenario": "replicas", "base8_1_tok_s": pct(base1, 0.5),
@@ -341,6 +352,50 @@ async fn main() -> Res<()> {
             "two_vs_one": pct(two_vs_one.clone(), 0.5), "two_vs_one_rounds": two_vs_one,
             "adapters_vs_base_2": pct(adapters_vs_base.clone(), 0.5),
             "adapters_vs_base_2_rounds": adapters_vs_base})
+    );
+    Ok(())
+}
+
+/// The demo's configuration (`path`, `examples/llm.yaml`) with the bench's model and adapters:
+/// mixed adapter traffic against the base model's, in alternating rounds on one server.
+async fn demo(a: &Args, path: &str, prompt: &[u32]) -> Res<()> {
+    let yaml: serde_json::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path)?)?;
+    let deployment = &yaml["applications"][0]["deployments"][0];
+    let mut model = deployment["model"].clone();
+    let settings = model.as_object_mut().ok_or("the demo's first deployment has no model")?;
+    settings.remove("kind");
+    settings["model_loading_config"]["model_source"] = json!(a.gguf);
+    settings["lora_config"]["dynamic_lora_loading_path"] = json!(a.adapters);
+    let slots = settings["lora_config"]["max_num_adapters_per_replica"]
+        .as_u64()
+        .unwrap_or(8) as usize;
+    let replicas = deployment["num_replicas"].as_u64().unwrap_or(1) as usize;
+    let config: LlmConfig = serde_json::from_value(model)?;
+    let (server, addr) = serve(&config, replicas).await?;
+    let mixed: Vec<String> = (0..8)
+        .map(|i| format!("smollm2:bench-{:02}", i % slots.clamp(1, 8)))
+        .collect();
+    let base = vec!["smollm2".to_owned(); 8];
+    batch(addr, &mixed, prompt, 2).await?; // warm-up: the adapters loaded
+    let (mut mixed_rates, mut base_rates, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..(2 * a.runs).max(10) {
+        let (m, b) = if round % 2 == 0 {
+            let m = rate_once(addr, &mixed, prompt, a.tokens).await?;
+            (m, rate_once(addr, &base, prompt, a.tokens).await?)
+        } else {
+            let b = rate_once(addr, &base, prompt, a.tokens).await?;
+            (rate_once(addr, &mixed, prompt, a.tokens).await?, b)
+        };
+        mixed_rates.push(m);
+        base_rates.push(b);
+        ratios.push(m / b);
+    }
+    server.shutdown().await;
+    println!(
+        "{}",
+        json!({"scenario": "demo", "replicas": replicas, "adapter_slots": slots,
+            "mixed8_tok_s": pct(mixed_rates, 0.5), "base8_tok_s": pct(base_rates, 0.5),
+            "mixed_vs_base": pct(ratios.clone(), 0.5), "mixed_vs_base_rounds": ratios})
     );
     Ok(())
 }
