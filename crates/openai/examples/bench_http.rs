@@ -362,7 +362,9 @@ async fn demo(a: &Args, path: &str, prompt: &[u32]) -> Res<()> {
     let yaml: serde_json::Value = serde_yaml_ng::from_str(&std::fs::read_to_string(path)?)?;
     let deployment = &yaml["applications"][0]["deployments"][0];
     let mut model = deployment["model"].clone();
-    let settings = model.as_object_mut().ok_or("the demo's first deployment has no model")?;
+    let settings = model
+        .as_object_mut()
+        .ok_or("the demo's first deployment has no model")?;
     settings.remove("kind");
     settings["model_loading_config"]["model_source"] = json!(a.gguf);
     settings["lora_config"]["dynamic_lora_loading_path"] = json!(a.adapters);

@@ -55,6 +55,11 @@ impl LlmServer {
             Prompt::Chat(m) => m.iter().map(|m| m.content.len()).sum(),
             Prompt::Text(t) => t.len(),
             Prompt::Tokens(ids) => ids.len(),
+            Prompt::Batch(_) => {
+                return Err(ServeError::Failed(Failure::internal(
+                    "a batch of prompts is tokenized one prompt at a time",
+                )));
+            }
         };
         let param = match &prompt {
             Prompt::Chat(_) => "messages",
@@ -84,6 +89,7 @@ impl LlmServer {
                 modelmux_llm::check_token_ids("prompt", &ids, runtime.tokenizer().vocab_size())
                     .map(|()| ids)
             }
+            Prompt::Batch(_) => unreachable!("refused above"),
         })
         .await
         .map_err(|e| ServeError::Failed(Failure::internal(e.to_string())))?
@@ -123,23 +129,8 @@ impl LlmServer {
             .map(|r| r.as_str().to_owned())
             .unwrap_or_default();
         let adapter = modelmux_context::multiplexed_model_id();
-        let echo_text = match (&job.prompt, job.echo) {
-            (Prompt::Text(text), true) => Some(text.clone()),
-            (Prompt::Tokens(ids), true) => Some(self.runtime.tokenizer().decode(ids)),
-            _ => None,
-        };
-        let prompt = self.tokens(job.prompt, job.tools.as_ref()).await?;
-        let echo = echo_text.map(|text| {
-            Arc::new(Echo {
-                text,
-                ids: prompt.clone(),
-            })
-        });
-        let mut params = job.params;
+        let params = job.params;
         let logprobs = params.logprobs.is_some();
-        params.max_tokens = job
-            .max_tokens
-            .unwrap_or_else(|| self.context() - prompt.len());
         let constraint = match job.constraint {
             Some((constraint, what)) => {
                 let engine = self.runtime.engine().clone();
@@ -157,20 +148,47 @@ impl LlmServer {
             None => None,
         };
         let lease = self.lease(adapter.as_ref()).await?;
-        let prompt_tokens = prompt.len();
-        let streams = self
-            .runtime
-            .engine()
-            .submit_choices(
-                GenerationRequest {
-                    prompt,
-                    params,
-                    adapter: lease,
-                    constraint,
-                },
-                job.n,
-            )
-            .map_err(|e| serve_error(&e))?;
+        // A batch's prompts are submitted one after the other, each with its `n` choices,
+        // which the answer numbers in that order.
+        let prompts = match job.prompt {
+            Prompt::Batch(prompts) => prompts,
+            one => vec![one],
+        };
+        let (mut streams, mut echo, mut prompt_tokens) = (Vec::new(), None, 0);
+        for prompt in prompts {
+            // (Parsing refuses `echo` with a batch.)
+            let echo_text = match (&prompt, job.echo) {
+                (Prompt::Text(text), true) => Some(text.clone()),
+                (Prompt::Tokens(ids), true) => Some(self.runtime.tokenizer().decode(ids)),
+                _ => None,
+            };
+            let prompt = self.tokens(prompt, job.tools.as_ref()).await?;
+            echo = echo_text.map(|text| {
+                Arc::new(Echo {
+                    text,
+                    ids: prompt.clone(),
+                })
+            });
+            let mut params = params.clone();
+            params.max_tokens = job
+                .max_tokens
+                .unwrap_or_else(|| self.context() - prompt.len());
+            prompt_tokens += prompt.len();
+            let choices = self
+                .runtime
+                .engine()
+                .submit_choices(
+                    GenerationRequest {
+                        prompt,
+                        params,
+                        adapter: lease.clone(),
+                        constraint: constraint.clone(),
+                    },
+                    job.n,
+                )
+                .map_err(|e| serve_error(&e))?;
+            streams.extend(choices);
+        }
         let model = adapter
             .as_ref()
             .map_or(&self.runtime.options().model_id[..], |a| a.as_str());
@@ -184,6 +202,7 @@ impl LlmServer {
             "generation started"
         );
         let mut answer = Answer::new(endpoint, &request_id, job.model, job.include_usage);
+        answer.choices_per_prompt = job.n;
         answer.functions = job.tools.map(|t| t.functions);
         if logprobs {
             answer.logprobs = Some(self.runtime.engine().tokenizer().clone());

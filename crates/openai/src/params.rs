@@ -29,7 +29,14 @@ pub(crate) enum Prompt {
     Chat(Vec<ChatMessage>),
     Text(String),
     Tokens(Vec<u32>),
+    /// Completions' batch (`prompt` a list of texts or of token lists, two or more): each
+    /// a `Text` or `Tokens`, generated side by side, their choices in order (OpenAI's and
+    /// vLLM's: prompt `p`'s choice `i` is choice `p * n + i`).
+    Batch(Vec<Prompt>),
 }
+
+/// Prompts one completion request may batch.
+pub(crate) const MAX_BATCH_PROMPTS: usize = 256;
 
 /// A checked generation request.
 #[derive(Debug)]
@@ -193,6 +200,26 @@ fn unsupported(param: &str, what: &str) -> ServeError {
     )
 }
 
+/// A batch of two or more prompts, at most [`MAX_BATCH_PROMPTS`].
+fn batch(
+    prompts: impl Iterator<Item = Result<Prompt, ServeError>>,
+) -> Result<Vec<Prompt>, ServeError> {
+    let prompts: Vec<Prompt> = prompts.collect::<Result<_, _>>()?;
+    if prompts.is_empty() {
+        return Err(invalid("prompt", "prompt is an empty list"));
+    }
+    if prompts.len() > MAX_BATCH_PROMPTS {
+        return Err(invalid(
+            "prompt",
+            format!(
+                "a batch of {} prompts: at most {MAX_BATCH_PROMPTS} in one request",
+                prompts.len()
+            ),
+        ));
+    }
+    Ok(prompts)
+}
+
 /// Parses and checks a chat or completion request.
 pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeError> {
     let keys: serde_json::Map<String, serde_json::Value> = parse_body(body)?;
@@ -229,15 +256,28 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
                 PromptInput::TokenLists(mut many) if many.len() == 1 => {
                     Prompt::Tokens(token_ids("prompt", &many.pop().unwrap_or_default())?)
                 }
-                _ => {
-                    return Err(unsupported(
-                        "prompt",
-                        "a batch of several prompts (send one request per prompt)",
-                    ));
+                PromptInput::Texts(many) => {
+                    Prompt::Batch(batch(many.into_iter().map(|t| Ok(Prompt::Text(t))))?)
                 }
+                PromptInput::TokenLists(many) => Prompt::Batch(batch(
+                    many.iter()
+                        .map(|ids| token_ids("prompt", ids).map(Prompt::Tokens)),
+                )?),
             }
         }
     };
+    if matches!(prompt, Prompt::Batch(_)) && b.echo == Some(true) {
+        return Err(unsupported("echo", "echo with a batch of prompts"));
+    }
+    let no_tokens = |p: &Prompt| matches!(p, Prompt::Tokens(ids) if ids.is_empty());
+    if let Prompt::Batch(many) = &prompt
+        && many.iter().any(no_tokens)
+    {
+        return Err(invalid(
+            "prompt",
+            "each prompt must hold at least one token",
+        ));
+    }
     if let Prompt::Tokens(ids) = &prompt
         && ids.is_empty()
     {
@@ -446,7 +486,7 @@ pub(crate) fn parse_embeddings(body: &[u8]) -> Result<EmbeddingJob, ServeError> 
     if inputs.iter().any(|p| match p {
         Prompt::Text(t) => t.is_empty(),
         Prompt::Tokens(ids) => ids.is_empty(),
-        Prompt::Chat(_) => false,
+        Prompt::Chat(_) | Prompt::Batch(_) => false,
     }) {
         return Err(invalid("input", "an input is empty"));
     }

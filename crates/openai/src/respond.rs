@@ -43,6 +43,9 @@ pub(crate) struct Answer {
     pub(crate) logprobs: Option<Arc<modelmux_llm::TextTokenizer>>,
     /// Completions' `echo`: the prompt each choice starts with.
     pub(crate) echo: Option<Arc<Echo>>,
+    /// Choices per prompt (`n`): of a batch's choices, each run of this many shares a
+    /// prompt, whose tokens the usage counts once.
+    pub(crate) choices_per_prompt: usize,
 }
 
 /// The prompt an `echo` answer starts with: its text and its tokens.
@@ -87,7 +90,17 @@ impl Answer {
             functions: None,
             logprobs: None,
             echo: None,
+            choices_per_prompt: 1,
         }
+    }
+
+    /// Adds choice `index`'s `usage` to `total`: its completion tokens, and its prompt's once
+    /// (for the first choice of each prompt).
+    pub(crate) fn add_usage(&self, total: &mut Usage, index: usize, usage: &Usage) {
+        if index.is_multiple_of(self.choices_per_prompt.max(1)) {
+            total.prompt_tokens += usage.prompt_tokens;
+        }
+        total.completion_tokens += usage.completion_tokens;
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -295,10 +308,9 @@ pub(crate) async fn whole(
 ) -> Result<Response, modelmux_serve::ServeError> {
     let mut choices = Vec::with_capacity(streams.len());
     let mut total = Usage::default();
-    for stream in streams {
+    for (index, stream) in streams.into_iter().enumerate() {
         let (finished, usage) = collect(&answer, stream, &mut timing).await?;
-        total.prompt_tokens = usage.prompt_tokens;
-        total.completion_tokens += usage.completion_tokens;
+        answer.add_usage(&mut total, index, &usage);
         choices.push(finished);
     }
     if let Some(first) = choices.first() {

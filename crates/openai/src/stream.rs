@@ -57,12 +57,9 @@ pub(crate) fn streamed(
                 .collect();
             let mut total = Usage::default();
             let mut complete = true;
-            for choice in choices {
+            for (index, choice) in choices.into_iter().enumerate() {
                 match choice.await {
-                    Ok(Ok(usage)) => {
-                        total.prompt_tokens = usage.prompt_tokens;
-                        total.completion_tokens += usage.completion_tokens;
-                    }
+                    Ok(Ok(usage)) => answer.add_usage(&mut total, index, &usage),
                     Ok(Err(gone)) => {
                         complete = false;
                         tracing::info!(id = %answer.id, "stream ended early: {gone}");

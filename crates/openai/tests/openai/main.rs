@@ -5,6 +5,7 @@ mod common;
 
 mod adapter_sources;
 mod api;
+mod batch;
 mod prefix_cache;
 mod prometheus;
 mod routing;
