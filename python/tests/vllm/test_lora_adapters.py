@@ -111,17 +111,20 @@ MODELMUX_BADREQUEST_MESSAGES = {
 }
 
 
-# vLLM's tests send prompt=["Hello there", "Foo bar bazz buzz"] in one request; modelmux's
-# /v1/completions refuses a batch of several prompts (400: "prompt: a batch of several prompts
-# (send one request per prompt) is not supported by this server"), so modelmux's own tests send
-# the two prompts as two concurrent requests.
+# vLLM's tests send prompt=["Hello there", "Foo bar bazz buzz"] in one request (a batch);
+# modelmux's own tests send it both as that batch and as one request per prompt, and check
+# what comes back.
 PROMPTS = ["Hello there", "Foo bar bazz buzz"]
 
 
 async def complete_each(client: openai.AsyncOpenAI, model: str, **kwargs):
-    """vLLM's `completions.create(prompt=PROMPTS, ...)` as one request per prompt."""
-    return await asyncio.gather(*(client.completions.create(
+    """vLLM's `completions.create(prompt=PROMPTS, ...)`, as one request per prompt and as the
+    batch, each answer checked to be one choice per prompt."""
+    batch = await client.completions.create(model=model, prompt=PROMPTS, max_tokens=5, **kwargs)
+    assert [c.index for c in batch.choices] == list(range(len(PROMPTS)))
+    alone = await asyncio.gather(*(client.completions.create(
         model=model, prompt=prompt, max_tokens=5, **kwargs) for prompt in PROMPTS))
+    return [*alone, batch]
 
 
 @pytest.fixture(scope="module")
@@ -348,10 +351,10 @@ async def test_multiple_lora_adapters(client: openai.AsyncOpenAI, tmp_path,
 @pytest.mark.asyncio
 async def test_multiple_lora_adapters_on_modelmux(client: openai.AsyncOpenAI,
                                                   zephyr_lora_files):
-    """modelmux's own: vLLM's test above, one prompt per request, with its tasks' results
-    checked. (vLLM's `results` are the finished tasks, never exceptions, so its assertion
-    cannot fail: on modelmux it passes although every completion in it is refused, being a
-    batch of two prompts. Here each load must answer "success" and each completion text.)"""
+    """modelmux's own: vLLM's test above, with its tasks' results checked. (vLLM's `results`
+    are the finished tasks, never exceptions, so its assertion cannot fail whatever the
+    completions answered. Here each load must answer "success" and each completion, batched
+    and one prompt per request, text.)"""
 
     async def load_and_run_adapter(adapter_name: str):
         response = await client.post("load_lora_adapter",
@@ -372,14 +375,6 @@ async def test_multiple_lora_adapters_on_modelmux(client: openai.AsyncOpenAI,
     assert all(f"many_{i}" in models for i in range(10))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=("modelmux's /v1/completions refuses a batch of several prompts: every one of the "
-            "good requests (prompt=[\"Hello there\", \"Foo bar bazz buzz\"]) is a 400 "
-            "'prompt: a batch of several prompts (send one request per prompt) is not "
-            "supported by this server', so 'Got exception' fails; the bad loads themselves are "
-            "answered as in vLLM (404, 400)"))
 @pytest.mark.asyncio
 async def test_loading_invalid_adapters_does_not_break_others(
         client: openai.AsyncOpenAI, tmp_path, zephyr_lora_files):
