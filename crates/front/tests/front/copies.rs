@@ -103,3 +103,39 @@ async fn a_request_queued_behind_a_long_one_moves_to_an_idle_replica() {
     assert_ne!(a.replica(), b.replica());
     server.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_first_requests_for_one_model_on_one_slot_replicas_run_at_once() {
+    // Ray's test_multiplexed_multiple_replicas: num_replicas=2, max_ongoing_requests=1, two
+    // requests for one cold model at once. The second must not join the first's replica
+    // (whose one slot its first request takes back when the load is done): it waits, then
+    // gets a copy on the other replica once the holder has been full for longer than the load.
+    for round in 0..3 {
+        let counters = Arc::new(Counters::default());
+        let spec = counted(
+            "Model",
+            counters.clone(),
+            Multiplexer::builder().max_models(2),
+            Duration::from_millis(10),
+            Duration::from_secs(2),
+        )
+        .num_replicas(2)
+        .max_ongoing_requests(1);
+        let server = common::serve(spec).await;
+        let addr = server.local_addr();
+        let both = [0, 1].map(|_| tokio::spawn(async move { get_model(addr, "1").await }));
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+        while counters.loads.load(Ordering::SeqCst) < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "round {round}: the second request waits behind the first"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let [a, b] = both;
+        let (a, b) = (a.await.unwrap(), b.await.unwrap());
+        assert_eq!((a.status, b.status), (StatusCode::OK, StatusCode::OK));
+        assert_ne!(a.replica(), b.replica(), "round {round}");
+        server.shutdown().await;
+    }
+}

@@ -44,11 +44,11 @@ async fn wait_out<F: std::future::Future>(load: std::pin::Pin<&mut F>) -> F::Out
         // Already given back by an outer wait.
         return load.await;
     }
-    ongoing.target.slot().suspend();
+    ongoing.target.slot().suspend(ongoing.model.as_ref());
     ongoing.router.grant();
     let suspension = Suspension(ongoing);
     let out = load.await;
-    ongoing.target.slot().resume().await;
+    ongoing.target.slot().resume(ongoing.model.as_ref()).await;
     ongoing.suspended.store(false, Ordering::SeqCst);
     drop(suspension);
     out
@@ -63,7 +63,7 @@ struct Suspension<'a>(&'a Ongoing);
 impl Drop for Suspension<'_> {
     fn drop(&mut self) {
         if self.0.suspended.swap(false, Ordering::SeqCst) {
-            self.0.target.slot().force_resume();
+            self.0.target.slot().force_resume(self.0.model.as_ref());
         }
         self.0.router.grant();
     }

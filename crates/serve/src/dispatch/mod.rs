@@ -535,6 +535,7 @@ impl DeploymentRouter {
         let reserved = Ongoing {
             router: self.clone(),
             target: target.clone(),
+            model: model.cloned(),
             suspended: AtomicBool::new(false),
         };
         Some((reserved, reason))
@@ -578,6 +579,8 @@ impl Drop for LeaveQueue<'_> {
 pub(crate) struct Ongoing {
     router: Arc<DeploymentRouter>,
     target: Target,
+    /// The request's model, for which it may wait for a load.
+    model: Option<ModelId>,
     /// Whether the slot is given back while the request waits for its model's load.
     suspended: AtomicBool,
 }
@@ -585,7 +588,7 @@ pub(crate) struct Ongoing {
 impl Drop for Ongoing {
     fn drop(&mut self) {
         if self.suspended.load(Ordering::SeqCst) {
-            self.target.slot().abandon_suspended();
+            self.target.slot().abandon_suspended(self.model.as_ref());
         } else {
             self.target.slot().finish();
         }

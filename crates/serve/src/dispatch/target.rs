@@ -98,6 +98,9 @@ impl ReplicaView for Target {
     fn full_for(&self, now: Instant) -> Option<Duration> {
         self.slot().full_for(now)
     }
+    fn waiting_for_load(&self, model: &ModelId) -> usize {
+        self.slot().waiting_for_load(model)
+    }
 }
 
 impl ReplicaView for Replica {
@@ -142,5 +145,8 @@ impl ReplicaView for Replica {
     }
     fn full_for(&self, now: Instant) -> Option<Duration> {
         self.slot.full_for(now)
+    }
+    fn waiting_for_load(&self, model: &ModelId) -> usize {
+        self.slot.waiting_for_load(model)
     }
 }

@@ -58,6 +58,10 @@ pub struct ReplicaLedger {
     inside: AtomicUsize,
     /// Requests inside the replica waiting for their model's load, their slot given back.
     loading_waiters: AtomicUsize,
+    /// Of those, how many per model (the request's own): they take their slots back first
+    /// once the load is done, so the router counts them against the model's holder. Touched
+    /// only when a request waits for a load.
+    waiting_per_model: parking_lot::Mutex<HashMap<ModelId, usize>>,
     /// Of those, the ones whose load is done and that wait to take a slot back: newcomers
     /// get no slot while any does.
     resuming: AtomicUsize,
@@ -145,6 +149,7 @@ impl ReplicaLedger {
             models: ArcSwap::default(),
             inside: AtomicUsize::new(0),
             loading_waiters: AtomicUsize::new(0),
+            waiting_per_model: parking_lot::Mutex::default(),
             resuming: AtomicUsize::new(0),
             freed: tokio::sync::Notify::new(),
             service_micros: AtomicU64::new(0),
@@ -196,119 +201,6 @@ impl ReplicaLedger {
     /// Whether model ids steer routing to this replica (it has a model cache).
     pub(crate) fn tracks_models(&self) -> bool {
         self.tracks_models
-    }
-
-    /// Takes one request slot if the replica is available and below `max_ongoing` (one CAS,
-    /// no lock), so concurrent dispatchers can never push a replica past its limit. Backs out
-    /// if the replica was taken out of rotation meanwhile (a drain must not see 0 and then a
-    /// request arrive).
-    pub(crate) fn try_begin(&self) -> bool {
-        if !self.is_available() || self.resuming.load(Ordering::SeqCst) > 0 {
-            return false;
-        }
-        // Counted inside before the slot is taken, so a drain that saw the replica empty after
-        // taking it out of rotation cannot miss a request that slips in: that one sees the
-        // replica unavailable below and backs out.
-        self.inside.fetch_add(1, Ordering::SeqCst);
-        if !self.take() {
-            self.inside.fetch_sub(1, Ordering::SeqCst);
-            return false;
-        }
-        if !self.is_available() {
-            self.finish();
-            return false;
-        }
-        true
-    }
-
-    /// A request with a slot leaves the replica: its slot is released.
-    pub(crate) fn finish(&self) {
-        self.end();
-        self.inside.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    fn take(&self) -> bool {
-        let taken = self
-            .ongoing
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < self.max_ongoing).then_some(n + 1)
-            });
-        match taken {
-            Ok(before) => {
-                if before + 1 == self.max_ongoing && self.tracks_models {
-                    // The clock is read only when a take fills the replica (and only where
-                    // model ids steer routing, the one place it is asked).
-                    let at = Instant::now().duration_since(self.born).as_nanos();
-                    self.filled_at
-                        .store(u64::try_from(at).unwrap_or(u64::MAX), Ordering::Relaxed);
-                }
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Releases a slot; returns the number still in progress.
-    fn end(&self) -> usize {
-        let left = self.ongoing.fetch_sub(1, Ordering::SeqCst) - 1;
-        if self.resuming.load(Ordering::SeqCst) > 0 {
-            self.freed.notify_one();
-        }
-        left
-    }
-
-    /// Gives a request's slot back while it waits for its model's load.
-    pub(crate) fn suspend(&self) {
-        self.loading_waiters.fetch_add(1, Ordering::SeqCst);
-        self.end();
-    }
-
-    /// A request that gave its slot back for a load leaves the replica without taking it
-    /// back.
-    pub(crate) fn abandon_suspended(&self) {
-        self.loading_waiters.fetch_sub(1, Ordering::SeqCst);
-        self.inside.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Takes the slot back at once, even past `max_ongoing_requests` for a moment: for a
-    /// request whose wait for a load was cancelled while the request itself goes on (or is
-    /// being dropped, which releases the slot right after).
-    pub(crate) fn force_resume(&self) {
-        self.ongoing.fetch_add(1, Ordering::SeqCst);
-        self.loading_waiters.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    /// Takes a slot back for a request whose load is done, before any newcomer, waiting (on
-    /// this replica, even one being drained: the request was admitted) until one frees.
-    pub(crate) async fn resume(&self) {
-        struct Resuming<'a>(&'a ReplicaLedger);
-        impl Drop for Resuming<'_> {
-            fn drop(&mut self) {
-                self.0.resuming.fetch_sub(1, Ordering::SeqCst);
-            }
-        }
-        self.resuming.fetch_add(1, Ordering::SeqCst);
-        let _resuming = Resuming(self);
-        loop {
-            let freed = self.freed.notified();
-            let mut freed = std::pin::pin!(freed);
-            freed.as_mut().enable();
-            if self.take() {
-                self.loading_waiters.fetch_sub(1, Ordering::SeqCst);
-                return;
-            }
-            freed.await;
-        }
-    }
-
-    /// Requests inside the replica, with a slot or waiting for a load without one.
-    pub(crate) fn inside(&self) -> usize {
-        self.inside.load(Ordering::SeqCst)
-    }
-
-    /// Requests waiting for their model's load without a slot.
-    pub(crate) fn loading_waiters(&self) -> usize {
-        self.loading_waiters.load(Ordering::SeqCst)
     }
 
     /// Replaces the model set with `f` applied to a copy (retried if a concurrent update won).
@@ -545,6 +437,10 @@ impl ReplicaView for ReplicaLedger {
         self.models.load().get(id).and_then(|e| e.load_time)
     }
 
+    fn waiting_for_load(&self, model: &ModelId) -> usize {
+        self.waiting_for(model)
+    }
+
     fn full_for(&self, now: Instant) -> Option<Duration> {
         if !self.is_saturated() {
             return None;
@@ -562,6 +458,7 @@ impl ReplicaView for ReplicaLedger {
 }
 
 mod remote;
+mod slots;
 #[cfg(test)]
 mod tests;
 mod view;

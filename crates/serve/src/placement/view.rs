@@ -39,6 +39,9 @@ pub trait ReplicaView {
     fn load_time(&self, _id: &ModelId) -> Option<Duration> {
         None
     }
+    /// Requests for `model` inside it that wait for its load, their slots given back
+    /// meanwhile (they take them back, before any newcomer, once the load is done).
+    fn waiting_for_load(&self, model: &ModelId) -> usize;
     /// While it is saturated: how long since its last slot was taken, no slot having freed
     /// since (how long requests queued for it have had to wait at least). No default: a view
     /// that forwards to another must forward this too, or the copy rule goes blind.
@@ -67,6 +70,9 @@ impl<T: ReplicaView> ReplicaView for Arc<T> {
     }
     fn full_for(&self, now: Instant) -> Option<Duration> {
         (**self).full_for(now)
+    }
+    fn waiting_for_load(&self, model: &ModelId) -> usize {
+        (**self).waiting_for_load(model)
     }
     fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
         (**self).backing_off(id, now)

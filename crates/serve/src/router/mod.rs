@@ -3,7 +3,9 @@
 //!
 //! For a request naming model `m`:
 //! 1. Replicas holding `m` (loaded, loading, or just placed there by this router) with spare
-//!    capacity: the less loaded of two picked at random (power of two choices).
+//!    capacity (counting the requests there that wait for `m`'s load, which take their slots
+//!    back first): the less loaded of two picked at random (power of two
+//!    choices).
 //! 2. Holders all saturated, but one is still loading `m`: wait for it. A second copy started
 //!    now would be ready no sooner, and a burst of first requests must trigger one load.
 //! 3. Holders all saturated with `m` loaded: a further copy only if it pays, that is if the
@@ -220,7 +222,12 @@ pub fn choose_with<R: ReplicaView>(
     for (i, r) in replicas.iter().enumerate() {
         if r.is_available() && r.holds(model, now) {
             holders.push(i);
-            if !r.is_saturated() {
+            // The requests waiting there for this model's load have given their slots back
+            // but take them back first when it is done: a request sent there now would
+            // queue behind them inside the replica, where nothing can place it again.
+            // (Requests waiting for other models' loads do not count: the slot is free for
+            // this model's requests meanwhile.)
+            if r.ongoing() + r.waiting_for_load(model) < r.max_ongoing() {
                 open_holders.push(i);
             }
         }

@@ -20,6 +20,7 @@ struct Fake {
     service: Option<Duration>,
     load: Option<Duration>,
     full: Option<Duration>,
+    waiting_for_load: usize,
     failed: Vec<ModelId>,
 }
 
@@ -35,6 +36,7 @@ fn fake(id: &str) -> Fake {
         service: None,
         load: None,
         full: None,
+        waiting_for_load: 0,
         failed: Vec::new(),
     }
 }
@@ -84,6 +86,9 @@ impl ReplicaView for Fake {
     }
     fn full_for(&self, _now: Instant) -> Option<Duration> {
         self.full.filter(|_| self.is_saturated())
+    }
+    fn waiting_for_load(&self, _model: &ModelId) -> usize {
+        self.waiting_for_load
     }
 }
 
@@ -139,6 +144,37 @@ async fn a_holder_full_for_longer_than_the_load_gets_a_copy_measured_or_not() {
     // ...and a holder that just filled waits, as before.
     rs[0].full = Some(ms(1));
     assert_eq!(at(&rs, &mut rng), Choice::Wait);
+}
+
+#[tokio::test]
+async fn a_loading_holders_slots_count_the_requests_waiting_for_its_load() {
+    let mut rs = vec![fake("a"), fake("b")];
+    rs[0].models.insert(id("m"), Holding::Loading);
+    rs[0].max = 1;
+    rs[0].waiting_for_load = 1;
+    let mut rng = Rng::new(7);
+    // Its one slot is given back while the load runs, but the request waiting for the load
+    // takes it back first: a second request sent there would queue inside the replica.
+    assert_eq!(pick(&rs, Some("m"), &mut rng), Choice::Wait);
+    // With a slot to spare after that request, the holder takes it.
+    rs[0].max = 2;
+    assert_eq!(
+        pick(&rs, Some("m"), &mut rng),
+        Choice::Replica(0, Reason::Holder)
+    );
+    // Loaded, but its waiter has not taken its slot back yet: still spoken for.
+    rs[0].models.insert(id("m"), Holding::Loaded);
+    rs[0].max = 1;
+    assert!(!matches!(
+        pick(&rs, Some("m"), &mut rng),
+        Choice::Replica(0, _)
+    ));
+    // Once it has, it is ongoing like any other.
+    rs[0].waiting_for_load = 0;
+    assert_eq!(
+        pick(&rs, Some("m"), &mut rng),
+        Choice::Replica(0, Reason::Holder)
+    );
 }
 
 #[tokio::test]
