@@ -61,12 +61,24 @@ class _BatchQueue:
             batch = await self._collect()
             if not batch:
                 self._slots.release()
-                self._on_idle()
+                self._runner = None
+                self._maybe_idle()
                 return
             ctx = batch[0][2].copy()
             task = asyncio.get_running_loop().create_task(self._execute(batch), context=ctx)
             self._running.add(task)
-            task.add_done_callback(self._running.discard)
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._running.discard(task)
+        self._maybe_idle()
+
+    def _maybe_idle(self) -> None:
+        """Lets the queue go once nothing waits and no batch runs: while one runs, the queue
+        (and its `max_concurrent_batches` slots) must stay, or the next call would start a
+        fresh one and run more batches at once than allowed."""
+        if self._runner is None and not self._running and not self._items:
+            self._on_idle()
 
     async def _collect(self) -> list[_Item]:
         loop = asyncio.get_running_loop()

@@ -60,6 +60,15 @@ def _takes_argument(fn: Callable[..., Any]) -> bool:
     return any(p.kind in positional for p in params)
 
 
+def _disarm_del(obj: Any) -> None:
+    """Makes the collector's `__del__` of `obj` (whose `async def __del__` ran) a no-op."""
+    cls = type(obj)
+    try:
+        obj.__class__ = type(cls.__name__, (cls,), {"__del__": lambda self: None})
+    except TypeError:  # a class whose instances cannot change class: leave it
+        pass
+
+
 def _exit(status: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
@@ -321,7 +330,18 @@ class Worker:
         deployment before the server hears that the model is unloaded, and so before a
         replica that is shutting down is stopped."""
         before = asyncio.all_tasks(self.loop)
-        self.models.pop(model_id, None)
+        model = self.models.pop(model_id, None)
+        release = getattr(type(model), "__del__", None)
+        if release is not None and inspect.iscoroutinefunction(release):
+            # An `async def __del__` is awaited here, as Ray's multiplexer does (Python's own
+            # call would make a coroutine nobody runs); the class is then swapped for one
+            # whose `__del__` does nothing, for the collector's call.
+            try:
+                await asyncio.wait_for(release(model), UNLOAD_WORK_TIMEOUT_S)
+            except Exception as e:
+                sys.stderr.write(errors.describe(e)["traceback"])
+            _disarm_del(model)
+        del model
         started = asyncio.all_tasks(self.loop) - before
         if started:
             await asyncio.wait(started, timeout=UNLOAD_WORK_TIMEOUT_S)

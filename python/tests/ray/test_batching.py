@@ -14,8 +14,7 @@ Changed, and why:
   `get_application_url` (ray.serve._private.test_utils) comes from `_ray_shim`
   (`http://localhost:8000` + the application's route prefix).
 - Tests whose Ray assertion does not hold on modelmux today are marked `xfail(strict=True)`
-  with the reason; their bodies are Ray's. `test_concurrent_batching` fails in some runs only:
-  it is marked `xfail(strict=False)`.
+  with the reason; their bodies are Ray's.
 
 Not ported from this file:
 `test_observability_helpers` (with its helpers `send_k_requests`, `wait_for_n_waiters`: Ray's
@@ -65,16 +64,6 @@ def test_batching(serve_instance):
     assert max([r.result() for r in result_list]) < 20
 
 
-@pytest.mark.xfail(
-    strict=False,  # intermittent: strict would fail the runs where the queue never empties
-    reason=(
-        "intermittent (about half the runs here): modelmux's batch queue for a method (and "
-        "model id) is dropped, with its max_concurrent_batches semaphore, whenever it finds "
-        "no call waiting, even while its batches still run; the next call starts a new queue "
-        "with a fresh semaphore, so 3 or 4 batches run at once: AssertionError: Should have "
-        "been 2 batches in flight at all times, got 3 (assert 3 == 2)"
-    ),
-)
 def test_concurrent_batching(serve_instance):
     BATCHES_IN_FLIGHT = 2
     MAX_BATCH_SIZE = 5

@@ -24,8 +24,6 @@ Changed, and why:
   (`ray.serve.context._serve_request_context`) and is marked as not ported below.
 - Tests whose Ray assertion does not hold on modelmux today are marked
   `xfail(strict=True)` with the reason; their bodies are Ray's.
-  `test_multiplexed_multiple_replicas` fails in some runs only: it is marked
-  `xfail(strict=False)`.
 
 Not ported from this file: `TestMultiplexWrapper` (Ray's private `_ModelMultiplexWrapper` and its
 metrics pusher) and `test_request_routing_info` (Ray's private replica context and router).
@@ -214,17 +212,6 @@ def test_multiplexed_lru_policy(serve_instance):
     )
 
 
-@pytest.mark.xfail(
-    strict=False,  # intermittent: strict would fail the runs where routing happens to spread
-    reason=(
-        "intermittent (about half the runs here): modelmux's router may send both requests "
-        "for model '1' to the replica that holds it, queueing the second behind the first "
-        "(max_ongoing_requests=1) instead of using the other replica, so only one request "
-        "waits on the signal: wait_for_condition(lambda: "
-        "ray.get(signal.cur_num_waiters.remote()) == 2) raises RuntimeError: The condition "
-        "wasn't met before the timeout expired"
-    ),
-)
 def test_multiplexed_multiple_replicas(serve_instance):
     """Test multiplexed traffic can be sent to multiple replicas"""
     signal = SignalActor.remote()
@@ -289,16 +276,6 @@ def test_setting_model_id_on_handle_does_not_set_it_locally(serve_instance):
     assert handle.options(multiplexed_model_id="foo").remote().result() == "foo"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "this Ray version's MyModel has an `async def __del__`: Ray's multiplexer awaits a "
-        "coroutine __del__ when it unloads a model; modelmux's worker drops the model and "
-        "Python calls __del__, whose coroutine nobody awaits (RuntimeWarning: coroutine "
-        "'...MyModel.__del__' was never awaited), so the Recorder never records '1': "
-        "assert set() == {'1'} after the second serve.run"
-    ),
-)
 def test_replica_upgrade_to_cleanup_resource(serve_instance):
     """When replica is upgraded, we need to make sure model resources are released."""
 
