@@ -3,6 +3,8 @@
 import pickle
 import unittest
 
+from modelmux.serve.exceptions import RayServeException
+
 from tests.peer import (
     CALL,
     CALL_RESULT,
@@ -151,10 +153,13 @@ class DownstreamTest(WorkerTestCase):
         self.assertIsInstance(exc, LookupError)
         self.assertEqual(str(exc), "downstream failed")
 
-    def test_unknown_method_is_an_attribute_error(self):
+    def test_unknown_method_is_an_attribute_error_and_names_the_methods(self):
         status, kind, exc = self.call(4, "nope")
         self.assertEqual((status, kind), (500, "exception"))
         self.assertIsInstance(exc, AttributeError)
+        self.assertIsInstance(exc, RayServeException)
+        self.assertIn("'nope'", str(exc))
+        self.assertIn("Available methods: ['__call__', 'acount',", str(exc))
 
     def test_call_body_in_chunks(self):
         body = pickle.dumps(((12,), {}))

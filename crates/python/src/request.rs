@@ -124,7 +124,13 @@ async fn respond(
             return; // the client left: dropping the stream cancels the request
         }
         loop {
-            match stream.next().await {
+            // A reader that leaves while the worker makes nothing (a generator between items)
+            // cancels the request now: dropping the stream sends `CANCEL`.
+            let event = tokio::select! {
+                event = stream.next() => event,
+                () = sender.closed() => return,
+            };
+            match event {
                 Event::Body(chunk) => {
                     if sender.send(chunk).await.is_err() {
                         return;

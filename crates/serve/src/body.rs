@@ -47,6 +47,13 @@ impl BodySender {
             .map_err(|_| "the client went away".into())
     }
 
+    /// Completes when the body's reader has gone (the client left, or the caller dropped the
+    /// response): a producer waiting for something else to send learns it now, not at its
+    /// next send.
+    pub async fn closed(&self) {
+        self.tx.closed().await;
+    }
+
     /// Ends the body with an error (the connection is closed without a proper end).
     pub async fn abort(self, error: impl Into<BoxError>) {
         let _ = self.tx.send(Err(error.into())).await;

@@ -68,11 +68,14 @@ class Application:
         self.deployment = deployment
         self.args = args
         self.kwargs = kwargs
+        # Set when the application binds the same deployment again under its name: the graph
+        # names this node `<name>_1`, `<name>_2`, ... (as Ray does).
+        self.renamed: str | None = None
 
     @property
     def name(self) -> str:
-        """The deployment's name."""
-        return self.deployment.name
+        """The deployment's name in its application."""
+        return getattr(self, "renamed", None) or self.deployment.name
 
     def __repr__(self) -> str:
         return f"Application({self.name})"

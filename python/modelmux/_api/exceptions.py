@@ -37,3 +37,14 @@ class ModelLoadError(RayServeException):
 
 class BatchSizeMismatchError(RayServeException):
     """A `@serve.batch` function returned a number of results other than its batch size."""
+
+
+class RequestCancelledError(RayServeException):
+    """The call was cancelled (`DeploymentResponseGenerator.cancel()`): its items stop, and
+    the callee's generator is cancelled."""
+
+
+class NoSuchMethodError(RayServeException, AttributeError):
+    """A handle call named a method its deployment does not have: Ray's `RayServeException`
+    (naming the methods there are), and an `AttributeError`, which the attribute look-up
+    would have raised."""

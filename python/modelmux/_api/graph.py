@@ -43,21 +43,24 @@ def replace_bound(value: Any, replace: Callable[[Application], Any]) -> Any:
 def deployments_of(root: Application) -> dict[str, Application]:
     """Every bound deployment of the graph by name, the ingress first.
 
-    Raises ValueError when two different bound deployments have one name, and TypeError when
-    a class has more than one multiplexed method.
+    A deployment bound more than once (with other arguments, or another deployment of the same
+    name) gets a name of its own for each further node, `<name>_1`, `<name>_2`, ..., in the
+    order the graph is walked, as Ray names them; the node keeps it (it is pickled with the
+    application), so every process that walks the graph again finds the same names.
+
+    Raises TypeError when a class has more than one multiplexed method.
     """
     found: dict[str, Application] = {}
     pending = [root]
     while pending:
         app = pending.pop(0)
-        seen = found.get(app.name)
-        if seen is app:
+        if any(seen is app for seen in found.values()):
             continue
-        if seen is not None:
-            raise ValueError(
-                f"two different deployments are named '{app.name}' in one application: "
-                "give one of them another name with .options(name=...)"
-            )
+        if app.name in found:
+            base, k = app.deployment.name, 1
+            while f"{base}_{k}" in found:
+                k += 1
+            app.renamed = f"{base}_{k}"
         find_multiplexed(app.deployment.func_or_class)
         found[app.name] = app
         pending.extend(arguments_of(app))

@@ -17,7 +17,11 @@ from typing import Any, AsyncIterator, Generator
 import cloudpickle
 
 from modelmux._api import client, context, records, serialization
-from modelmux._api.exceptions import DeploymentUnavailableError, RayServeException
+from modelmux._api.exceptions import (
+    DeploymentUnavailableError,
+    RayServeException,
+    RequestCancelledError,
+)
 
 _UNSET: Any = object()
 
@@ -43,6 +47,14 @@ class DeploymentResponse:
 
     def __init__(self, future: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
         self._future = future
+
+    def __reduce__(self) -> Any:
+        # Only a top-level argument of a handle call is awaited and its value passed on; one
+        # inside a list or dict would be pickled, and a pending call cannot be.
+        raise RayServeException(
+            "`DeploymentResponse` is not serializable: pass it as an argument of its own "
+            "(the call awaits it and passes its value on), or await it first"
+        )
 
     def __await__(self) -> Generator[Any, None, Any]:
         future = self._future
@@ -86,11 +98,14 @@ class DeploymentResponseGenerator:
     def __init__(self, loop: asyncio.AbstractEventLoop, items: AsyncIterator[Any]) -> None:
         self._loop = loop
         self._items = items
+        self._cancelled = False
 
     def __aiter__(self) -> DeploymentResponseGenerator:
         return self
 
     async def __anext__(self) -> Any:
+        if self._cancelled:
+            raise RequestCancelledError("the call was cancelled")
         return await self._items.__anext__()
 
     def __iter__(self) -> DeploymentResponseGenerator:
@@ -98,6 +113,8 @@ class DeploymentResponseGenerator:
 
     def __next__(self) -> Any:
         _refuse_on_a_loop("iterating a DeploymentResponseGenerator with `for`", "`async for`")
+        if self._cancelled:
+            raise RequestCancelledError("the call was cancelled")
         future = asyncio.run_coroutine_threadsafe(_next(self._items), self._loop)
         try:
             return future.result()
@@ -105,7 +122,9 @@ class DeploymentResponseGenerator:
             raise StopIteration from None
 
     def cancel(self) -> None:
-        """Stops the call: the callee's generator is cancelled."""
+        """Stops the call: the callee's generator is cancelled, and asking for another item
+        raises `RequestCancelledError` (as in Ray)."""
+        self._cancelled = True
         aclose = getattr(self._items, "aclose", None)
         if aclose is None:
             return

@@ -28,7 +28,7 @@ from modelmux._api.multiplex import find_multiplexed
 from modelmux._worker import app_loader, asgi, calls, errors, protocol
 from modelmux._worker.connection import Connection
 from modelmux._worker.protocol import Frame
-from modelmux._api.exceptions import ModelLoadError
+from modelmux._api.exceptions import ModelLoadError, NoSuchMethodError
 
 # How long an unload waits for the work a model's `__del__` started (handle calls).
 UNLOAD_WORK_TIMEOUT_S = 10.0
@@ -123,7 +123,14 @@ class Worker:
 
         args = replace_bound(self._app.args, handle)
         kwargs = replace_bound(self._app.kwargs, handle)
-        self.instance = cls(*args, **kwargs)
+        init = getattr(cls, "__init__", None)
+        if inspect.iscoroutinefunction(init):
+            # An `async def __init__`, which Ray awaits: the instance is made, then awaited into.
+            instance = cls.__new__(cls)
+            await init(instance, *args, **kwargs)
+            self.instance = instance
+        else:
+            self.instance = cls(*args, **kwargs)
         context.get_replica_context().servable_object = self.instance
         multiplexed = find_multiplexed(cls)
         if multiplexed is not None:
@@ -247,6 +254,23 @@ class Worker:
         result = await call_user(http_call, *args)
         await asgi.send_result(result, scope, body.receive, sender)
 
+    def _method(self, name: str) -> Callable[..., Any]:
+        """The instance's method `name`, which a handle call names; RayServeException, listing
+        the methods there are, when it has none (as Ray answers)."""
+        fn = getattr(self.instance, name, None)
+        if callable(fn) and (name == "__call__" or not name.startswith("_")):
+            return fn
+        methods = sorted(
+            n
+            for n in dir(self.instance)
+            if (n == "__call__" or not n.startswith("_"))
+            and callable(getattr(self.instance, n, None))
+        )
+        raise NoSuchMethodError(
+            f"deployment '{self._app.name}' has no method '{name}' to call. "
+            f"Available methods: {methods}"
+        )
+
     async def _serve_call(
         self, method: str, body: asgi.RequestBody, sender: asgi.ResponseSender, streamed: bool
     ) -> None:
@@ -256,7 +280,7 @@ class Worker:
             return
         try:
             args, kwargs = serialization.loads(data)
-            value = await call_user(getattr(self.instance, method), *args, **kwargs)
+            value = await call_user(self._method(method), *args, **kwargs)
             if inspect.isgenerator(value) or inspect.isasyncgen(value):
                 raise TypeError(
                     f"{self._app.name}.{method} returned a generator: call it through "
@@ -284,7 +308,7 @@ class Worker:
 
         try:
             args, kwargs = serialization.loads(data)
-            fn = getattr(self.instance, method)
+            fn = self._method(method)
             what = f"{self._app.name}.{method}"
             async for item in calls.items(fn, args, kwargs, what):
                 await emit(records.VALUE, serialization.dumps(item))

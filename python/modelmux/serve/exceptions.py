@@ -5,6 +5,7 @@ from modelmux._api.exceptions import (
     DeploymentUnavailableError,
     ModelLoadError,
     RayServeException,
+    RequestCancelledError,
 )
 
 __all__ = [
@@ -12,4 +13,5 @@ __all__ = [
     "DeploymentUnavailableError",
     "ModelLoadError",
     "RayServeException",
+    "RequestCancelledError",
 ]

@@ -1,4 +1,4 @@
-"""Two different bound deployments with one name."""
+"""One deployment bound twice, with different arguments: the second is named `Leaf_1`."""
 
 from modelmux import serve
 

@@ -76,15 +76,6 @@ def test_handle_option_chaining(serve_instance):
     # Not ported (Ray-private): assert handle2.request_counter.info == counter_info
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a call of a method the deployment lacks raises the replica's own AttributeError: "
-        "'A' object has no attribute 'does_not_exist' (pickled back to the caller), not Ray's "
-        "RayServeException naming the method and \"Available methods: ['exists']\": "
-        "pytest.raises(RayServeException) fails"
-    ),
-)
 def test_nonexistent_method_sync(serve_instance):
     @serve.deployment
     class A:
@@ -100,15 +91,6 @@ def test_nonexistent_method_sync(serve_instance):
     assert "Available methods: ['exists']" in exception_string
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "a call of a method the deployment lacks raises the replica's own AttributeError: "
-        "'A' object has no attribute 'does_not_exist' (pickled back to the caller), not Ray's "
-        "RayServeException naming the method and \"Available methods: ['exists']\": "
-        "pytest.raises(RayServeException) fails"
-    ),
-)
 @pytest.mark.asyncio
 async def test_nonexistent_method_async(serve_instance):
     @serve.deployment
@@ -161,15 +143,6 @@ async def test_call_handle_across_asyncio_loops(serve_instance):
         asyncio.run_coroutine_threadsafe(cache_get(), loop).result()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "Ingress has an `async def __init__`, which Ray awaits; modelmux's worker calls it as "
-        "a plain constructor, so the replica fails to start (TypeError: __init__() should "
-        "return None, not 'coroutine') and serve.run raises RuntimeError: the modelmux server "
-        "exited with status 1 before it was ready"
-    ),
-)
 def test_response_used_in_multiple_calls(serve_instance):
     @serve.deployment(graceful_shutdown_timeout_s=0)
     class F:

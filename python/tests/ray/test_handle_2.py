@@ -134,16 +134,6 @@ def test_compose_apps(serve_instance, arg_type):
         assert handle1.remote(inp=handle2.remote(inp="hi")).result() == "app1|app2|hi"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "the application binds one deployment twice (Downstream.bind('downstream1'), "
-        "Downstream.bind('downstream2')): Ray names the second Downstream_1; modelmux refuses "
-        "it: serve.run raises ValueError: two different deployments are named 'Downstream' in "
-        "one application: give one of them another name with .options(name=...). (With the "
-        "second renamed, the test passes.)"
-    ),
-)
 def test_compose_args_and_kwargs(serve_instance):
     """Test composing deployment handle refs outside of a deployment."""
 
@@ -386,16 +376,6 @@ def test_chained_deployment_response_upstream_raises_exception(serve_instance):
     assert result == 6, f"Expected 6, got {result}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "serve.run raises ValueError: two different deployments are named 'Downstream' in one "
-        "application (Ray names the second Downstream_1; modelmux refuses it). With the second "
-        "renamed, the nested response fails as modelmux's TypeError: cannot pickle "
-        "'_asyncio.Task' object, not Ray's RayServeException '`DeploymentResponse` is not "
-        "serializable'"
-    ),
-)
 def test_nested_deployment_response_error(serve_instance):
     """Test that passing a deployment response in a nested object to a downstream
     handle call errors, and with an informative error message."""

@@ -38,19 +38,6 @@ from modelmux import serve
 
 
 @pytest.mark.time_limit(5)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "g.cancel() does not stop the callee: it schedules the close of the stream, and the "
-        "next `await g.__anext__()` (run before that close) waits for Downstream's next item; "
-        "Downstream's generator goes on uncancelled into send_signal_on_cancellation's "
-        "asyncio.sleep(100), so no RequestCancelledError comes. Unlimited, after 100 s the "
-        "call fails with Downstream's RuntimeError: CancelledError wasn't raised during "
-        "`send_signal_on_cancellation` block (raised through pytest.raises(RequestCancelledError) "
-        "in Ingress, and out of h.remote().result()); here the 5 s time limit stops it first "
-        "(TestTimeLimitExceeded in h.remote().result())"
-    ),
-)
 def test_cancel_generator_async(serve_instance):
     """Test cancelling streaming handle request during execution."""
     signal_actor = SignalActor.remote()

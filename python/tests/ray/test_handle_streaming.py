@@ -250,16 +250,6 @@ class TestDeploymentHandleStreaming:
         h = serve.run(Delegate.bind(deployment.bind()))
         h.remote().result()
 
-    @pytest.mark.xfail(
-        strict=True,
-        reason=(
-            "the application binds one deployment twice (deployment.bind(), deployment.bind()): "
-            "Ray names the second <name>_1; modelmux refuses it: serve.run raises ValueError: "
-            "two different deployments are named 'AsyncStreamer' (or 'SyncStreamer') in one "
-            "application: give one of them another name with .options(name=...). (With the "
-            "second renamed, the test passes.)"
-        ),
-    )
     def test_call_multiple_downstreams(self, serve_instance, deployment: Deployment):
         @serve.deployment
         class Delegate:
