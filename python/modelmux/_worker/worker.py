@@ -356,19 +356,23 @@ class Worker:
         before = asyncio.all_tasks(self.loop)
         model = self.models.pop(model_id, None)
         release = getattr(type(model), "__del__", None)
-        if release is not None and inspect.iscoroutinefunction(release):
-            # An `async def __del__` is awaited here, as Ray's multiplexer does (Python's own
-            # call would make a coroutine nobody runs); the class is then swapped for one
-            # whose `__del__` does nothing, for the collector's call.
-            try:
-                await asyncio.wait_for(release(model), UNLOAD_WORK_TIMEOUT_S)
-            except Exception as e:
-                sys.stderr.write(errors.describe(e)["traceback"])
-            _disarm_del(model)
-        del model
-        started = asyncio.all_tasks(self.loop) - before
-        if started:
-            await asyncio.wait(started, timeout=UNLOAD_WORK_TIMEOUT_S)
+        if release is None or not inspect.iscoroutinefunction(release):
+            # A plain `__del__` runs when the last reference goes (here, unless the user's
+            # code holds one): what it started, it started just now, before any other task
+            # could run and start something of its own.
+            del model
+            started = asyncio.all_tasks(self.loop) - before
+            if started:
+                await asyncio.wait(started, timeout=UNLOAD_WORK_TIMEOUT_S)
+            return
+        # An `async def __del__` is awaited here, as Ray's multiplexer does (Python's own
+        # call would make a coroutine nobody runs); the class is then swapped for one whose
+        # `__del__` does nothing, for the collector's call.
+        try:
+            await asyncio.wait_for(release(model), UNLOAD_WORK_TIMEOUT_S)
+        except Exception as e:
+            sys.stderr.write(errors.describe(e)["traceback"])
+        _disarm_del(model)
 
     async def _load(self, model_id: Any) -> dict[str, Any]:
         if not isinstance(model_id, str) or not model_id:
