@@ -101,6 +101,9 @@ impl ReplicaView for Target {
     fn waiting_for_load(&self, model: &ModelId) -> usize {
         self.slot().waiting_for_load(model)
     }
+    fn loaded_for(&self, id: &ModelId, now: Instant) -> Option<Duration> {
+        self.slot().loaded_for(id, now)
+    }
 }
 
 impl ReplicaView for Replica {
@@ -148,5 +151,8 @@ impl ReplicaView for Replica {
     }
     fn waiting_for_load(&self, model: &ModelId) -> usize {
         self.slot.waiting_for_load(model)
+    }
+    fn loaded_for(&self, id: &ModelId, now: Instant) -> Option<Duration> {
+        self.slot.loaded_for(id, now)
     }
 }

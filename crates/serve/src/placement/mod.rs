@@ -93,6 +93,8 @@ struct Entry {
     routed: Arc<AtomicU64>,
     /// How long the load took, once loaded.
     load_time: Option<Duration>,
+    /// When this router learned it was loaded.
+    loaded_at: Option<Instant>,
     /// Its size, once loaded (if it reports one).
     size_bytes: Option<u64>,
 }
@@ -104,6 +106,7 @@ impl Entry {
             source,
             routed: Arc::new(AtomicU64::new(coarse_now())),
             load_time: None,
+            loaded_at: None,
             size_bytes: None,
         }
     }
@@ -312,6 +315,7 @@ impl ReplicaLedger {
                 if let Some(e) = m.get_mut(&event.id) {
                     e.load_time = Some(load_time);
                     e.size_bytes = size_bytes;
+                    e.loaded_at.get_or_insert_with(Instant::now);
                 }
             }
             // Failed retracts the Loading (and any pending placement); Evicting means new
@@ -439,6 +443,11 @@ impl ReplicaView for ReplicaLedger {
 
     fn waiting_for_load(&self, model: &ModelId) -> usize {
         self.waiting_for(model)
+    }
+
+    fn loaded_for(&self, id: &ModelId, now: Instant) -> Option<Duration> {
+        let at = self.models.load().get(id)?.loaded_at?;
+        Some(now.saturating_duration_since(at))
     }
 
     fn full_for(&self, now: Instant) -> Option<Duration> {

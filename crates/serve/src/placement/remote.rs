@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use modelmux_cache::ModelId;
 
 use super::{Entry, Holding, ROUTER, ReplicaLedger, coarse_now};
@@ -34,13 +36,18 @@ impl ReplicaLedger {
     pub(crate) fn replace_copies(&self, copies: &[CopyReport]) {
         self.update(|m| {
             let mut routed: HashMap<ModelId, Arc<AtomicU64>> = HashMap::new();
+            let mut loaded_at: HashMap<ModelId, Instant> = HashMap::new();
             m.retain(|id, e| {
                 if e.source == ROUTER {
                     return true;
                 }
                 routed.insert(id.clone(), e.routed.clone());
+                if let Some(at) = e.loaded_at.filter(|_| e.holding == Holding::Loaded) {
+                    loaded_at.insert(id.clone(), at);
+                }
                 false
             });
+            let now = Instant::now();
             for copy in copies {
                 let holding = if copy.loaded {
                     Holding::Loaded
@@ -56,6 +63,10 @@ impl ReplicaLedger {
                             .remove(&copy.id)
                             .unwrap_or_else(|| Arc::new(AtomicU64::new(coarse_now()))),
                         load_time: copy.load_time,
+                        // Since this router first heard it was loaded there.
+                        loaded_at: copy
+                            .loaded
+                            .then(|| loaded_at.remove(&copy.id).unwrap_or(now)),
                         size_bytes: copy.size_bytes,
                     },
                 );

@@ -39,6 +39,8 @@ pub trait ReplicaView {
     fn load_time(&self, _id: &ModelId) -> Option<Duration> {
         None
     }
+    /// How long since this router learned it holds `id` loaded.
+    fn loaded_for(&self, id: &ModelId, now: Instant) -> Option<Duration>;
     /// Requests for `model` inside it that wait for its load, their slots given back
     /// meanwhile (they take them back, before any newcomer, once the load is done).
     fn waiting_for_load(&self, model: &ModelId) -> usize;
@@ -73,6 +75,9 @@ impl<T: ReplicaView> ReplicaView for Arc<T> {
     }
     fn waiting_for_load(&self, model: &ModelId) -> usize {
         (**self).waiting_for_load(model)
+    }
+    fn loaded_for(&self, id: &ModelId, now: Instant) -> Option<Duration> {
+        (**self).loaded_for(id, now)
     }
     fn backing_off(&self, id: &ModelId, now: Instant) -> bool {
         (**self).backing_off(id, now)

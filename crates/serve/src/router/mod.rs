@@ -25,6 +25,8 @@
 //!
 //! A request naming no model goes to the less loaded of two random available replicas.
 
+use std::time::Duration;
+
 use modelmux_cache::ModelId;
 use tokio::time::Instant;
 
@@ -188,9 +190,16 @@ fn copy_pays<R: ReplicaView>(
         .filter_map(|&i| replicas[i].service_time())
         .min()
         .map(|service| service.mul_f64(1.0 + waiting as f64 / slots.max(1) as f64));
+    // Only the time since the holder loaded the model counts: the requests that waited for
+    // its load fill its slots from before then (on a forwarding node, whose slots for another
+    // node's replica are taken when it forwards), and the load was paid for already.
     let stalled = holders
         .iter()
-        .map(|&i| replicas[i].full_for(now))
+        .map(|&i| {
+            let r = &replicas[i];
+            let loaded = r.loaded_for(model, now).unwrap_or(Duration::ZERO);
+            r.full_for(now).map(|full| full.min(loaded))
+        })
         .min()
         .flatten();
     measured.max(stalled).is_some_and(|wait| wait > load)

@@ -21,6 +21,7 @@ struct Fake {
     load: Option<Duration>,
     full: Option<Duration>,
     waiting_for_load: usize,
+    loaded_for: Duration,
     failed: Vec<ModelId>,
 }
 
@@ -37,6 +38,7 @@ fn fake(id: &str) -> Fake {
         load: None,
         full: None,
         waiting_for_load: 0,
+        loaded_for: Duration::from_secs(3600),
         failed: Vec::new(),
     }
 }
@@ -89,6 +91,9 @@ impl ReplicaView for Fake {
     }
     fn waiting_for_load(&self, _model: &ModelId) -> usize {
         self.waiting_for_load
+    }
+    fn loaded_for(&self, id: &ModelId, _now: Instant) -> Option<Duration> {
+        (self.models.get(id) == Some(&Holding::Loaded)).then_some(self.loaded_for)
     }
 }
 
@@ -144,6 +149,13 @@ async fn a_holder_full_for_longer_than_the_load_gets_a_copy_measured_or_not() {
     // ...and a holder that just filled waits, as before.
     rs[0].full = Some(ms(1));
     assert_eq!(at(&rs, &mut rng), Choice::Wait);
+    // Full since before its load ended (the requests that waited for the load hold the slots,
+    // as a forwarding node sees another's replica): only the time since it loaded counts.
+    rs[0].full = Some(ms(3000));
+    rs[0].loaded_for = ms(5);
+    assert_eq!(at(&rs, &mut rng), Choice::Wait);
+    rs[0].loaded_for = ms(50);
+    assert_eq!(at(&rs, &mut rng), Choice::Replica(1, Reason::NewCopy));
 }
 
 #[tokio::test]
