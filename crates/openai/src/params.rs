@@ -615,11 +615,14 @@ mod tests {
                 assert_eq!(p, param, "{body}: {message}");
             }
         }
-        let (p, m) = err(
+        // A batch of prompts is taken (tests/openai/batch.rs); an empty one is not.
+        let (p, m) = err(Endpoint::Completion, r#"{"model": "m", "prompt": []}"#);
+        assert_eq!((p.as_str(), m.contains("empty list")), ("prompt", true));
+        let job = parse_job(
             Endpoint::Completion,
-            r#"{"model": "m", "prompt": ["a", "b"]}"#,
+            br#"{"model": "m", "prompt": ["a", [1, 2]]}"#,
         );
-        assert_eq!((p.as_str(), m.contains("batch")), ("prompt", true));
+        assert!(job.is_err(), "a batch mixes texts and token lists: {job:?}");
         let (_, m) = err(
             Endpoint::Completion,
             r#"{"model": "m", "prompt": "a"} trailing"#,
