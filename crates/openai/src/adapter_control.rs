@@ -51,6 +51,15 @@ struct UnloadAdapter {
     lora_int_id: Option<i64>,
 }
 
+/// A control's body (or the replica's answer to one): 64 KiB at most.
+async fn small_body(body: Body) -> Result<Bytes, ServeError> {
+    body.to_bytes(1 << 16)
+        .await
+        .map_err(|e| ServeError::BadRequest {
+            message: e.to_string(),
+        })
+}
+
 /// A 200 answer of one line of text, as vLLM's.
 fn text(message: String) -> Response {
     let mut response = Response::new(Body::from(message));
@@ -69,14 +78,7 @@ impl OpenAiIngress {
         load: bool,
     ) -> Result<Response, ServeError> {
         self.admin.authorize(request.headers(), true)?;
-        let body =
-            request
-                .into_body()
-                .to_bytes(1 << 16)
-                .await
-                .map_err(|e| ServeError::BadRequest {
-                    message: e.to_string(),
-                })?;
+        let body = small_body(request.into_body()).await?;
         if load {
             self.load_adapter(crate::params::parse_body(&body)?).await
         } else {
@@ -208,14 +210,7 @@ impl OpenAiIngress {
                     e
                 }
             })?;
-        let body =
-            response
-                .into_body()
-                .to_bytes(1 << 16)
-                .await
-                .map_err(|e| ServeError::BadRequest {
-                    message: e.to_string(),
-                })?;
+        let body = small_body(response.into_body()).await?;
         let answer: serde_json::Value =
             serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
         Ok(answer["replica"].as_str().unwrap_or_default().to_owned())

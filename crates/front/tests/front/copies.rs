@@ -72,17 +72,7 @@ async fn a_request_queued_behind_a_long_one_moves_to_an_idle_replica() {
     // holder has only just filled), and placed again once its wait has outgrown the load:
     // on the other replica, not 2 s later behind the first (Ray's
     // test_multiplexed_multiple_replicas has both run at once).
-    let counters = Arc::new(Counters::default());
-    let spec = counted(
-        "Model",
-        counters.clone(),
-        Multiplexer::builder().max_models(2),
-        Duration::from_millis(10),
-        Duration::from_secs(2),
-    )
-    .num_replicas(2)
-    .max_ongoing_requests(1);
-    let server = common::serve(spec).await;
+    let (server, counters) = one_slot_replicas().await;
     let addr = server.local_addr();
     let first = tokio::spawn(async move { get_model(addr, "m").await });
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -111,17 +101,7 @@ async fn two_first_requests_for_one_model_on_one_slot_replicas_run_at_once() {
     // (whose one slot its first request takes back when the load is done): it waits, then
     // gets a copy on the other replica once the holder has been full for longer than the load.
     for round in 0..3 {
-        let counters = Arc::new(Counters::default());
-        let spec = counted(
-            "Model",
-            counters.clone(),
-            Multiplexer::builder().max_models(2),
-            Duration::from_millis(10),
-            Duration::from_secs(2),
-        )
-        .num_replicas(2)
-        .max_ongoing_requests(1);
-        let server = common::serve(spec).await;
+        let (server, counters) = one_slot_replicas().await;
         let addr = server.local_addr();
         let both = [0, 1].map(|_| tokio::spawn(async move { get_model(addr, "1").await }));
         let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
@@ -138,4 +118,19 @@ async fn two_first_requests_for_one_model_on_one_slot_replicas_run_at_once() {
         assert_ne!(a.replica(), b.replica(), "round {round}");
         server.shutdown().await;
     }
+}
+
+/// Two replicas of one request slot each, whose loads take 10 ms and requests 2 s.
+async fn one_slot_replicas() -> (modelmux_front::Server, Arc<Counters>) {
+    let counters = Arc::new(Counters::default());
+    let spec = counted(
+        "Model",
+        counters.clone(),
+        Multiplexer::builder().max_models(2),
+        Duration::from_millis(10),
+        Duration::from_secs(2),
+    )
+    .num_replicas(2)
+    .max_ongoing_requests(1);
+    (common::serve(spec).await, counters)
 }

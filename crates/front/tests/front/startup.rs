@@ -25,6 +25,17 @@ fn held(name: &str, release: Arc<Notify>) -> DeploymentSpec {
     })
 }
 
+/// A deployment whose replica fails to start once `release` is notified.
+fn broken(release: Arc<Notify>) -> DeploymentSpec {
+    DeploymentSpec::new("Broken", move |_ctx| {
+        let release = release.clone();
+        async move {
+            release.notified().await;
+            Err::<common::Echo, _>("the model file is missing".into())
+        }
+    })
+}
+
 /// Starts a server with `apps` in a task; returns its address once it listens, and the task
 /// (which ends when the replicas have started, or failed to).
 async fn listening(
@@ -97,16 +108,7 @@ async fn healthz_lists_the_deployments_still_loading_while_the_port_is_open() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_fails_to_start_fails_the_start_and_closes_the_port() {
     let release = Arc::new(Notify::new());
-    let failing = DeploymentSpec::new("Broken", {
-        let release = release.clone();
-        move |_ctx| {
-            let release = release.clone();
-            async move {
-                release.notified().await;
-                Err::<common::Echo, _>("the model file is missing".into())
-            }
-        }
-    });
+    let failing = broken(release.clone());
     let (addr, task) = listening(vec![Application::new("app").ingress(failing)]).await;
     let health = get(addr, "/-/healthz", &[]).await;
     assert_eq!(health.json()["loading"], serde_json::json!(["app/Broken"]));
@@ -193,16 +195,7 @@ async fn a_handle_call_waits_for_the_replicas_still_starting() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handle_call_waiting_for_a_replica_that_fails_to_start_is_told_at_once() {
     let release = Arc::new(Notify::new());
-    let failing = DeploymentSpec::new("Broken", {
-        let release = release.clone();
-        move |_ctx| {
-            let release = release.clone();
-            async move {
-                release.notified().await;
-                Err::<common::Echo, _>("the model file is missing".into())
-            }
-        }
-    });
+    let failing = broken(release.clone());
     let app = Application::new("app")
         .ingress(caller("Broken"))
         .deployment(failing);
