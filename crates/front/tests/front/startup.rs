@@ -25,6 +25,18 @@ fn held(name: &str, release: Arc<Notify>) -> DeploymentSpec {
     })
 }
 
+/// Waits (10 s at most) until `deployment` is the only one still loading.
+async fn only_loading(addr: SocketAddr, deployment: &str) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while get(addr, "/-/healthz", &[]).await.json()["loading"] != serde_json::json!([deployment]) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the deployments before {deployment} never started"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A deployment whose replica fails to start once `release` is notified.
 fn broken(release: Arc<Notify>) -> DeploymentSpec {
     DeploymentSpec::new("Broken", move |_ctx| {
@@ -167,14 +179,7 @@ async fn a_handle_call_waits_for_the_replicas_still_starting() {
         .ingress(caller("Big"))
         .deployment(held("Big", release.clone()));
     let (addr, task) = listening(vec![app]).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while get(addr, "/-/healthz", &[]).await.json()["loading"] != serde_json::json!(["app/Big"]) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "Caller never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    only_loading(addr, "app/Big").await;
     let early = tokio::spawn(async move { get(addr, "/x", &[]).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -200,15 +205,7 @@ async fn a_handle_call_waiting_for_a_replica_that_fails_to_start_is_told_at_once
         .ingress(caller("Broken"))
         .deployment(failing);
     let (addr, task) = listening(vec![app]).await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while get(addr, "/-/healthz", &[]).await.json()["loading"] != serde_json::json!(["app/Broken"])
-    {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "Caller never started"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    only_loading(addr, "app/Broken").await;
     let early = tokio::spawn(async move { get(addr, "/x", &[]).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     release.notify_one();
