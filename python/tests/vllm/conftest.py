@@ -174,6 +174,17 @@ applications:
                 process.wait()
 
 
+@contextlib.contextmanager
+def zephyr_lora_server(tmp_path_factory, zephyr_lora_files: str, *, max_num_seqs: int):
+    """vLLM's `--enable-lora --lora-modules zephyr-lora=<path> --max-cpu-loras 2`: a server
+    with 2 adapter slots and "zephyr-lora" registered. The static `--lora-modules` has no
+    modelmux YAML key: the name is registered with the dynamic API once the server is up."""
+    with modelmux_server(tmp_path_factory, max_num_seqs=max_num_seqs,
+                         max_num_adapters_per_replica=2) as remote_server:
+        remote_server.load_lora_adapter("zephyr-lora", zephyr_lora_files)
+        yield remote_server
+
+
 def _fail_to_start(why: str, log_path: Path):
     log = log_path.read_text(errors="replace")
     print(f"--- modelmux serve log ({log_path}) ---\n{log}")

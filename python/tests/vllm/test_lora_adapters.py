@@ -6,7 +6,8 @@
 # against `modelmux serve`. Every vLLM test function below is vLLM's, with its name, its
 # assertions, its `pytest.raises(...)` types and `match=` strings as they are. Changed:
 # - the imports (`RemoteOpenAIServer` from vLLM's tests/utils.py becomes conftest.py's
-#   `modelmux_server`, which writes a modelmux YAML config and starts `modelmux serve`);
+#   `modelmux_server` (through `zephyr_lora_server`), which writes a modelmux YAML config and
+#   starts `modelmux serve`);
 # - MODEL_NAME: our base model id is "smollm2" (the test GGUF, $MODELMUX_TEST_GGUF);
 # - `zephyr_lora_files` (conftest.py): a copy of the test adapter $MODELMUX_TEST_ADAPTERS/pirate
 #   instead of a download of typeof/zephyr-7b-beta-lora;
@@ -38,7 +39,7 @@ from contextlib import suppress
 import openai  # use the official client for correctness check
 import pytest
 import pytest_asyncio
-from conftest import modelmux_server
+from conftest import zephyr_lora_server
 
 # any model with a chat template should work here
 MODEL_NAME = "smollm2"
@@ -131,11 +132,8 @@ async def complete_each(client: openai.AsyncOpenAI, model: str, **kwargs):
 def server_with_lora_modules_json(tmp_path_factory, zephyr_lora_files):
     # vLLM: --enable-lora --lora-modules '{"name": "zephyr-lora", ...}' --max-lora-rank 64
     # --max-cpu-loras 2 --max-num-seqs 64, VLLM_ALLOW_RUNTIME_LORA_UPDATING=True.
-    with modelmux_server(tmp_path_factory, max_num_seqs=64,
-                         max_num_adapters_per_replica=2) as remote_server:
-        # vLLM's static --lora-modules has no modelmux YAML key: "zephyr-lora" is registered
-        # here, once the server is up, with the dynamic API (its base model is the served one).
-        remote_server.load_lora_adapter("zephyr-lora", zephyr_lora_files)
+    with zephyr_lora_server(tmp_path_factory, zephyr_lora_files,
+                            max_num_seqs=64) as remote_server:
         yield remote_server
 
 

@@ -5,7 +5,7 @@
 # 0091c9502ffb9f6761588a21b8d917db8ede4990 (https://github.com/vllm-project/vllm), to run
 # against `modelmux serve`. test_check_models is vLLM's, with its name and assertions as they
 # are. Changed:
-# - the imports (`RemoteOpenAIServer` becomes conftest.py's `modelmux_server`; no
+# - the imports (`RemoteOpenAIServer` becomes conftest.py's `zephyr_lora_server`; no
 #   huggingface_hub);
 # - MODEL_NAME: our base model id is "smollm2";
 # - `zephyr_lora_files`: vLLM's module fixture downloads typeof/zephyr-7b-beta-lora; conftest.py's
@@ -21,7 +21,7 @@
 import openai  # use the official client for correctness check
 import pytest
 import pytest_asyncio
-from conftest import modelmux_server
+from conftest import zephyr_lora_server
 
 # any model with a chat template should work here
 MODEL_NAME = "smollm2"
@@ -31,11 +31,8 @@ MODEL_NAME = "smollm2"
 def server(tmp_path_factory, zephyr_lora_files):
     # vLLM: --enable-lora --lora-modules zephyr-lora=<path> --max-lora-rank 64
     # --max-cpu-loras 2 --max-num-seqs 128
-    with modelmux_server(tmp_path_factory, max_num_seqs=128,
-                         max_num_adapters_per_replica=2) as remote_server:
-        # vLLM's static --lora-modules has no modelmux YAML key: "zephyr-lora" is registered
-        # here, once the server is up, with the dynamic API.
-        remote_server.load_lora_adapter("zephyr-lora", zephyr_lora_files)
+    with zephyr_lora_server(tmp_path_factory, zephyr_lora_files,
+                            max_num_seqs=128) as remote_server:
         yield remote_server
 
 
