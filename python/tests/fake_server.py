@@ -1,7 +1,9 @@
 """A stand-in for the Rust server binary in the driver tests (`modelmux serve <config>`):
-serves the admin endpoints and the handle-call endpoint `serve.run`'s handles use, and
-records what it was started with."""
+serves the admin endpoints and the handle-call endpoint `serve.run`'s handles use (proving
+that it holds the admin token, as the real one does), and records what it was started with."""
 
+import hashlib
+import hmac
 import json
 import os
 import pickle
@@ -10,6 +12,12 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import cloudpickle
+
+
+def proof(token: str, nonce: str) -> str:
+    """HMAC-SHA256 of the nonce keyed by the token, as `modelmux_serve::identity_proof`."""
+    message = b"modelmux-proof-v1\n" + nonce.encode()
+    return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 
 
 def main() -> None:
@@ -44,6 +52,10 @@ def main() -> None:
             self.send_response(status)
             for k, v in (headers or {"content-type": "application/json"}).items():
                 self.send_header(k, v)
+            # As the real admin API: the proof that this server holds the token.
+            nonce = self.headers.get("x-modelmux-nonce")
+            if nonce:
+                self.send_header("x-modelmux-proof", proof(token, nonce))
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

@@ -15,7 +15,9 @@
 //! | `GET /metrics` | Prometheus text format |
 //!
 //! Access (see [`AdminAccess`](modelmux_serve::AdminAccess)): with an admin token, `/-/models*` and `/-/deployments*` need
-//! `Authorization: Bearer <token>`. Without one, the server listens only on loopback (unless
+//! `Authorization: Bearer <token>`, and every answer to a request with an `x-modelmux-nonce`
+//! carries `x-modelmux-proof`, proving that the server holds the token
+//! ([`identity_proof`](modelmux_serve::identity_proof)). Without one, the server listens only on loopback (unless
 //! told the admin API may be open), and a call that changes state must carry
 //! `Content-Type: application/json` and a `Host` that is an IP address, `localhost` or an
 //! allowed host name: a web page can neither send such a request cross-site without a CORS
@@ -37,6 +39,23 @@ use modelmux_serve::Health;
 use modelmux_serve::{Body, FORWARDED_HEADER, HandleCall, Route, STREAM_HEADER, ServeError};
 
 pub(crate) async fn handle(
+    state: &std::sync::Arc<FrontState>,
+    request: http::Request<Incoming>,
+    request_id: &RequestId,
+) -> Response {
+    // A client that sent a nonce learns that this server holds the admin token (and nothing
+    // of the token), before it trusts or sends anything: on every answer, refusals included.
+    let proof = state.config.admin.prove(request.headers());
+    let mut response = answer(state, request, request_id).await;
+    if let Some(proof) = proof {
+        response
+            .headers_mut()
+            .insert(modelmux_serve::PROOF_HEADER, proof);
+    }
+    response
+}
+
+async fn answer(
     state: &std::sync::Arc<FrontState>,
     request: http::Request<Incoming>,
     request_id: &RequestId,
@@ -87,7 +106,8 @@ async fn call(
     method: &str,
     request_id: &RequestId,
 ) -> Result<Response, ServeError> {
-    if state.config.admin.token.is_none() {
+    // A token made for local users alone (not configured) does not open this door either.
+    if state.config.admin.shared_token().is_none() {
         return Err(ServeError::Forbidden {
             message: "handle calls from outside the server need the admin token (http_options.admin_token)".into(),
         });

@@ -201,8 +201,9 @@ impl Server {
             config.run_replicas,
         )?);
         // In a cluster, handle calls go to other nodes with this node's admin token (which
-        // every node shares, and their call endpoints check); without one they stay here.
-        controller.set_call_token(config.admin.token.as_deref());
+        // every node shares, and their call endpoints check); without one (or with one made
+        // for this node's local users alone) they stay here.
+        controller.set_call_token(config.admin.shared_token());
         let listener = TcpListener::bind(config.bind)
             .await
             .map_err(|source| StartError::Bind {

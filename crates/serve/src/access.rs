@@ -1,7 +1,8 @@
 //! What the admin API owns and who may use it: its paths (`/-/...`, `/metrics`, `/health`,
 //! which no application's route prefix may take) and [`AdminAccess`] (a bearer token, or,
 //! without one, loopback only, JSON for calls that change state, and a Host check against DNS
-//! rebinding).
+//! rebinding). A server holding a token proves it to a client that sends a nonce
+//! ([`AdminAccess::prove`], `identity.rs`).
 
 use http::header;
 
@@ -33,6 +34,11 @@ pub struct AdminAccess {
     pub allow_open: bool,
     /// Host names the admin API answers to besides IP addresses and `localhost`.
     pub allowed_hosts: Vec<String>,
+    /// Whether `token` was made for this server alone (`modelmux serve` without a configured
+    /// token writes one to a file only its user can read), not configured: it guards the
+    /// admin API, but handle calls to other nodes of a cluster never carry it, and the
+    /// handle-call endpoint answers as a server without a token does.
+    pub token_is_local: bool,
 }
 
 impl AdminAccess {
@@ -42,6 +48,24 @@ impl AdminAccess {
             token: Some(token.into()),
             ..Self::default()
         }
+    }
+
+    /// The token every node of a cluster shares: the configured one (never a local one).
+    pub fn shared_token(&self) -> Option<&str> {
+        self.token.as_deref().filter(|_| !self.token_is_local)
+    }
+
+    /// The value of [`PROOF_HEADER`](crate::PROOF_HEADER) answering the nonce a request
+    /// carries in [`NONCE_HEADER`](crate::NONCE_HEADER): proves that this server holds the
+    /// token without revealing it. None without a token or a valid nonce.
+    pub fn prove(&self, headers: &http::HeaderMap) -> Option<http::HeaderValue> {
+        let token = self.token.as_deref()?;
+        let nonce = headers.get(crate::NONCE_HEADER)?;
+        if !crate::identity::valid_nonce(nonce.as_bytes()) {
+            return None;
+        }
+        let proof = crate::identity_proof(token, nonce.to_str().ok()?);
+        http::HeaderValue::from_str(&proof).ok()
     }
 
     /// Refuses a tokenless admin API on a non-loopback address unless allowed (checked when

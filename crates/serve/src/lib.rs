@@ -21,6 +21,7 @@ mod deployment;
 mod dispatch;
 mod error;
 mod handle;
+mod identity;
 mod model;
 mod model_cache;
 mod placement;
@@ -42,6 +43,7 @@ pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContex
 pub use dispatch::waiting_for_load;
 pub use error::{ErrorType, ServeError, StartError};
 pub use handle::{DeploymentHandle, HandleOptions};
+pub use identity::{NONCE_HEADER, PROOF_HEADER, identity_proof, proof_matches, valid_nonce};
 pub use model::{ModelKind, model_deployment};
 pub use modelmux_cache::BoxError;
 pub use placement::{CopyReport, Holding, ReplicaLedger, ReplicaView};

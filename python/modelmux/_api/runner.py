@@ -63,7 +63,7 @@ def _restart() -> None:
     server = ServerProcess(_http_options["host"], _http_options["port"], dict(_apps))
     server.start()
     _server = server
-    client.set_endpoint(client.Endpoint(server.base_url, server.token))
+    client.set_endpoint(client.Endpoint(server.base_url, server.token, server.alive))
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered = True

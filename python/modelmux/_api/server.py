@@ -71,6 +71,8 @@ class ServerProcess:
         # server sees that it changed (and only it).
         self._pickles: dict[str, str] = {}
         self._version = 0
+        # Set when something answered on the port without proving it is this server.
+        self._foreign: str | None = None
 
     def serves(self, apps: dict[str, AppEntry]) -> bool:
         """Whether this server runs the same applications (names and route prefixes) as
@@ -84,6 +86,8 @@ class ServerProcess:
         server: `name`'s replicas are replaced, and this returns once the old ones have shut
         down (their models unloaded). False when the server refuses the change (it needs a
         restart); nothing changed then."""
+        if not self.alive():
+            raise RuntimeError(f"the modelmux server exited with status {self.exit_code()}")
         running, pickles = self._apps, dict(self._pickles)
         self._apps = apps
         self._pickles.pop(name, None)
@@ -146,16 +150,29 @@ class ServerProcess:
             raise
 
     def _ready(self) -> bool:
-        """Healthy, serving every application, and ours (another server on the port would
-        refuse our admin token)."""
+        """Healthy, serving every application, and ours: the first answer, asked without the
+        token, must prove that the server holds it (a process that took the port cannot), and
+        only then is the token sent."""
 
-        def get(path: str, token: str | None = None) -> client.HttpResult:
-            return client.request("GET", path, base_url=self.base_url, token=token, timeout=2)
+        def get(path: str, send_token: bool = True) -> client.HttpResult:
+            return client.request(
+                "GET",
+                path,
+                base_url=self.base_url,
+                token=self.token,
+                send_token=send_token,
+                timeout=2,
+            )
 
         try:
-            if get("/-/healthz").status != 200 or get("/-/models", self.token).status != 200:
+            if get("/-/healthz", send_token=False).status != 200:
+                return False
+            if get("/-/models").status != 200:
                 return False
             served = {_normalize(p): a for p, a in json.loads(get("/-/routes").body).items()}
+        except client.ForeignServerError as e:
+            self._foreign = str(e)
+            return False
         except (OSError, ValueError, AttributeError, http.client.HTTPException):
             return False
         return all(
@@ -166,20 +183,33 @@ class ServerProcess:
         assert self._proc is not None
         deadline = time.monotonic() + START_TIMEOUT_S
         pause = 0.05
-        while not self._ready():
-            code = self._proc.poll()
+        # The process first: whatever answers on the port is not trusted once it has exited.
+        while (code := self._proc.poll()) is not None or not self._ready():
             if code is not None:
                 raise RuntimeError(
                     f"the modelmux server exited with status {code} before it was ready "
-                    "(its log is above)"
+                    f"(its log is above){self._foreign_note()}"
                 )
             if time.monotonic() > deadline:
                 raise RuntimeError(
                     f"the modelmux server was not ready within {START_TIMEOUT_S:.0f} s "
-                    f"at {self.base_url}"
+                    f"at {self.base_url}{self._foreign_note()}"
                 )
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
+
+    def _foreign_note(self) -> str:
+        if self._foreign is None:
+            return ""
+        return (
+            f"; another process answers on {self.base_url} without proving that it is this "
+            "server (is the port taken?): nothing it sent was read, and it was never sent "
+            "the admin token"
+        )
+
+    def alive(self) -> bool:
+        """Whether the server process still runs."""
+        return self._proc is not None and self._proc.poll() is None
 
     def exit_code(self) -> int | None:
         """The server's exit status once it has exited, else None."""
