@@ -7,8 +7,9 @@ use tonic::Code;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// An endpoint could not be used: it is not an `http://host:port` URL (this client speaks
-    /// plaintext HTTP/2 only, so `https://` is refused too).
+    /// An endpoint could not be used: it is not an `http://host:port` URL, or not an
+    /// `https://host:port` one with [TLS options](crate::ConnectOptions::with_tls) (which refuse
+    /// `http://`).
     #[error("etcd endpoint {endpoint:?}: {reason}")]
     InvalidEndpoint {
         /// The endpoint as given.
@@ -19,6 +20,24 @@ pub enum Error {
     /// [`Client::connect`](crate::Client::connect) was given no endpoints.
     #[error("no etcd endpoints given: pass at least one http://host:port")]
     NoEndpoints,
+    /// A CA certificate, client certificate or client key given for TLS could not be read or
+    /// holds nothing usable.
+    #[error("etcd TLS{}: {reason}", .file.as_ref().map(|f| format!(" ({})", f.display())).unwrap_or_default())]
+    InvalidTls {
+        /// The file, if it was read from one.
+        file: Option<std::path::PathBuf>,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// etcd refused to issue a token for the client's user: a wrong user or password, or
+    /// authentication is not enabled on that etcd.
+    #[error("etcd refused to authenticate user {user:?}: {} (gRPC {:?})", describe(.status), .status.code())]
+    Authentication {
+        /// The user.
+        user: String,
+        /// etcd's answer.
+        status: tonic::Status,
+    },
     /// etcd refused or failed the call, or could not be reached (then the code is
     /// `Unavailable`, or `Cancelled` when the call's timeout passed).
     #[error("{} (gRPC {:?})", describe(.0), .0.code())]
@@ -55,6 +74,11 @@ impl Error {
         }
     }
 
+    /// Whether etcd refused to authenticate the client's user (a wrong user or password).
+    pub fn is_authentication_failed(&self) -> bool {
+        matches!(self, Self::Authentication { .. })
+    }
+
     /// Whether the lease this call used is gone (expired or revoked): a keep-alive that found
     /// no lease, or etcd's `NotFound` "requested lease not found" for a put or a revoke.
     pub fn is_lease_not_found(&self) -> bool {
@@ -70,17 +94,55 @@ impl Error {
 
 /// The status's message followed by what caused it, where that adds something: a transport
 /// failure's message alone says "tcp connect error", its cause says "Connection refused".
-fn describe(status: &tonic::Status) -> String {
+pub(crate) fn describe(status: &tonic::Status) -> String {
     let mut text = status.message().to_owned();
-    let mut cause = std::error::Error::source(status);
+    append_causes(&mut text, std::error::Error::source(status));
+    if let Some(hint) = tls_hint(&text) {
+        text = format!("{text} ({hint})");
+    }
+    text
+}
+
+/// What a TLS failure's message (rustls's alert or verdict) means for whoever configured it.
+fn tls_hint(text: &str) -> Option<&'static str> {
+    if [
+        "BadCertificate",
+        "CertificateRequired",
+        "UnknownCA",
+        "CertificateUnknown",
+    ]
+    .iter()
+    .any(|alert| text.contains(&format!("fatal alert: {alert}")))
+    {
+        Some(
+            "etcd refused this client's TLS certificate: it asks for a client certificate \
+             signed by its --trusted-ca-file CA (give the client certificate and key)",
+        )
+    } else if text.contains("invalid peer certificate") {
+        Some(
+            "this client does not trust etcd's certificate: it must be signed by the CA given \
+             and name the endpoint's host",
+        )
+    } else {
+        None
+    }
+}
+
+/// An error's message followed by its causes', where they add something.
+pub(crate) fn describe_error(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    append_causes(&mut text, error.source());
+    text
+}
+
+fn append_causes(text: &mut String, mut cause: Option<&(dyn std::error::Error + 'static)>) {
     while let Some(e) = cause {
         let more = e.to_string();
         if !text.contains(&more) {
-            text = format!("{text}: {more}");
+            *text = format!("{text}: {more}");
         }
         cause = e.source();
     }
-    text
 }
 
 impl From<tonic::Status> for Error {
@@ -107,6 +169,30 @@ mod tests {
         let other_not_found = Error::from(tonic::Status::not_found("etcdserver: key not found"));
         assert!(!other_not_found.is_lease_not_found());
         assert!(!Error::StreamEnded("lease keep-alive").is_lease_not_found());
+    }
+
+    #[test]
+    fn tls_refusals_say_which_side_refused() {
+        let refused = Error::from(tonic::Status::unknown(
+            "transport error: connection error: received fatal alert: BadCertificate",
+        ));
+        assert!(
+            refused
+                .to_string()
+                .contains("etcd refused this client's TLS certificate"),
+            "{refused}"
+        );
+        let untrusted = Error::from(tonic::Status::unavailable(
+            "invalid peer certificate: UnknownIssuer",
+        ));
+        assert!(
+            untrusted
+                .to_string()
+                .contains("does not trust etcd's certificate"),
+            "{untrusted}"
+        );
+        let plain = Error::from(tonic::Status::unavailable("tcp connect error"));
+        assert_eq!(plain.to_string(), "tcp connect error (gRPC Unavailable)");
     }
 
     #[test]

@@ -37,7 +37,11 @@ impl Client {
             range_end,
             ..RangeRequest::default()
         };
-        Ok(self.kv.clone().range(request).await?.into_inner())
+        let (kv, request) = (&self.kv, &request);
+        self.with_token(
+            move || async move { Ok(kv.clone().range(request.clone()).await?.into_inner()) },
+        )
+        .await
     }
 
     /// Sets `key` to `value`, on `lease` if given: the key is then deleted when the lease
@@ -55,7 +59,11 @@ impl Client {
             lease: lease.unwrap_or(0),
             ..PutRequest::default()
         };
-        Ok(self.kv.clone().put(request).await?.into_inner())
+        let (kv, request) = (&self.kv, &request);
+        self.with_token(
+            move || async move { Ok(kv.clone().put(request.clone()).await?.into_inner()) },
+        )
+        .await
     }
 
     /// Deletes `key` (`deleted` says whether it was there).
@@ -64,7 +72,11 @@ impl Client {
             key: key.into(),
             ..DeleteRangeRequest::default()
         };
-        Ok(self.kv.clone().delete_range(request).await?.into_inner())
+        let (kv, request) = (&self.kv, &request);
+        self.with_token(move || async move {
+            Ok(kv.clone().delete_range(request.clone()).await?.into_inner())
+        })
+        .await
     }
 
     /// Discards the history before `revision`: reads at, and watches from, an older revision
@@ -76,7 +88,9 @@ impl Client {
         physical: bool,
     ) -> Result<CompactionResponse, Error> {
         let request = CompactionRequest { revision, physical };
-        Ok(self.kv.clone().compact(request).await?.into_inner())
+        let (kv, request) = (&self.kv, &request);
+        self.with_token(move || async move { Ok(kv.clone().compact(*request).await?.into_inner()) })
+            .await
     }
 }
 

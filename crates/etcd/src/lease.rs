@@ -21,14 +21,22 @@ impl Client {
             ttl: ttl_secs,
             id: 0,
         };
-        Ok(self.lease.clone().lease_grant(request).await?.into_inner())
+        let (lease, request) = (&self.lease, &request);
+        self.with_token(move || async move {
+            Ok(lease.clone().lease_grant(*request).await?.into_inner())
+        })
+        .await
     }
 
     /// Ends lease `id` now: every key on it is deleted. A lease already gone fails with
     /// [`Error::is_lease_not_found`].
     pub async fn lease_revoke(&self, id: i64) -> Result<LeaseRevokeResponse, Error> {
         let request = LeaseRevokeRequest { id };
-        Ok(self.lease.clone().lease_revoke(request).await?.into_inner())
+        let (lease, request) = (&self.lease, &request);
+        self.with_token(move || async move {
+            Ok(lease.clone().lease_revoke(*request).await?.into_inner())
+        })
+        .await
     }
 
     /// Opens a keep-alive stream for lease `id` and keeps it alive once: each
@@ -56,6 +64,10 @@ impl Client {
         &self,
         id: i64,
     ) -> Result<(LeaseKeeper, LeaseKeepAliveStream), Error> {
+        self.with_token(|| self.open_keep_alive(id)).await
+    }
+
+    async fn open_keep_alive(&self, id: i64) -> Result<(LeaseKeeper, LeaseKeepAliveStream), Error> {
         let (requests, queued) = mpsc::channel(QUEUED_KEEP_ALIVES);
         let keeper = LeaseKeeper { id, requests };
         keeper.keep_alive().await?;

@@ -1,6 +1,8 @@
 //! `modelmux-etcd`: the small etcd v3 client modelmux's cluster mode needs — keys read and
 //! written, prefixes watched, leases granted, kept alive and revoked, the history compacted, a
-//! member's status and the member list — over tonic's plaintext HTTP/2 gRPC client.
+//! member's status and the member list — over tonic's HTTP/2 gRPC client, in plaintext or over
+//! TLS (rustls on `ring`, with a client certificate if etcd asks for one), as a user etcd
+//! authenticated ([`Credentials`]: a token on every call, renewed when it expires).
 //!
 //! Its gRPC code is generated from etcd's protos (`proto/`, trimmed to these calls) by
 //! `scripts/gen-etcd-proto` and checked in under `src/generated/`, so building it needs nothing
@@ -24,14 +26,17 @@
 
 #![forbid(unsafe_code)]
 
+mod auth;
 mod client;
 mod error;
 pub mod generated;
 mod kv;
 mod lease;
 mod members;
+mod tls;
 mod watch;
 
+pub use auth::Credentials;
 pub use client::{Client, ConnectOptions};
 pub use error::Error;
 pub use generated::etcdserverpb::{
@@ -42,4 +47,5 @@ pub use generated::etcdserverpb::{
 pub use generated::mvccpb::event::EventType;
 pub use generated::mvccpb::{Event, KeyValue};
 pub use lease::{LeaseKeepAliveStream, LeaseKeeper};
+pub use tls::TlsOptions;
 pub use watch::{WatchOptions, WatchStream, Watcher};

@@ -24,22 +24,23 @@ impl Client {
     /// # }
     /// ```
     pub async fn status(&self) -> Result<StatusResponse, Error> {
-        Ok(self
-            .maintenance
-            .clone()
-            .status(StatusRequest {})
-            .await?
-            .into_inner())
+        let maintenance = &self.maintenance;
+        self.with_token(move || async move {
+            Ok(maintenance
+                .clone()
+                .status(StatusRequest {})
+                .await?
+                .into_inner())
+        })
+        .await
     }
 
     /// Every member of the cluster: ids, names and URLs.
     pub async fn member_list(&self) -> Result<MemberListResponse, Error> {
-        let request = MemberListRequest::default();
-        Ok(self
-            .cluster
-            .clone()
-            .member_list(request)
-            .await?
-            .into_inner())
+        let (cluster, request) = (&self.cluster, &MemberListRequest::default());
+        self.with_token(move || async move {
+            Ok(cluster.clone().member_list(*request).await?.into_inner())
+        })
+        .await
     }
 }

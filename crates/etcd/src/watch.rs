@@ -97,8 +97,18 @@ impl Client {
         key: impl Into<Vec<u8>>,
         options: WatchOptions,
     ) -> Result<(Watcher, WatchStream), Error> {
+        let create = options.create_request(key.into());
+        // etcd refuses a watch whose token expired as it refuses one it does not permit: a
+        // new token is asked for, and the watch tried once more.
+        self.with_token(|| self.open_watch(create.clone())).await
+    }
+
+    async fn open_watch(
+        &self,
+        create: WatchCreateRequest,
+    ) -> Result<(Watcher, WatchStream), Error> {
         let (requests, queued) = mpsc::channel(QUEUED_REQUESTS);
-        let create = RequestUnion::CreateRequest(options.create_request(key.into()));
+        let create = RequestUnion::CreateRequest(create);
         let watcher = Watcher { id: 0, requests };
         watcher.send(create).await?;
         let mut events = self

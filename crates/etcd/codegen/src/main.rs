@@ -9,6 +9,7 @@ use std::process::ExitCode;
 const PROTOS: &[&str] = &[
     "etcd/api/etcdserverpb/rpc.proto",
     "etcd/api/mvccpb/kv.proto",
+    "etcd/api/authpb/auth.proto",
 ];
 
 fn main() -> ExitCode {

@@ -512,6 +512,83 @@ pub struct DowngradeInfo {
     #[prost(string, tag = "2")]
     pub target_version: ::prost::alloc::string::String,
 }
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthEnableRequest {}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthenticateRequest {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub password: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthUserAddRequest {
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    #[prost(string, tag = "2")]
+    pub password: ::prost::alloc::string::String,
+    #[prost(message, optional, tag = "3")]
+    pub options: ::core::option::Option<super::authpb::UserAddOptions>,
+    #[prost(string, tag = "4")]
+    pub hashed_password: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthUserGrantRoleRequest {
+    /// user is the name of the user which should be granted a given role.
+    #[prost(string, tag = "1")]
+    pub user: ::prost::alloc::string::String,
+    /// role is the name of the role to grant to the user.
+    #[prost(string, tag = "2")]
+    pub role: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthRoleAddRequest {
+    /// name is the name of the role to add to the authentication system.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthRoleGrantPermissionRequest {
+    /// name is the name of the role which will be granted the permission.
+    #[prost(string, tag = "1")]
+    pub name: ::prost::alloc::string::String,
+    /// perm is the permission to grant to the role.
+    #[prost(message, optional, tag = "2")]
+    pub perm: ::core::option::Option<super::authpb::Permission>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthEnableResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: ::core::option::Option<ResponseHeader>,
+}
+#[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthenticateResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: ::core::option::Option<ResponseHeader>,
+    /// token is an authorized token that can be used in succeeding RPCs
+    #[prost(string, tag = "2")]
+    pub token: ::prost::alloc::string::String,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthUserAddResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: ::core::option::Option<ResponseHeader>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthUserGrantRoleResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: ::core::option::Option<ResponseHeader>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthRoleAddResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: ::core::option::Option<ResponseHeader>,
+}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct AuthRoleGrantPermissionResponse {
+    #[prost(message, optional, tag = "1")]
+    pub header: ::core::option::Option<ResponseHeader>,
+}
 /// Generated client implementations.
 pub mod kv_client {
     #![allow(
@@ -1084,6 +1161,183 @@ pub mod maintenance_client {
             let mut req = request.into_request();
             req.extensions_mut()
                 .insert(GrpcMethod::new("etcdserverpb.Maintenance", "Status"));
+            self.inner.unary(req, path, codec).await
+        }
+    }
+}
+/// Generated client implementations.
+pub mod auth_client {
+    #![allow(
+        unused_variables,
+        dead_code,
+        missing_docs,
+        clippy::wildcard_imports,
+        clippy::let_unit_value
+    )]
+    use tonic::codegen::http::Uri;
+    use tonic::codegen::*;
+    #[derive(Debug, Clone)]
+    pub struct AuthClient<T> {
+        inner: tonic::client::Grpc<T>,
+    }
+    impl<T> AuthClient<T>
+    where
+        T: tonic::client::GrpcService<tonic::body::Body>,
+        T::Error: Into<StdError>,
+        T::ResponseBody: Body<Data = Bytes> + std::marker::Send + 'static,
+        <T::ResponseBody as Body>::Error: Into<StdError> + std::marker::Send,
+    {
+        pub fn new(inner: T) -> Self {
+            let inner = tonic::client::Grpc::new(inner);
+            Self { inner }
+        }
+        pub fn with_origin(inner: T, origin: Uri) -> Self {
+            let inner = tonic::client::Grpc::with_origin(inner, origin);
+            Self { inner }
+        }
+        pub fn with_interceptor<F>(inner: T, interceptor: F) -> AuthClient<InterceptedService<T, F>>
+        where
+            F: tonic::service::Interceptor,
+            T::ResponseBody: Default,
+            T: tonic::codegen::Service<
+                    http::Request<tonic::body::Body>,
+                    Response = http::Response<
+                        <T as tonic::client::GrpcService<tonic::body::Body>>::ResponseBody,
+                    >,
+                >,
+            <T as tonic::codegen::Service<http::Request<tonic::body::Body>>>::Error:
+                Into<StdError> + std::marker::Send + std::marker::Sync,
+        {
+            AuthClient::new(InterceptedService::new(inner, interceptor))
+        }
+        /// Compress requests with the given encoding.
+        ///
+        /// This requires the server to support it otherwise it might respond with an
+        /// error.
+        #[must_use]
+        pub fn send_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.send_compressed(encoding);
+            self
+        }
+        /// Enable decompressing responses.
+        #[must_use]
+        pub fn accept_compressed(mut self, encoding: CompressionEncoding) -> Self {
+            self.inner = self.inner.accept_compressed(encoding);
+            self
+        }
+        /// Limits the maximum size of a decoded message.
+        ///
+        /// Default: `4MB`
+        #[must_use]
+        pub fn max_decoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_decoding_message_size(limit);
+            self
+        }
+        /// Limits the maximum size of an encoded message.
+        ///
+        /// Default: `usize::MAX`
+        #[must_use]
+        pub fn max_encoding_message_size(mut self, limit: usize) -> Self {
+            self.inner = self.inner.max_encoding_message_size(limit);
+            self
+        }
+        /// AuthEnable enables authentication.
+        pub async fn auth_enable(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AuthEnableRequest>,
+        ) -> std::result::Result<tonic::Response<super::AuthEnableResponse>, tonic::Status>
+        {
+            self.inner.ready().await.map_err(|e| {
+                tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
+            })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Auth/AuthEnable");
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("etcdserverpb.Auth", "AuthEnable"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// Authenticate processes an authenticate request.
+        pub async fn authenticate(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AuthenticateRequest>,
+        ) -> std::result::Result<tonic::Response<super::AuthenticateResponse>, tonic::Status>
+        {
+            self.inner.ready().await.map_err(|e| {
+                tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
+            })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Auth/Authenticate");
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("etcdserverpb.Auth", "Authenticate"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// UserAdd adds a new user. User name cannot be empty.
+        pub async fn user_add(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AuthUserAddRequest>,
+        ) -> std::result::Result<tonic::Response<super::AuthUserAddResponse>, tonic::Status>
+        {
+            self.inner.ready().await.map_err(|e| {
+                tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
+            })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Auth/UserAdd");
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("etcdserverpb.Auth", "UserAdd"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// UserGrant grants a role to a specified user.
+        pub async fn user_grant_role(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AuthUserGrantRoleRequest>,
+        ) -> std::result::Result<tonic::Response<super::AuthUserGrantRoleResponse>, tonic::Status>
+        {
+            self.inner.ready().await.map_err(|e| {
+                tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
+            })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Auth/UserGrantRole");
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("etcdserverpb.Auth", "UserGrantRole"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// RoleAdd adds a new role. Role name cannot be empty.
+        pub async fn role_add(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AuthRoleAddRequest>,
+        ) -> std::result::Result<tonic::Response<super::AuthRoleAddResponse>, tonic::Status>
+        {
+            self.inner.ready().await.map_err(|e| {
+                tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
+            })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static("/etcdserverpb.Auth/RoleAdd");
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("etcdserverpb.Auth", "RoleAdd"));
+            self.inner.unary(req, path, codec).await
+        }
+        /// RoleGrantPermission grants a permission of a specified key or range to a specified role.
+        pub async fn role_grant_permission(
+            &mut self,
+            request: impl tonic::IntoRequest<super::AuthRoleGrantPermissionRequest>,
+        ) -> std::result::Result<
+            tonic::Response<super::AuthRoleGrantPermissionResponse>,
+            tonic::Status,
+        > {
+            self.inner.ready().await.map_err(|e| {
+                tonic::Status::unknown(format!("Service was not ready: {}", e.into()))
+            })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path =
+                http::uri::PathAndQuery::from_static("/etcdserverpb.Auth/RoleGrantPermission");
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(GrpcMethod::new("etcdserverpb.Auth", "RoleGrantPermission"));
             self.inner.unary(req, path, codec).await
         }
     }

@@ -9,5 +9,6 @@
 #![allow(missing_docs, unreachable_pub)]
 #![allow(clippy::all)]
 
+pub mod authpb;
 pub mod etcdserverpb;
 pub mod mvccpb;
