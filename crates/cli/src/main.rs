@@ -325,9 +325,10 @@ async fn serve(
         Some(mut options) => {
             // Every node applies what `modelmux deploy --cluster` writes to etcd.
             let (endpoints, prefix) = (options.endpoints.clone(), options.prefix.clone());
+            let security = options.etcd_security.clone();
             let follower = reloader.clone();
             tokio::spawn(async move {
-                let client = match modelmux_cluster::connect(&endpoints).await {
+                let client = match modelmux_cluster::connect_with(&endpoints, &security).await {
                     Ok(client) => client,
                     Err(e) => return tracing::error!("following the cluster's configuration: {e}"),
                 };
@@ -409,13 +410,20 @@ async fn deploy_to_cluster(
 ) -> Result<(), CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let config = Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut config = Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
     let name = name
         .or(config.cluster.name.clone())
         .unwrap_or_else(|| "default".into());
     let endpoints = modelmux_cluster::parse_endpoints(etcd)?;
     let prefix = format!("modelmux/{name}");
-    modelmux_cluster::publish_config(&endpoints, &prefix, &text)
+    // etcd is reached as the file's `cluster.etcd_tls` and `etcd_auth` say.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    config.resolve_paths(dir.unwrap_or(std::path::Path::new(".")));
+    let security = config
+        .cluster
+        .etcd_security()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    modelmux_cluster::publish_config(&endpoints, &security, &prefix, &text)
         .await
         .map_err(|e| format!("writing to etcd at {etcd}: {e}"))?;
     say(format_args!(

@@ -7,21 +7,23 @@ use std::future::Future;
 
 use modelmux_etcd::Client;
 
-use crate::ClusterError;
 use crate::view::View;
+use crate::{ClusterError, EtcdSecurity};
 
 /// The key of the cluster's deployed configuration under `prefix`.
 pub fn config_key(prefix: &str) -> String {
     format!("{prefix}/config")
 }
 
-/// Writes `text` as the configuration of the cluster at `prefix` on etcd at `endpoints`.
+/// Writes `text` as the configuration of the cluster at `prefix` on etcd at `endpoints`
+/// (reached as `security` says).
 pub async fn publish_config(
     endpoints: &[String],
+    security: &EtcdSecurity,
     prefix: &str,
     text: &str,
 ) -> Result<(), ClusterError> {
-    let client = crate::connect(endpoints).await?;
+    let client = crate::connect_with(endpoints, security).await?;
     client.put(config_key(prefix), text, None).await?;
     Ok(())
 }

@@ -22,6 +22,8 @@ use modelmux_serve::{Body, FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_H
 use modelmux_serve::{Request, Response};
 use tokio::sync::Mutex;
 
+use crate::membership::Membership;
+
 /// How long connecting to a peer may take before the request goes elsewhere.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often an open connection is pinged.
@@ -40,10 +42,13 @@ const HOP_BY_HOP: [HeaderName; 5] = [
     header::HOST,
 ];
 
-/// Forwards requests to the nodes of a cluster by their advertised addresses.
+/// Forwards requests to the nodes of a cluster by their advertised addresses. A request goes
+/// only to the address its node's record names when it is sent (see [`NotAMember`]).
+///
+/// [`NotAMember`]: crate::NotAMember
 pub struct H2Forwarder {
     /// Each peer's address as its record says.
-    addresses: parking_lot::RwLock<HashMap<String, Authority>>,
+    addresses: Arc<Membership>,
     /// One connection per peer, opened on first use and again after it breaks.
     /// Read on every routing decision (`reachable`) and forward; written only for a new peer.
     connections: parking_lot::RwLock<HashMap<String, Arc<Peer>>>,
@@ -81,7 +86,7 @@ impl H2Forwarder {
     /// stalls of an overloaded machine without failing the requests in flight.
     pub fn with_ping_timeout(ping_timeout: Duration) -> Self {
         Self {
-            addresses: parking_lot::RwLock::default(),
+            addresses: Arc::default(),
             connections: parking_lot::RwLock::default(),
             ping_timeout,
         }
@@ -103,15 +108,17 @@ impl H2Forwarder {
         }
         let mut connections = self.connections.write();
         connections.retain(|node, peer| next.get(node) == Some(&peer.authority));
-        *self.addresses.write() = next;
+        self.addresses.replace(next);
     }
 
     fn peer(&self, node: &str) -> Option<Arc<Peer>> {
         if let Some(peer) = self.connections.read().get(node) {
             return Some(peer.clone());
         }
-        let authority = self.addresses.read().get(node).cloned()?;
         let mut connections = self.connections.write();
+        // Read under the lock `set_peers` holds: an address replaced meanwhile never gets a
+        // connection that outlives the change.
+        let authority = self.addresses.address(node)?;
         let peer = connections
             .entry(node.to_owned())
             .or_insert_with(|| {
@@ -281,6 +288,7 @@ impl Forwarder for H2Forwarder {
         request: Request,
     ) -> BoxFuture<'static, Result<Response, ForwardError>> {
         let peer = self.peer(node);
+        let members = self.addresses.clone();
         let node = node.to_owned();
         let replica = replica.to_owned();
         Box::pin(async move {
@@ -297,6 +305,15 @@ impl Forwarder for H2Forwarder {
                     reason,
                 }
             })?;
+            // The last check before a byte goes: the peer's address must be its record's now
+            // (the membership may have changed since the request was routed, or while the
+            // connection opened), so no request, and no handle call's token, goes elsewhere.
+            members
+                .check(&node, &peer.authority)
+                .map_err(|e| ForwardError::NotSent {
+                    node: node.clone(),
+                    reason: e.to_string(),
+                })?;
             let response = sender.send_request(request).await.map_err(|e| {
                 // Cancelled: the connection went before the request was sent on it.
                 let (node, reason) = (node.clone(), e.to_string());

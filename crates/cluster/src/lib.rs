@@ -14,6 +14,9 @@
 mod config_sync;
 mod forward;
 mod local_etcd;
+#[cfg(feature = "local-etcd-tls")]
+pub mod local_etcd_tls;
+mod membership;
 mod node;
 mod records;
 mod registry;
@@ -23,7 +26,9 @@ mod view;
 pub use config_sync::{config_key, follow_config, publish_config};
 pub use forward::H2Forwarder;
 pub use local_etcd::LocalEtcd;
-pub use node::{ClusterNode, ClusterOptions, connect, parse_endpoints};
+pub use membership::NotAMember;
+pub use modelmux_etcd::{Credentials, TlsOptions};
+pub use node::{ClusterNode, ClusterOptions, EtcdSecurity, connect, connect_with, parse_endpoints};
 pub use records::{
     CopyRecord, DeploymentRecord, Keys, NodeRecord, Peer, ReplicaRecord, ReplicasByDeployment,
     Role, local_records, remote_replicas,

@@ -1,6 +1,8 @@
 //! etcd members started on this machine, on free ports (loopback unless told otherwise) with
 //! their data in a temporary directory: what the cluster tests and `scripts/bench-cluster` run against (Debian's
-//! `etcd-server` package provides the `etcd` binary; `ETCD_BIN` names another).
+//! `etcd-server` package provides the `etcd` binary; `ETCD_BIN` names another). With the
+//! `local-etcd-tls` feature, also members that take clients only over TLS with a client
+//! certificate, with authentication enabled (`local_etcd_tls.rs`).
 
 use std::net::{IpAddr, TcpListener};
 use std::process::{Child, Command, Stdio};
@@ -11,7 +13,22 @@ use tokio::time::Instant;
 /// One local etcd cluster of one or more members, killed when dropped.
 pub struct LocalEtcd {
     members: Vec<Member>,
+    /// How its own checks (the leader) reach it: for a secure one, over TLS as `root`.
+    pub(crate) admin: modelmux_etcd::ConnectOptions,
+    #[cfg(feature = "local-etcd-tls")]
+    pub(crate) secure: Option<crate::local_etcd_tls::SecureEtcd>,
     _dir: tempfile::TempDir,
+}
+
+/// How members are started: TLS for their clients, and more flags.
+#[derive(Default)]
+pub(crate) struct Launch {
+    /// `--cert-file`, `--key-file`, `--trusted-ca-file`: clients then speak https, with a
+    /// certificate the CA signed (`--client-cert-auth`).
+    pub(crate) tls: Option<(std::path::PathBuf, std::path::PathBuf, std::path::PathBuf)>,
+    pub(crate) args: Vec<String>,
+    /// How its own checks reach it (default: plaintext, no user, short timeouts).
+    pub(crate) admin: Option<modelmux_etcd::ConnectOptions>,
 }
 
 struct Member {
@@ -35,13 +52,31 @@ impl LocalEtcd {
     /// network namespace the calling thread is in) and waits until the cluster has a leader.
     pub async fn start_on(members: usize, host: IpAddr) -> std::io::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let url = |port: u16| format!("http://{}", std::net::SocketAddr::new(host, port));
+        Self::launch(members, host, dir, Launch::default()).await
+    }
+
+    /// Starts the members with their data in `dir`, as `launch` says.
+    pub(crate) async fn launch(
+        members: usize,
+        host: IpAddr,
+        dir: tempfile::TempDir,
+        launch: Launch,
+    ) -> std::io::Result<Self> {
+        let url = |scheme: &str, port: u16| {
+            format!("{scheme}://{}", std::net::SocketAddr::new(host, port))
+        };
+        // Peers talk plaintext (on this machine); clients over TLS when it is set.
+        let client_scheme = if launch.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let mut specs = Vec::new();
         for i in 0..members.max(1) {
             specs.push((
                 format!("m{i}"),
-                url(free_port(host)?),
-                url(free_port(host)?),
+                url(client_scheme, free_port(host)?),
+                url("http", free_port(host)?),
             ));
         }
         let initial: Vec<String> = specs
@@ -52,7 +87,19 @@ impl LocalEtcd {
         let binary = std::env::var("ETCD_BIN").unwrap_or_else(|_| "etcd".into());
         let mut started = Vec::new();
         for (name, client, peer) in specs {
-            let child = Command::new(&binary)
+            let mut command = Command::new(&binary);
+            if let Some((cert, key, ca)) = &launch.tls {
+                command
+                    .arg("--cert-file")
+                    .arg(cert)
+                    .arg("--key-file")
+                    .arg(key)
+                    .arg("--trusted-ca-file")
+                    .arg(ca)
+                    .arg("--client-cert-auth");
+            }
+            let child = command
+                .args(&launch.args)
                 .args(["--name", &name, "--data-dir"])
                 .arg(dir.path().join(&name))
                 .args(["--listen-client-urls", &client])
@@ -63,7 +110,11 @@ impl LocalEtcd {
                 .args(["--initial-cluster-state", "new"])
                 .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
                 .stdout(Stdio::null())
-                .stderr(Stdio::null())
+                // Its log beside its data, for a test that fails to read.
+                .stderr(
+                    std::fs::File::create(dir.path().join(format!("{name}.log")))
+                        .map_or_else(|_| Stdio::null(), Stdio::from),
+                )
                 .spawn()
                 .map_err(|e| {
                     std::io::Error::new(
@@ -79,8 +130,16 @@ impl LocalEtcd {
                 child: Some(child),
             });
         }
+        let admin = launch.admin.unwrap_or_else(|| {
+            modelmux_etcd::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_secs(2))
+                .with_timeout(Duration::from_secs(5))
+        });
         let etcd = Self {
             members: started,
+            admin,
+            #[cfg(feature = "local-etcd-tls")]
+            secure: None,
             _dir: dir,
         };
         etcd.wait_for_leader(Duration::from_secs(30)).await?;
@@ -92,12 +151,16 @@ impl LocalEtcd {
         self.members.iter().map(|m| m.client_url.clone()).collect()
     }
 
-    /// The members' client URLs as a `--cluster` value: `etcd://h:p,h:p`.
+    /// The members' client URLs as a `--cluster` value: `etcd://h:p,h:p` (spoken over TLS
+    /// when the client is given TLS options).
     pub fn cluster_url(&self) -> String {
         let hosts: Vec<&str> = self
             .members
             .iter()
-            .map(|m| m.client_url.trim_start_matches("http://"))
+            .map(|m| {
+                let url = m.client_url.as_str();
+                url.split_once("://").map_or(url, |(_, rest)| rest)
+            })
             .collect();
         format!("etcd://{}", hosts.join(","))
     }
@@ -110,9 +173,28 @@ impl LocalEtcd {
                 return Ok(leader);
             }
             if Instant::now() >= deadline {
+                // What the first member answers, and the end of its log.
+                let answer = match modelmux_etcd::Client::connect(
+                    [self.members[0].client_url.as_str()],
+                    self.admin.clone(),
+                )
+                .await
+                {
+                    Ok(client) => client.status().await.map(|_| ()),
+                    Err(e) => Err(e),
+                };
+                let log = std::fs::read_to_string(
+                    self._dir
+                        .path()
+                        .join(format!("{}.log", self.members[0].name)),
+                )
+                .unwrap_or_default();
+                let tail: Vec<&str> = log.lines().rev().take(5).collect();
                 return Err(std::io::Error::other(format!(
-                    "etcd at {:?} has no leader after {within:?}",
-                    self.endpoints()
+                    "etcd at {:?} has no leader after {within:?} (its status: {answer:?}; the \
+                     end of its log: {:?})",
+                    self.endpoints(),
+                    tail
                 )));
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -122,7 +204,7 @@ impl LocalEtcd {
     /// The index of the member that leads now, if a live member knows.
     pub async fn leader(&self) -> Option<usize> {
         for m in self.members.iter().filter(|m| m.child.is_some()) {
-            let options = modelmux_etcd::ConnectOptions::new();
+            let options = self.admin.clone();
             let Ok(client) = modelmux_etcd::Client::connect([m.client_url.as_str()], options).await
             else {
                 continue;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::FutureExt;
-use modelmux_etcd::{Client, ConnectOptions};
+use modelmux_etcd::{Client, ConnectOptions, Credentials, TlsOptions};
 use modelmux_serve::{Forwarder, NodeHandle};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -21,12 +21,27 @@ const LOAD_REPORT_PERIOD: Duration = Duration::from_secs(1);
 /// How soon a publication that failed (etcd unreachable) is tried again.
 const RETRY: Duration = Duration::from_millis(200);
 
+/// How a node reaches etcd besides its endpoints: TLS (the CA, and the client certificate etcd
+/// asks for with `--client-cert-auth`) and the user it authenticates as. Whoever can write the
+/// cluster's keys in etcd steers its traffic (see the trust model in ARCHITECTURE.md), so a
+/// cluster's etcd should take only clients that present both.
+#[derive(Debug, Clone, Default)]
+pub struct EtcdSecurity {
+    /// TLS to etcd; `None`: plaintext.
+    pub tls: Option<TlsOptions>,
+    /// The user and password; `None`: etcd's auth is off.
+    pub credentials: Option<Credentials>,
+}
+
 /// How a node joins its cluster.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ClusterOptions {
-    /// etcd's client URLs (`http://host:port`).
+    /// etcd's client URLs (`http://host:port`, `https://host:port`, or a bare `host:port`:
+    /// https with [`etcd_security`](Self::etcd_security)'s TLS, else http).
     pub endpoints: Vec<String>,
+    /// TLS and the user to reach etcd with.
+    pub etcd_security: EtcdSecurity,
     /// The key prefix of this cluster in etcd.
     pub prefix: String,
     /// This node's id, unique in the cluster (letters, digits, `.`, `_`, `-`).
@@ -74,6 +89,7 @@ impl ClusterOptions {
         }
         Ok(Self {
             endpoints,
+            etcd_security: EtcdSecurity::default(),
             prefix: "modelmux/default".into(),
             node_id: node_id.to_owned(),
             advertise: advertise.trim_end_matches('/').to_owned(),
@@ -85,20 +101,16 @@ impl ClusterOptions {
     }
 }
 
-/// etcd's endpoints from `etcd://h1:2379,h2:2379` (or `http://h1:2379,http://h2:2379`).
+/// etcd's endpoints from `etcd://h1:2379,h2:2379` (or `http://h1:2379,https://h2:2379`). A
+/// bare `host:port` stays bare: the client speaks https to it when given TLS options, else
+/// http.
 pub fn parse_endpoints(cluster: &str) -> Result<Vec<String>, String> {
     let list = cluster.strip_prefix("etcd://").unwrap_or(cluster);
     let endpoints: Vec<String> = list
         .split(',')
         .map(str::trim)
         .filter(|e| !e.is_empty())
-        .map(|e| {
-            if e.starts_with("http://") || e.starts_with("https://") {
-                e.to_owned()
-            } else {
-                format!("http://{e}")
-            }
-        })
+        .map(str::to_owned)
         .collect();
     if endpoints.is_empty() {
         return Err(format!(
@@ -106,8 +118,12 @@ pub fn parse_endpoints(cluster: &str) -> Result<Vec<String>, String> {
         ));
     }
     for e in &endpoints {
-        let rest = e.split_once("://").map_or("", |(_, r)| r);
-        if rest.parse::<http::uri::Authority>().is_err() {
+        let rest = match e.split_once("://") {
+            Some(("http" | "https", rest)) => rest,
+            Some(_) => "",
+            None => e.as_str(),
+        };
+        if rest.parse::<http::uri::Authority>().is_err() || !rest.contains(':') {
             return Err(format!("cluster {cluster:?}: {e:?} is not host:port"));
         }
     }
@@ -115,14 +131,29 @@ pub fn parse_endpoints(cluster: &str) -> Result<Vec<String>, String> {
 }
 
 /// Connects to etcd with the settings a cluster member needs: quick timeouts, HTTP/2 pings to
-/// notice a dead member, and only answers from a member that has a leader.
+/// notice a dead member, and only answers from a member that has a leader. Plaintext, no user:
+/// see [`connect_with`].
 pub async fn connect(endpoints: &[String]) -> Result<Client, ClusterError> {
-    let options = ConnectOptions::new()
+    connect_with(endpoints, &EtcdSecurity::default()).await
+}
+
+/// [`connect`] over TLS and as a user, as `security` says.
+pub async fn connect_with(
+    endpoints: &[String],
+    security: &EtcdSecurity,
+) -> Result<Client, ClusterError> {
+    let mut options = ConnectOptions::new()
         .with_connect_timeout(Duration::from_secs(2))
         .with_timeout(Duration::from_secs(2))
         .with_keep_alive(Duration::from_secs(1), Duration::from_secs(1))
         .with_keep_alive_while_idle(true)
         .with_require_leader(true);
+    if let Some(tls) = &security.tls {
+        options = options.with_tls(tls.clone());
+    }
+    if let Some(credentials) = &security.credentials {
+        options = options.with_credentials(credentials.clone());
+    }
     Ok(Client::connect(endpoints, options).await?)
 }
 
@@ -138,7 +169,13 @@ impl ClusterNode {
     /// date), and, unless the role is `node`, follows the other nodes' replicas and routes to
     /// them. `/-/healthz` then also fails when etcd has not answered for `unready_after`.
     pub async fn join(options: ClusterOptions, server: NodeHandle) -> Result<Self, ClusterError> {
-        let client = connect(&options.endpoints).await?;
+        let security = &options.etcd_security;
+        if security.credentials.is_some() && security.tls.is_none() {
+            tracing::warn!(
+                "etcd's password and token cross the network in clear: give cluster.etcd_tls too"
+            );
+        }
+        let client = connect_with(&options.endpoints, security).await?;
         let registry = Arc::new(
             Registry::start(client.clone(), RegistryOptions::with_ttl(options.lease_ttl)).await?,
         );

@@ -8,7 +8,8 @@ use super::{Config, ModelSpec};
 
 impl Config {
     /// Makes every relative local path in the configuration relative to `dir` (the config
-    /// file's directory): `disk_cache.path`, an ONNX `repository`, an LLM's `model_source` and
+    /// file's directory): `disk_cache.path`, the cluster's `etcd_tls` files and
+    /// `etcd_auth.password_file`, an ONNX `repository`, an LLM's `model_source` and
     /// `dynamic_lora_loading_path`, a Python application's `runtime_env.working_dir` and
     /// `python` (when it is a path, not a command). URLs (`s3://`, `https://`, `file://`, `builtin://`) and
     /// absolute paths are left as they are.
@@ -19,6 +20,24 @@ impl Config {
             && path.is_relative()
         {
             *path = dir.join(&*path);
+        }
+        let tls = self.cluster.etcd_tls.as_mut();
+        let auth = self.cluster.etcd_auth.as_mut();
+        for path in tls
+            .into_iter()
+            .flat_map(|t| {
+                [
+                    Some(&mut t.ca_file),
+                    t.cert_file.as_mut(),
+                    t.key_file.as_mut(),
+                ]
+            })
+            .chain(auth.map(|a| a.password_file.as_mut()))
+            .flatten()
+        {
+            if path.is_relative() {
+                *path = dir.join(&*path);
+            }
         }
         for app in &mut self.applications {
             if let Some(working_dir) = &mut app.runtime_env.working_dir

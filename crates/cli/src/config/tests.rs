@@ -264,6 +264,60 @@ fn cluster_settings_are_read_and_checked() {
 }
 
 #[test]
+fn etcd_tls_and_auth_settings_are_read_from_files_and_checked_by_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let listen: std::net::SocketAddr = "127.0.0.1:8000".parse().unwrap();
+    let flags = ClusterFlags {
+        etcd: Some("etcd://127.0.0.1:2379".into()),
+        node_id: Some("n1".into()),
+        ..ClusterFlags::default()
+    };
+    let with = |cluster: &str| {
+        let yaml = format!(
+            "cluster:\n{cluster}\napplications:\n  - name: a\n    deployments:\n      - name: d\n        model: {{kind: synthetic}}\n"
+        );
+        let mut config = Config::parse(&yaml).map_err(|e| e.to_string())?;
+        config.resolve_paths(dir.path());
+        config
+            .cluster
+            .options(&flags, listen)
+            .map_err(|e| e.to_string())
+    };
+    // A password file beside the configuration, named relative to it.
+    std::fs::write(dir.path().join("etcd-password"), "s3cret\n").unwrap();
+    let options = with("  etcd_auth: {username: modelmux, password_file: etcd-password}")
+        .unwrap()
+        .unwrap();
+    let credentials = options.etcd_security.credentials.unwrap();
+    assert_eq!(credentials.user(), "modelmux");
+    assert!(!format!("{credentials:?}").contains("s3cret"));
+    assert!(options.etcd_security.tls.is_none());
+
+    // Each missing or wrong piece is an error that names its key.
+    let err = with("  etcd_tls: {ca_file: no-such-ca.pem}").unwrap_err();
+    assert!(
+        err.contains("cluster.etcd_tls.ca_file") && err.contains("no-such-ca.pem"),
+        "{err}"
+    );
+    let err = with("  etcd_auth: {username: modelmux, password_file: nowhere}").unwrap_err();
+    assert!(err.contains("cluster.etcd_auth.password_file"), "{err}");
+    let err = with("  etcd_auth: {username: modelmux, password_env: MODELMUX_TEST_UNSET_PW}")
+        .unwrap_err();
+    assert!(
+        err.contains("cluster.etcd_auth.password_env") && err.contains("MODELMUX_TEST_UNSET_PW"),
+        "{err}"
+    );
+    let err = with("  etcd_auth: {username: modelmux}").unwrap_err();
+    assert!(err.contains("password_file or password_env"), "{err}");
+    let err = with("  etcd_auth: {username: '', password_file: etcd-password}").unwrap_err();
+    assert!(err.contains("cluster.etcd_auth.username"), "{err}");
+    // The password itself has no key: it is never in the configuration.
+    let err = with("  etcd_auth: {username: modelmux, password: s3cret}").unwrap_err();
+    assert!(err.contains("password"), "{err}");
+    assert!(!err.contains("s3cret"), "{err}");
+}
+
+#[test]
 fn a_deployment_without_cache_settings_gets_the_documented_defaults() {
     let yaml = "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic}\n";
     let c = Config::parse(yaml).unwrap();

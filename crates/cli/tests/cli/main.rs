@@ -8,6 +8,7 @@ mod netns;
 mod binary;
 mod cluster;
 mod cluster_deploy;
+mod cluster_tls;
 mod dashboard;
 mod deploy;
 mod grafana;
