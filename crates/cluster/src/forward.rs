@@ -315,9 +315,8 @@ impl Forwarder for H2Forwarder {
                     reason: e.to_string(),
                 })?;
             let response = sender.send_request(request).await.map_err(|e| {
-                // Cancelled: the connection went before the request was sent on it.
                 let (node, reason) = (node.clone(), e.to_string());
-                if e.is_canceled() {
+                if not_processed(&e) {
                     ForwardError::NotSent { node, reason }
                 } else {
                     ForwardError::Failed { node, reason }
@@ -332,6 +331,25 @@ impl Forwarder for H2Forwarder {
             Ok(response.map(Body::wrap))
         })
     }
+}
+
+/// Whether the peer never began the request, so that it may go elsewhere: the connection went
+/// before it was sent (cancelled), or the peer refused its stream (`REFUSED_STREAM`), or closed
+/// the connection (GOAWAY without an error, as when it closes an idle connection) before that
+/// stream: HTTP/2 promises such streams were not processed (RFC 9113, 8.7).
+fn not_processed(e: &hyper::Error) -> bool {
+    if e.is_canceled() {
+        return true;
+    }
+    let mut source = std::error::Error::source(e);
+    while let Some(error) = source {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM)
+                || (h2.is_go_away() && h2.reason() == Some(h2::Reason::NO_ERROR));
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// The request as it goes to the peer: an absolute URI for HTTP/2, no connection headers, and

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use modelmux_cache::ModelId;
 use modelmux_context::{RequestContext, RequestId};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use crate::body_budget::{BodyReservation, ClientAddr};
 use tokio::time::Instant;
 
 use crate::Response;
@@ -75,7 +75,11 @@ pub(crate) async fn route(
     };
     let (parts, body) = request.into_parts();
     // The body's bytes count against the server-wide budget until the request is answered.
-    let (body, _held) = match read_body(&parts.headers, body, state).await {
+    let client = parts
+        .extensions
+        .get::<ClientAddr>()
+        .map_or(std::net::IpAddr::from([0, 0, 0, 0]), |c| c.0);
+    let (body, _held) = match read_body(&parts.headers, body, client, state).await {
         Ok(read) => read,
         Err(e) => {
             let mut routed = fail(e);
@@ -172,14 +176,18 @@ pub(crate) fn model_id(headers: &HeaderMap) -> Result<Option<ModelId>, ServeErro
     Ok(Some(ModelId::new(text)?))
 }
 
+/// The most a body's buffer holds before its bytes arrive, whatever `Content-Length` says.
+const FIRST_BUFFER: u64 = 64 << 10;
+
 /// Reads the body within `body_read_timeout`, refusing it early (from `Content-Length`) or as
 /// soon as it passes `max_body_bytes`, and reserving its bytes from the server's body budget
-/// (released when the returned reservation drops).
+/// as they arrive, within `client`'s share (released when the returned reservation drops).
 async fn read_body(
     headers: &HeaderMap,
     body: Incoming,
+    client: std::net::IpAddr,
     state: &FrontState,
-) -> Result<(Body, Option<OwnedSemaphorePermit>), ServeError> {
+) -> Result<(Body, Option<BodyReservation>), ServeError> {
     let options = &state.config.http;
     let limit = options.max_body_bytes;
     let declared = headers
@@ -194,12 +202,11 @@ async fn read_body(
     }
     let deadline = Instant::now() + options.body_read_timeout;
     let reading = async {
-        let mut budget = BodyReservation::new(&state.body_budget, options.max_inflight_body_bytes);
-        if let Some(n) = declared {
-            budget.reserve(n as usize)?;
-        }
+        // Bytes are reserved as they arrive, not from `Content-Length`, and the buffer grows
+        // with them: headers that announce a large body and then nothing hold nothing.
+        let mut budget = BodyReservation::new(&state.body_budget, client);
         let mut body = Limited::new(body, limit);
-        let mut bytes = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+        let mut bytes = BytesMut::with_capacity(declared.map_or(0, |n| n.min(FIRST_BUFFER)) as usize);
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
                 if e.is::<http_body_util::LengthLimitError>() {
@@ -215,59 +222,13 @@ async fn read_body(
                 bytes.extend_from_slice(&data);
             }
         }
-        Ok((Body::from(bytes.freeze()), budget.into_permit()))
+        Ok((Body::from(bytes.freeze()), Some(budget)))
     };
     match tokio::time::timeout_at(deadline, reading).await {
         Ok(read) => read,
         Err(_) => Err(ServeError::BodyReadTimeout {
             limit: options.body_read_timeout,
         }),
-    }
-}
-
-/// Bytes of one body taken from the server-wide budget, counted in KiB.
-struct BodyReservation<'a> {
-    budget: &'a Arc<Semaphore>,
-    total_bytes: usize,
-    held: Option<OwnedSemaphorePermit>,
-}
-
-impl<'a> BodyReservation<'a> {
-    fn new(budget: &'a Arc<Semaphore>, total_bytes: usize) -> Self {
-        Self {
-            budget,
-            total_bytes,
-            held: None,
-        }
-    }
-
-    /// Grows the reservation to cover `bytes`, or refuses: the budget is spent.
-    fn reserve(&mut self, bytes: usize) -> Result<(), ServeError> {
-        let want = u32::try_from(bytes.div_ceil(1024)).unwrap_or(u32::MAX);
-        let have = self.held.as_ref().map_or(0, |p| p.num_permits() as u32);
-        if want <= have {
-            return Ok(());
-        }
-        let more = self
-            .budget
-            .clone()
-            .try_acquire_many_owned(want - have)
-            .map_err(|_| ServeError::ServerOverloaded {
-                message: format!(
-                    "request bodies in progress already hold the server's budget of {} bytes; \
-                     try again shortly",
-                    self.total_bytes
-                ),
-            })?;
-        match &mut self.held {
-            Some(held) => held.merge(more),
-            None => self.held = Some(more),
-        }
-        Ok(())
-    }
-
-    fn into_permit(self) -> Option<OwnedSemaphorePermit> {
-        self.held
     }
 }
 

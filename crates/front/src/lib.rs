@@ -16,6 +16,7 @@
 
 mod access_log;
 mod admin;
+mod body_budget;
 mod connection;
 mod dashboard;
 mod ingress;

@@ -40,6 +40,10 @@ pub struct HttpOptions {
     /// Most bytes of request bodies held at once across all requests (default 256 MiB); a
     /// body that would pass it is refused with 503.
     pub max_inflight_body_bytes: usize,
+    /// Most bytes of request bodies one client address holds at once; `None` (the default)
+    /// is half of `max_inflight_body_bytes`, but at least `max_body_bytes`. Behind a load
+    /// balancer every client has its address: raise it to the whole budget there.
+    pub max_inflight_body_bytes_per_client: Option<usize>,
     /// After a shutdown signal, how long the server keeps accepting connections and requests
     /// while `/-/healthz` already answers 503 (default 0 s), so load balancers notice before
     /// the listener closes.
@@ -60,12 +64,22 @@ impl Default for HttpOptions {
             max_connections: 4096,
             max_inflight_requests: 2048,
             max_inflight_body_bytes: 256 << 20,
+            max_inflight_body_bytes_per_client: None,
             drain_grace_period: Duration::ZERO,
         }
     }
 }
 
 impl HttpOptions {
+    /// What one client address may hold of the body budget.
+    pub fn inflight_body_bytes_per_client(&self) -> usize {
+        self.max_inflight_body_bytes_per_client.unwrap_or_else(|| {
+            (self.max_inflight_body_bytes / 2)
+                .max(self.max_body_bytes)
+                .min(self.max_inflight_body_bytes)
+        })
+    }
+
     /// Checks the limits make sense together; says which one does not.
     pub fn validate(&self) -> Result<(), String> {
         let positive = [
@@ -95,6 +109,15 @@ impl HttpOptions {
                 "max_inflight_body_bytes ({}) must be at least max_body_bytes ({}), or no \
                  largest body could ever be accepted",
                 self.max_inflight_body_bytes, self.max_body_bytes
+            ));
+        }
+        if let Some(share) = self.max_inflight_body_bytes_per_client
+            && !(self.max_body_bytes..=self.max_inflight_body_bytes).contains(&share)
+        {
+            return Err(format!(
+                "max_inflight_body_bytes_per_client ({share}) must be between max_body_bytes \
+                 ({}) and max_inflight_body_bytes ({})",
+                self.max_body_bytes, self.max_inflight_body_bytes
             ));
         }
         Ok(())

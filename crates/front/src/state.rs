@@ -17,8 +17,8 @@ pub(crate) struct FrontState {
     pub(crate) config: ServerConfig,
     /// The applications served.
     pub(crate) controller: Arc<Controller>,
-    /// Request bodies held, in KiB (`max_inflight_body_bytes`).
-    pub(crate) body_budget: Arc<tokio::sync::Semaphore>,
+    /// Request bodies held (`max_inflight_body_bytes`), and by whom.
+    pub(crate) body_budget: Arc<crate::body_budget::BodyBudget>,
     /// Open connections, and a wake-up when one closes (shutdown waits for them).
     connections: AtomicUsize,
     connection_closed: Notify,
@@ -53,11 +53,11 @@ impl FrontState {
         deployer: Option<Arc<dyn crate::Deployer>>,
         tracer: Option<crate::otlp::Tracer>,
     ) -> Self {
-        let body_kib = config.http.max_inflight_body_bytes.div_ceil(1024);
         Self {
-            body_budget: Arc::new(tokio::sync::Semaphore::new(
-                body_kib.min(tokio::sync::Semaphore::MAX_PERMITS),
-            )),
+            body_budget: crate::body_budget::BodyBudget::new(
+                config.http.max_inflight_body_bytes,
+                config.http.inflight_body_bytes_per_client(),
+            ),
             config,
             controller,
             connections: AtomicUsize::new(0),

@@ -104,6 +104,16 @@ impl Body {
         }
     }
 
+    /// This body, keeping `guard` alive until the body has been read to its end or dropped:
+    /// what a streamed response holds while it is sent (its replica slot, its place among a
+    /// connection's streams in progress).
+    pub fn holding<G: Send + Sync + Unpin + 'static>(self, guard: G) -> Self {
+        Self::wrap(Holding {
+            body: self,
+            _guard: guard,
+        })
+    }
+
     /// Serialises `value` as JSON.
     pub fn json<T: serde::Serialize + ?Sized>(value: &T) -> Self {
         match serde_json::to_vec(value) {
@@ -219,6 +229,32 @@ impl http_body::Body for Body {
             Kind::Channel(_) => SizeHint::default(),
             Kind::Boxed(body) => body.size_hint(),
         }
+    }
+}
+
+/// A body and what it holds until it ends ([`Body::holding`]).
+struct Holding<G> {
+    body: Body,
+    _guard: G,
+}
+
+impl<G: Unpin> http_body::Body for Holding<G> {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -51,6 +51,10 @@ pub struct HttpOptions {
     /// Most bytes of request bodies held at once.
     #[serde(default)]
     pub max_inflight_body_bytes: Option<usize>,
+    /// Most bytes of request bodies one client address holds at once (default: half of
+    /// `max_inflight_body_bytes`).
+    #[serde(default)]
+    pub max_inflight_body_bytes_per_client: Option<usize>,
     /// After SIGTERM, how long to keep serving while `/-/healthz` answers 503.
     #[serde(default)]
     pub drain_grace_period_s: Option<Seconds>,
@@ -72,6 +76,7 @@ impl Default for HttpOptions {
             max_connections: None,
             max_inflight_requests: None,
             max_inflight_body_bytes: None,
+            max_inflight_body_bytes_per_client: None,
             drain_grace_period_s: None,
         }
     }
@@ -94,6 +99,7 @@ impl HttpOptions {
         o.max_inflight_body_bytes = self
             .max_inflight_body_bytes
             .unwrap_or(o.max_inflight_body_bytes.max(o.max_body_bytes));
+        o.max_inflight_body_bytes_per_client = self.max_inflight_body_bytes_per_client;
         o.drain_grace_period = secs(&self.drain_grace_period_s).unwrap_or(o.drain_grace_period);
         o
     }

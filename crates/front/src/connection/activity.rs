@@ -7,7 +7,9 @@
 //! - `header_read_timeout`: a request head not complete within it, counted from the
 //!   connection's start for its first request and from the first byte of each later one (an
 //!   idle keep-alive connection between requests is the keep-alive timeout's). HTTP/2
-//!   connections (the cluster's forwarding, recognised by their preface) have no such limit.
+//!   connections (the cluster's forwarding, recognised by their preface) have no such limit:
+//!   their idleness is counted in streams (no stream open or begun for `keep_alive_timeout`),
+//!   not in bytes, since pings and their answers move bytes on a connection nobody uses.
 //!
 //! hyper can enforce the second itself, but arms a timer for every request head it waits for
 //! (a boxed `Sleep` in tokio's timer wheel, and a clock read): in a profile of
@@ -156,7 +158,9 @@ impl Watchdog {
         self.next_look = now + self.every();
         let busy = activity.in_progress.load(Ordering::SeqCst) > 0;
         let begun = activity.begun.load(Ordering::SeqCst);
-        if busy || begun != self.begun || activity.h2.load(Ordering::Relaxed) {
+        let h2 = activity.h2.load(Ordering::Relaxed);
+        let started = begun != self.begun;
+        if busy || started || h2 {
             self.begun = begun;
             self.head_since = None;
         }
@@ -174,11 +178,14 @@ impl Watchdog {
         // A connection whose head has begun to arrive is the header read timeout's, however
         // quiet it has gone: closing it as idle would be a graceful shutdown, which hyper holds
         // open until that head completes, that is, for as long as the client likes.
-        let head_begun = !busy
-            && activity.head_bytes.load(Ordering::Relaxed)
-            && !activity.h2.load(Ordering::Relaxed);
+        let head_begun = !busy && activity.head_bytes.load(Ordering::Relaxed) && !h2;
+        // On HTTP/2 only streams count: frames move on a connection that never opens one (the
+        // server's own keep-alive pings and their answers, SETTINGS, WINDOW_UPDATE), and a peer
+        // that only answers pings would otherwise hold its connection, and a connection permit,
+        // for ever.
         let events = activity.events.load(Ordering::Relaxed);
-        if events != self.seen || busy {
+        let moved = if h2 { started } else { events != self.seen };
+        if moved || busy {
             self.seen = events;
             self.active_at = now;
         } else if !head_begun && now.duration_since(self.active_at) >= self.keep_alive {
@@ -484,7 +491,8 @@ mod tests {
         assert!(!activity.h2.load(Ordering::Relaxed));
         watched.first_bytes(&H2_PREFACE[10..]);
         assert!(activity.h2.load(Ordering::Relaxed));
-        // Frames (pings) keep arriving, no request: neither idle nor a late head.
+        // A stream stays open for a minute while frames move: neither idle nor a late head.
+        let stream = activity.begin();
         every_tenth(&activity, Duration::ZERO, usize::MAX, Activity::read);
         let waited = tokio::time::timeout(
             Duration::from_secs(60),
@@ -495,6 +503,34 @@ mod tests {
             waited.is_err(),
             "an HTTP/2 connection was cut off: {waited:?}"
         );
+        drop(stream);
+        // No stream now, frames (pings and their answers) still moving: idle after the
+        // keep-alive timeout, never a late head.
+        let (found, after) = until(&activity, Duration::from_secs(4), Duration::from_secs(1)).await;
+        assert_eq!(found, Look::Idle);
+        assert!(
+            after >= Duration::from_secs(4) && after <= Duration::from_millis(5250),
+            "{after:?}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http2_streams_begun_keep_a_connection_as_bytes_do_not() {
+        let activity = Arc::new(Activity::new());
+        activity.h2.store(true, Ordering::Relaxed);
+        // A short stream every 500 ms for 10 s, frames all the time: not idle until the
+        // streams stop.
+        every_tenth(&activity, Duration::ZERO, usize::MAX, Activity::read);
+        let streams = activity.clone();
+        tokio::spawn(async move {
+            for _ in 0..20 {
+                drop(streams.begin());
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+        let (found, after) = until(&activity, Duration::from_secs(2), Duration::from_secs(1)).await;
+        assert_eq!(found, Look::Idle);
+        assert!(after >= Duration::from_secs(11), "{after:?}");
     }
 
     #[test]

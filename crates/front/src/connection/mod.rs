@@ -4,7 +4,9 @@
 //!
 //! What bounds what:
 //! - HTTP/2 without TLS is accepted too (prior knowledge): it is how cluster nodes forward
-//!   requests to each other; such a connection is pinged every second;
+//!   requests to each other; such a connection is pinged every second, carries at most
+//!   [`MAX_H2_STREAMS`] streams at once, and is closed (GOAWAY, then close) once no stream has
+//!   been open for `keep_alive_timeout`: frames alone (pings, SETTINGS) do not keep it;
 //! - a connection that has not sent a whole request head within `header_read_timeout` (its
 //!   first from when it opened, later ones from their first byte) is closed by the
 //!   connection's watchdog (`activity.rs`), within a quarter of the shorter timeout more;
@@ -25,8 +27,10 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio::sync::{Semaphore, watch};
 
+use crate::body_budget::ClientAddr;
 use crate::options::{HttpOptions, MAX_BUF_BYTES};
 use crate::state::FrontState;
 
@@ -93,13 +97,21 @@ async fn serve_connection(
     let activity = Arc::new(Activity::new());
     let service = {
         let activity = activity.clone();
-        hyper::service::service_fn(move |request| {
+        hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
             let busy = activity.begin();
+            request.extensions_mut().insert(ClientAddr(peer.ip()));
+            let h2 = request.version() == http::Version::HTTP_2;
             let handling = entry::handle(state.clone(), apps.clone(), request);
             async move {
-                let response = handling.await;
-                drop(busy);
-                response
+                let response = handling.await?;
+                // An HTTP/2 stream is in progress until its body is sent: idleness there is
+                // counted in streams, not bytes (`activity.rs`). On HTTP/1 a streamed body
+                // moves bytes, which is what its watchdog counts.
+                Ok::<_, std::convert::Infallible>(match response.body().as_full() {
+                    Some(_) => response,
+                    None if h2 => response.map(|body| body.holding(busy)),
+                    None => response,
+                })
             }
         })
     };
@@ -122,6 +134,9 @@ async fn serve_connection(
     let conn = builder.serve_connection(io, service);
     tokio::pin!(conn);
     let mut closing = false;
+    // When an idle connection was asked to close: one that is still open and idle a keep-alive
+    // timeout later (a peer that never reads the GOAWAY, or never lets go) is dropped.
+    let mut closing_idle_since: Option<Instant> = None;
     let mut watchdog = Watchdog::new(
         &activity,
         options.keep_alive_timeout,
@@ -148,10 +163,17 @@ async fn serve_connection(
             _ = tokio::time::sleep_until(watchdog.next_look()) => {
                 match watchdog.look(&activity) {
                     Look::Fine => {}
-                    Look::Idle if closing => {}
+                    Look::Idle if closing => {
+                        let since = *closing_idle_since.get_or_insert_with(Instant::now);
+                        if since.elapsed() >= options.keep_alive_timeout {
+                            tracing::debug!(%peer, "dropping an idle connection that did not close");
+                            return;
+                        }
+                    }
                     Look::Idle => {
                         tracing::trace!(%peer, "closing an idle keep-alive connection");
                         closing = true;
+                        closing_idle_since = Some(Instant::now());
                         // On an idle connection this closes it at once; a request that slipped
                         // in meanwhile is answered first.
                         conn.as_mut().graceful_shutdown();

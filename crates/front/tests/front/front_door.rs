@@ -415,6 +415,9 @@ async fn request_bodies_share_a_byte_budget() {
     let mut options = HttpOptions::default();
     options.max_body_bytes = 4096;
     options.max_inflight_body_bytes = 8192;
+    // Every body here comes from one address: let it have the whole budget (the shares are
+    // `hostile.rs`'s).
+    options.max_inflight_body_bytes_per_client = Some(8192);
     let (spec, started, _) = slow(ms(1500));
     let server = start(Application::new("a").ingress(spec), options).await;
     let addr = server.local_addr();

@@ -7,6 +7,7 @@ mod admin_access;
 mod copies;
 mod dashboard;
 mod front_door;
+mod hostile;
 mod http;
 mod queue;
 mod resume;
