@@ -37,6 +37,7 @@ use parking_lot::Mutex;
 use crate::StoreError;
 use crate::retry::{Failure, RetryPolicy, classify};
 
+mod dir;
 mod download;
 mod kept;
 mod progress;
@@ -124,12 +125,14 @@ pub struct DiskCacheStats {
 impl DiskCache {
     /// Opens a cache in `dir` holding at most `max_bytes` of files.
     ///
-    /// `dir` is created if needed. It must be empty or a cache directory from an earlier run,
-    /// whose verified files are kept for fetches of the same, unchanged objects (the rest is
-    /// deleted), and no other process may be using it. Must be called inside a Tokio runtime.
+    /// `dir` is created if needed, private (`0700`). An existing one must be owned by this
+    /// process's user and writable by no one else (another account could plant model files
+    /// in it), and be empty or a cache directory from an earlier run, whose verified files are
+    /// kept for fetches of the same, unchanged objects (the rest is deleted); no other process
+    /// may be using it. Must be called inside a Tokio runtime.
     pub fn open(dir: impl Into<PathBuf>, max_bytes: u64) -> Result<Self, StoreError> {
         let dir = dir.into();
-        std::fs::create_dir_all(&dir).map_err(|e| StoreError::io(&dir, e))?;
+        dir::prepare(&dir)?;
         let marker = dir.join(MARKER);
         if !marker.exists() {
             let mut entries = std::fs::read_dir(&dir).map_err(|e| StoreError::io(&dir, e))?;
@@ -167,7 +170,7 @@ impl DiskCache {
             Err(e) => return Err(StoreError::io(&tmp_dir, e)),
         }
         for sub in [&files_dir, &tmp_dir] {
-            std::fs::create_dir_all(sub).map_err(|e| StoreError::io(sub, e))?;
+            dir::create_sub(sub)?;
         }
         let kept = kept::KeptFiles::scan(&files_dir, max_bytes);
         if kept.bytes() > 0 {
@@ -208,20 +211,14 @@ impl DiskCache {
     }
 
     /// Checks that [`open`](Self::open) would accept `dir`, without changing anything in it:
-    /// it is a directory (or does not exist yet), empty or a cache directory of an earlier run,
-    /// and no other process holds it.
+    /// it is a directory (or does not exist yet) of this user's that no one else may write,
+    /// empty or a cache directory of an earlier run, and no other process holds it.
     pub fn check(dir: impl AsRef<Path>) -> Result<(), StoreError> {
         let dir = dir.as_ref();
         match std::fs::metadata(dir) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => return Err(StoreError::io(dir, e)),
-            Ok(meta) if !meta.is_dir() => {
-                return Err(StoreError::Config(format!(
-                    "disk cache directory {} is not a directory",
-                    dir.display()
-                )));
-            }
-            Ok(_) => {}
+            Ok(_) => dir::check_existing(dir)?,
         }
         if !dir.join(MARKER).exists() {
             let mut entries = std::fs::read_dir(dir).map_err(|e| StoreError::io(dir, e))?;
@@ -246,18 +243,21 @@ impl DiskCache {
         Ok(())
     }
 
-    /// Opens a cache in a new directory under the system's temporary directory, deleted with
-    /// everything in it when the last clone of the cache drops.
+    /// Opens a cache in a new private directory (`0700`, an unpredictable name) under the
+    /// system's temporary directory, deleted with everything in it when the last clone of the
+    /// cache drops.
     pub fn temporary(max_bytes: u64) -> Result<Self, StoreError> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "modelmux-disk-cache-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        let cache = Self::open(&dir, max_bytes)?;
-        cache.shared.temporary.store(true, Ordering::Relaxed);
-        Ok(cache)
+        let dir = dir::temporary()?;
+        match Self::open(&dir, max_bytes) {
+            Ok(cache) => {
+                cache.shared.temporary.store(true, Ordering::Relaxed);
+                Ok(cache)
+            }
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
     }
 
     /// The cache's directory.
