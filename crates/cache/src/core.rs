@@ -94,7 +94,7 @@ pub(crate) struct Core<M: Model> {
 
 pub(crate) struct State<M: Model> {
     pub(crate) loading: HashMap<ModelId, LoadSlot<M>>,
-    pub(crate) failures: HashMap<ModelId, Failure>,
+    pub(crate) failures: crate::ExpiringMap<ModelId, Failure, tokio::time::Instant>,
     pub(crate) used_slots: usize,
     pub(crate) used_bytes: u64,
     /// Evicted models whose unload has not finished.
@@ -147,7 +147,7 @@ impl<M: Model> Core<M> {
             index: ArcSwap::from_pointee(Index::default()),
             state: Mutex::new(State {
                 loading: HashMap::new(),
-                failures: HashMap::new(),
+                failures: crate::ExpiringMap::new(crate::load::MAX_REMEMBERED_FAILURES),
                 used_slots: 0,
                 used_bytes: 0,
                 draining: Vec::new(),

@@ -46,6 +46,7 @@
 mod core;
 mod error;
 mod events;
+mod expiring;
 mod guard;
 mod load;
 mod metrics;
@@ -54,6 +55,7 @@ mod multiplexer;
 
 pub use error::{Error, SharedError, panic_message};
 pub use events::{EvictReason, ModelEvent, ModelEventKind, ModelStatus, Subscription};
+pub use expiring::ExpiringMap;
 pub use guard::ModelGuard;
 pub use metrics::{
     DURATION_BUCKETS, DurationHistogram, Gauges, HistogramSnapshot, MetricsSnapshot,

@@ -53,8 +53,8 @@ pub(crate) struct Failure {
     until: Instant,
 }
 
-/// Failures remembered before expired ones are pruned.
-const MAX_REMEMBERED_FAILURES: usize = 1024;
+/// Failures remembered at most (the oldest are forgotten first): ids are the client's choice.
+pub(crate) const MAX_REMEMBERED_FAILURES: usize = 4096;
 
 impl<M: Model> Core<M> {
     /// A get that missed the index: join the load in progress, or start one.
@@ -451,16 +451,16 @@ impl<M: Model> Core<M> {
         let base = self.config.failure_backoff;
         if error.is_model_failure() && !base.is_zero() {
             let now = Instant::now();
-            if st.failures.len() >= MAX_REMEMBERED_FAILURES {
-                st.failures.retain(|_, f| f.until > now);
-            }
             let attempts = st
                 .failures
                 .get(id)
                 .map_or(1, |f| f.attempts.saturating_add(1));
+            let longest = self.config.max_failure_backoff.max(base);
             let backoff = base
                 .saturating_mul(2u32.saturating_pow(attempts - 1))
-                .min(self.config.max_failure_backoff.max(base));
+                .min(longest);
+            // Remembered past its backoff, so that failing again soon after counts as in a
+            // row; forgotten a longest backoff later, or sooner once many ids have failed.
             st.failures.insert(
                 id.clone(),
                 Failure {
@@ -468,6 +468,8 @@ impl<M: Model> Core<M> {
                     attempts,
                     until: now + backoff,
                 },
+                now + backoff + longest,
+                now,
             );
         }
         self.emit(

@@ -1,7 +1,7 @@
 //! A modelmux server as a member of a cluster: it publishes its replicas and their models, and
 //! routes over every other node's, as etcd has them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Duration;
@@ -188,6 +188,8 @@ impl ClusterNode {
             record: None,
             record_written: Instant::now(),
             copies: BTreeMap::new(),
+            loading_since: HashMap::new(),
+            due: None,
         };
         // Published once before anyone is told this node is up.
         publisher.publish().await?;
@@ -253,14 +255,32 @@ struct Publisher {
     record_written: Instant,
     /// The copy records last written.
     copies: BTreeMap<String, CopyRecord>,
+    /// Since when each copy that is loading and not yet written has been seen loading: only
+    /// keys loading now (bounded by the loads in progress).
+    loading_since: HashMap<String, Instant>,
+    /// When the next held-back loading copy is due.
+    due: Option<Instant>,
 }
+
+/// How long a copy must have been loading before it is written to etcd. A load that fails at
+/// once (an unknown model id, which clients choose freely) never is, so that a flood of such
+/// ids causes no etcd write and no watch fan-out; a real load soon is, so that other nodes
+/// send its requests here rather than load it too.
+const LOADING_PUBLISH_DELAY: Duration = Duration::from_millis(500);
 
 impl Publisher {
     async fn run(mut self) {
         let changes = self.server.changes();
         let mut failed = false;
         loop {
-            let wait = if failed { RETRY } else { LOAD_REPORT_PERIOD };
+            let wait = if failed {
+                RETRY
+            } else {
+                self.due.map_or(LOAD_REPORT_PERIOD, |due| {
+                    due.saturating_duration_since(Instant::now())
+                        .min(LOAD_REPORT_PERIOD)
+                })
+            };
             tokio::select! {
                 _ = changes.notified() => {}
                 _ = tokio::time::sleep(wait) => {}
@@ -286,17 +306,18 @@ impl Publisher {
     /// drain changed (or, at most once per period, its load figures), a key per model copy
     /// that appeared or changed, a delete per copy that went.
     async fn publish(&mut self) -> Result<(), ClusterError> {
-        let o = &self.options;
         let state = self.server.local_state();
         let draining = self.server.is_draining();
-        let (record, copies) = local_records(
+        let (record, mut copies) = local_records(
             &self.keys,
-            &o.node_id,
-            &o.advertise,
-            o.role,
+            &self.options.node_id,
+            &self.options.advertise,
+            self.options.role,
             draining,
             &state,
         );
+        self.hold_back_new_loads(&mut copies);
+        let o = &self.options;
         // Copies first: a node record saying "draining" must not overtake them.
         for (key, copy) in &copies {
             if self.copies.get(key) != Some(copy) {
@@ -331,6 +352,29 @@ impl Publisher {
             self.record_written = Instant::now();
         }
         Ok(())
+    }
+}
+
+impl Publisher {
+    /// Leaves out of `copies` those loading for less than [`LOADING_PUBLISH_DELAY`] that are
+    /// not written yet, and notes when the first of them is due.
+    fn hold_back_new_loads(&mut self, copies: &mut BTreeMap<String, CopyRecord>) {
+        let now = Instant::now();
+        self.loading_since
+            .retain(|key, _| copies.get(key).is_some_and(|c| !c.loaded));
+        self.due = None;
+        copies.retain(|key, copy| {
+            if copy.loaded || self.copies.contains_key(key) {
+                return true;
+            }
+            let since = *self.loading_since.entry(key.clone()).or_insert(now);
+            let due = since + LOADING_PUBLISH_DELAY;
+            if due <= now {
+                return true;
+            }
+            self.due = Some(self.due.map_or(due, |d| d.min(due)));
+            false
+        });
     }
 }
 

@@ -7,6 +7,7 @@
 
 use std::sync::Arc;
 
+use crate::body_budget::{BodyReservation, ClientAddr};
 use bytes::BytesMut;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 use http_body::Body as _;
@@ -14,7 +15,6 @@ use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use modelmux_cache::ModelId;
 use modelmux_context::{RequestContext, RequestId};
-use crate::body_budget::{BodyReservation, ClientAddr};
 use tokio::time::Instant;
 
 use crate::Response;
@@ -206,7 +206,8 @@ async fn read_body(
         // with them: headers that announce a large body and then nothing hold nothing.
         let mut budget = BodyReservation::new(&state.body_budget, client);
         let mut body = Limited::new(body, limit);
-        let mut bytes = BytesMut::with_capacity(declared.map_or(0, |n| n.min(FIRST_BUFFER)) as usize);
+        let mut bytes =
+            BytesMut::with_capacity(declared.map_or(0, |n| n.min(FIRST_BUFFER)) as usize);
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|e| {
                 if e.is::<http_body_util::LengthLimitError>() {

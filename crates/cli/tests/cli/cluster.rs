@@ -380,3 +380,52 @@ async fn a_node_of_role_node_and_a_forwarded_request_use_local_replicas_only() {
     let requests = client.requests(&n1.url).await + client.requests(&n2.url).await;
     assert_eq!(requests, 6 + 4 + 1, "no node got the turned-away request");
 }
+
+/// The revision of the cluster's keys in etcd: it grows by one per write.
+async fn revision(etcd: &LocalEtcd) -> i64 {
+    let client = modelmux_cluster::connect(&etcd.endpoints()).await.unwrap();
+    let reply = client.get_prefix("modelmux/test/").await.unwrap();
+    reply.header.map_or(0, |h| h.revision)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_unknown_model_ids_writes_nothing_to_etcd_per_id() {
+    // Every load fails, 50 ms in (an unknown model, answered by a remote repository).
+    let config = cluster_common::config("127.0.0.1", 1)
+        .replace("infer_ms: 1", "infer_ms: 1\n          fail_rate: 1.0");
+    let config = config.replace("load_ms: 200", "load_ms: 50");
+    let etcd = LocalEtcd::start(1).await.unwrap();
+    let cluster = etcd.cluster_url();
+    let n1 = common::serve_with(
+        &config,
+        &["--cluster", &cluster, "--node-id", "n1", "--role", "both"],
+    );
+    let client = Arc::new(Client::new());
+    // Settled: its record written, its first load report in.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = revision(&etcd).await;
+    let started = Instant::now();
+    let mut flood = Vec::new();
+    for worker in 0..4 {
+        let (client, url) = (client.clone(), n1.url.clone());
+        flood.push(tokio::spawn(async move {
+            for i in 0..25 {
+                let reply = client.get(&url, &format!("unknown-{worker}-{i}")).await;
+                assert!(reply.status >= 500, "{}: {}", reply.status, reply.body);
+            }
+        }));
+    }
+    for worker in flood {
+        worker.await.unwrap();
+    }
+    let writes = revision(&etcd).await - before;
+    // The node's record may be written once a second with its load figures; a copy key
+    // per id (a put and a delete each) would be 200 writes.
+    let bound = started.elapsed().as_secs() as i64 + 3;
+    assert!(
+        writes <= bound,
+        "100 unknown ids cost {writes} etcd writes in {:?} (at most {bound})",
+        started.elapsed()
+    );
+    drop(n1);
+}

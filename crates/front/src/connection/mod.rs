@@ -27,8 +27,8 @@ use std::time::Duration;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use tokio::net::TcpListener;
-use tokio::time::Instant;
 use tokio::sync::{Semaphore, watch};
+use tokio::time::Instant;
 
 use crate::body_budget::ClientAddr;
 use crate::options::{HttpOptions, MAX_BUF_BYTES};

@@ -91,7 +91,10 @@ async fn idle_http2_connections_are_closed_and_free_their_permits() {
             .await
             .expect("an idle HTTP/2 connection was still open")
             .unwrap();
-        assert!(seen.pings_answered >= 1, "{seen:?}: the server's pings were answered");
+        assert!(
+            seen.pings_answered >= 1,
+            "{seen:?}: the server's pings were answered"
+        );
         assert!(seen.goaway, "{seen:?}: closed with a GOAWAY");
     }
     assert!(
@@ -153,7 +156,10 @@ async fn an_http2_connection_in_use_stays_open() {
         .await
         .expect("the long stream was cut")
         .to_bytes();
-    assert_eq!(body.len(), (0..20).map(|i: usize| format!("{i} ").len()).sum::<usize>());
+    assert_eq!(
+        body.len(),
+        (0..20).map(|i: usize| format!("{i} ").len()).sum::<usize>()
+    );
     for n in 0..10 {
         tokio::time::sleep(Duration::from_millis(300)).await;
         timeout(Duration::from_secs(5), sender.ready())
@@ -167,7 +173,10 @@ async fn an_http2_connection_in_use_stays_open() {
         assert_eq!(response.status(), StatusCode::OK);
         drop(response);
     }
-    assert!(!connection.is_finished(), "the connection in use was closed");
+    assert!(
+        !connection.is_finished(),
+        "the connection in use was closed"
+    );
     // Left alone, it is closed as idle.
     timeout(Duration::from_secs(5), connection)
         .await

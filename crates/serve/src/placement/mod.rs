@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use modelmux_cache::{ModelEvent, ModelEventKind, ModelId, ModelStatus};
+use modelmux_cache::{ExpiringMap, ModelEvent, ModelEventKind, ModelId, ModelStatus};
 use tokio::time::Instant;
 
 /// How long a placement the router made stays valid without word from the replica.
@@ -75,8 +75,13 @@ pub struct ReplicaLedger {
     born: Instant,
     /// Models whose load failed here: until when to place them elsewhere, and failures in a
     /// row (the avoidance doubles with each, as the cache's backoff does).
-    failed: parking_lot::Mutex<HashMap<ModelId, (Instant, u32)>>,
+    /// Bounded, for the ids are the clients' choice: a flood of unknown ids leaves at most
+    /// [`MAX_FAILED`] behind.
+    failed: parking_lot::Mutex<ExpiringMap<ModelId, (Instant, u32)>>,
 }
+
+/// Failed models a replica remembers at most (the oldest are forgotten first).
+const MAX_FAILED: usize = 4096;
 
 /// How long a replica is avoided for a model after its first failed load there; doubles per
 /// consecutive failure up to [`MAX_AVOID`].
@@ -158,7 +163,7 @@ impl ReplicaLedger {
             service_micros: AtomicU64::new(0),
             filled_at: AtomicU64::new(0),
             born: Instant::now(),
-            failed: parking_lot::Mutex::default(),
+            failed: parking_lot::Mutex::new(ExpiringMap::new(MAX_FAILED)),
         }
     }
 
@@ -277,7 +282,14 @@ impl ReplicaLedger {
                 let avoid = FIRST_AVOID
                     .saturating_mul(2u32.saturating_pow(attempts - 1))
                     .min(MAX_AVOID);
-                failed.insert(event.id.clone(), (Instant::now() + avoid, attempts));
+                // Remembered a longest avoidance past its own, for the doubling.
+                let now = Instant::now();
+                failed.insert(
+                    event.id.clone(),
+                    (now + avoid, attempts),
+                    now + avoid + MAX_AVOID,
+                    now,
+                );
             }
             ModelEventKind::Evicting { .. } => {
                 let bytes = self

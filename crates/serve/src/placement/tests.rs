@@ -188,3 +188,34 @@ async fn placement_passes_over_a_replica_whose_room_is_draining() {
         "a has fewer models but no free slot: loading there would evict"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn failures_of_a_flood_of_unknown_ids_are_remembered_within_a_bound() {
+    let slot = ReplicaLedger::new("r".into(), 5, 1, Some(2));
+    let failed = |id: &str| {
+        event(
+            id,
+            ModelEventKind::Failed {
+                error: modelmux_cache::Error::LoadFailed {
+                    id: ModelId::new(id).unwrap(),
+                    source: std::sync::Arc::from(modelmux_cache::BoxError::from("no such model")),
+                },
+            },
+        )
+    };
+    slot.apply(0, &failed("real-but-broken"));
+    let real = ModelId::new("real-but-broken").unwrap();
+    assert!(slot.backing_off(&real, Instant::now()));
+    for i in 0..3 * MAX_FAILED {
+        slot.apply(0, &failed(&format!("random-{i}")));
+        assert!(slot.failed.lock().len() <= MAX_FAILED);
+    }
+    assert!(slot.backing_off(
+        &ModelId::new(format!("random-{}", 3 * MAX_FAILED - 1)).unwrap(),
+        Instant::now()
+    ));
+    // Time passes: every failure is forgotten, however few ids came meanwhile.
+    tokio::time::advance(2 * MAX_AVOID + Duration::from_secs(1)).await;
+    slot.apply(0, &failed("one-more"));
+    assert_eq!(slot.failed.lock().len(), 1);
+}
