@@ -8,12 +8,22 @@
 //! second is a large share of a request. Either way the line is written only while
 //! `modelmux::access` is enabled at INFO, so `logging.level: info,modelmux::access=warn`
 //! turns it off.
+//!
+//! A path comes from the client, and httparse passes bytes of 0x80 and above, so a line must
+//! never carry a character a terminal or log viewer acts on ([`is_unsafe_in_text`]: C0 and C1
+//! controls such as U+009B, an 8-bit CSI; U+2028 and U+2029; bidirectional overrides): text
+//! lines escape them as `Debug` does, JSON lines as `\uXXXX`. The check stays one pass over
+//! the bytes for ASCII values (the common case); only a value with non-ASCII bytes is walked
+//! again by character.
 
 use std::io::Write as _;
 use std::sync::Arc;
 
+use std::borrow::Cow;
+
 use modelmux_cache::ModelId;
 use modelmux_context::RequestId;
+use modelmux_types::is_unsafe_in_text;
 
 /// Where formatted access lines go (a writer thread behind a bounded queue, say). Must not
 /// block: it is called on the request's task.
@@ -55,14 +65,16 @@ impl AccessEntry<'_> {
     /// Writes the line: through `log`'s sink when there is one, else as a `tracing` event.
     pub(crate) fn write(&self, log: Option<&AccessLog>) {
         let Some(log) = log else {
+            // The subscriber's JSON lines would write these characters raw: they are spelled
+            // out (`\u{9b}`) first.
             tracing::info!(
                 target: "modelmux::access",
                 request_id = self.request_id.as_str(),
                 method = self.method,
-                path = self.path,
-                app = self.app,
-                replica = self.replica,
-                model_id = self.model.map_or("-", |m| m.as_str()),
+                path = &*spelled_out(self.path),
+                app = &*spelled_out(self.app),
+                replica = &*spelled_out(self.replica),
+                model_id = &*spelled_out(self.model.map_or("-", |m| m.as_str())),
                 status = self.status,
                 ms = format_args!("{:.2}", self.ms),
                 error = self.error,
@@ -111,7 +123,7 @@ impl AccessEntry<'_> {
         out.extend_from_slice(b"{\"timestamp\":\"");
         timestamp(out, std::time::SystemTime::now());
         out.extend_from_slice(b"\",\"level\":\"INFO\",\"fields\":{\"request_id\":");
-        let _ = serde_json::to_writer(&mut *out, self.request_id.as_str());
+        json_string(out, self.request_id.as_str());
         for (key, value) in [
             (",\"method\":", self.method),
             (",\"path\":", self.path),
@@ -120,7 +132,7 @@ impl AccessEntry<'_> {
             (",\"model_id\":", self.model.map_or("-", |m| m.as_str())),
         ] {
             out.extend_from_slice(key.as_bytes());
-            let _ = serde_json::to_writer(&mut *out, value);
+            json_string(out, value);
         }
         out.extend_from_slice(b",\"status\":");
         out.extend_from_slice(itoa::Buffer::new().format(self.status).as_bytes());
@@ -128,7 +140,7 @@ impl AccessEntry<'_> {
         milliseconds(out, self.ms);
         if let Some(error) = self.error {
             out.extend_from_slice(b",\"error\":");
-            let _ = serde_json::to_writer(&mut *out, error);
+            json_string(out, error);
         }
         out.extend_from_slice(b"},\"target\":\"modelmux::access\"}\n");
     }
@@ -193,18 +205,73 @@ fn timestamp(out: &mut Vec<u8>, now: std::time::SystemTime) {
     out.push(b'Z');
 }
 
-/// `value` in double quotes as `tracing`'s text lines show a string (its `Debug` form).
+/// Whether `value` can go between double quotes as it is, in a text or a JSON line: no quote,
+/// no backslash, and nothing [`is_unsafe_in_text`] (which is escaped by `Debug` too). One pass
+/// over the bytes when they are all ASCII; a second, by character, only when some are not.
+fn plain(value: &str) -> bool {
+    let ascii = |b: u8| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\';
+    value.bytes().all(ascii)
+        || value.chars().all(|c| {
+            if c.is_ascii() {
+                ascii(c as u8)
+            } else {
+                !is_unsafe_in_text(c)
+            }
+        })
+}
+
+/// `value` in double quotes as `tracing`'s text lines show a string (its `Debug` form, which
+/// escapes every character [`is_unsafe_in_text`]).
 fn quoted(out: &mut Vec<u8>, value: &str) {
-    let plain = value
-        .bytes()
-        .all(|b| b >= 0x20 && b != b'"' && b != b'\\' && b != 0x7f);
-    if plain {
+    if plain(value) {
         out.push(b'"');
         out.extend_from_slice(value.as_bytes());
         out.push(b'"');
     } else {
         let _ = write!(out, "{value:?}");
     }
+}
+
+/// `value` as a JSON string, with every character [`is_unsafe_in_text`] as `\uXXXX` (a JSON
+/// writer escapes only C0 controls, and a line read in a terminal is not parsed first).
+fn json_string(out: &mut Vec<u8>, value: &str) {
+    out.push(b'"');
+    if plain(value) {
+        out.extend_from_slice(value.as_bytes());
+    } else {
+        for c in value.chars() {
+            match c {
+                '"' => out.extend_from_slice(b"\\\""),
+                '\\' => out.extend_from_slice(b"\\\\"),
+                // All of them are in the Basic Multilingual Plane: one `\uXXXX` each.
+                c if is_unsafe_in_text(c) => {
+                    let _ = write!(out, "\\u{:04x}", c as u32);
+                }
+                c => out.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+            }
+        }
+    }
+    out.push(b'"');
+}
+
+/// `value` with every character [`is_unsafe_in_text`] spelled out as `\u{..}`, for a line
+/// whose formatter is not ours.
+fn spelled_out(value: &str) -> Cow<'_, str> {
+    if !value.chars().any(is_unsafe_in_text) {
+        return Cow::Borrowed(value);
+    }
+    Cow::Owned(
+        value
+            .chars()
+            .map(|c| {
+                if is_unsafe_in_text(c) {
+                    c.escape_unicode().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
 }
 
 #[cfg(test)]
@@ -279,6 +346,67 @@ mod tests {
         assert_eq!(line["fields"]["ms"], 1.23);
         assert_eq!(line["fields"]["error"], "not_found");
         assert!(humantime::parse_rfc3339(line["timestamp"].as_str().unwrap()).is_ok());
+    }
+
+    /// Every character a terminal acts on, in a client's path.
+    const HOSTILE: &str = "/a\u{1b}[2J\u{85}\u{9b}31mX\u{2028}\u{2029}INFO fake\u{202e}\u{202a}\u{202b}\
+                           \u{202c}\u{202d}\u{2066}\u{2067}\u{2068}\u{2069}\u{200e}\u{200f}\u{61c}\u{7f}ü";
+
+    fn lines(format: AccessFormat, path: &str) -> String {
+        let sink = Arc::new(Lines(parking_lot::Mutex::default()));
+        let log = AccessLog {
+            sink: sink.clone(),
+            format,
+        };
+        let (id, model) = (
+            RequestId::new("r1").unwrap(),
+            ModelId::new("pirate").unwrap(),
+        );
+        AccessEntry {
+            path,
+            ..entry(&id, &model)
+        }
+        .write(Some(&log));
+        sink.0.lock()[0].clone()
+    }
+
+    #[test]
+    fn c1_controls_separators_and_bidi_overrides_are_escaped() {
+        for format in [AccessFormat::Text, AccessFormat::Json] {
+            let line = lines(format, HOSTILE);
+            let raw: Vec<char> = line.chars().filter(|&c| is_unsafe_in_text(c)).collect();
+            assert_eq!(raw, ['\n'], "{format:?}: {line:?}");
+            assert!(line.contains('ü'), "{line}");
+            if format == AccessFormat::Json {
+                let parsed: serde_json::Value = serde_json::from_str(&line).unwrap();
+                assert_eq!(parsed["fields"]["path"], HOSTILE);
+                assert!(
+                    line.contains(r"\u009b31mX\u2028\u2029INFO fake\u202e"),
+                    "{line}"
+                );
+            } else {
+                assert!(line.contains(&format!("path={HOSTILE:?} ")), "{line}");
+                assert!(
+                    line.contains(r"\u{9b}31mX\u{2028}\u{2029}INFO fake\u{202e}"),
+                    "{line}"
+                );
+            }
+        }
+        // Each alone too, and text that is safe stays as it is.
+        for c in HOSTILE.chars().filter(|&c| is_unsafe_in_text(c)) {
+            for format in [AccessFormat::Text, AccessFormat::Json] {
+                let line = lines(format, &format!("/x{c}y"));
+                assert!(
+                    !line[..line.len() - 1].contains(c),
+                    "U+{:04X}: {line:?}",
+                    c as u32
+                );
+            }
+        }
+        assert!(lines(AccessFormat::Text, "/ünï/日本").contains("path=\"/ünï/日本\""));
+        assert!(lines(AccessFormat::Json, "/ünï/日本").contains("\"path\":\"/ünï/日本\""));
+        assert_eq!(spelled_out("/a\u{9b}b"), "/a\\u{9b}b");
+        assert!(matches!(spelled_out("/ü"), Cow::Borrowed(_)));
     }
 
     #[test]

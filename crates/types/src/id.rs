@@ -11,7 +11,9 @@ use std::sync::Arc;
 /// short enough that an id can never be used to make a replica allocate without bound.
 pub const MAX_MODEL_ID_LEN: usize = 256;
 
-/// A validated model id: non-empty, at most [`MAX_MODEL_ID_LEN`] bytes, no control characters.
+/// A validated model id: non-empty, at most [`MAX_MODEL_ID_LEN`] bytes, and none of the
+/// characters a terminal, a log viewer or a browser would act on rather than show
+/// ([`is_unsafe_in_text`]: controls, line and paragraph separators, bidirectional formatting).
 ///
 /// Cloning is an atomic increment (the text is shared), so ids can be passed around freely.
 ///
@@ -22,6 +24,7 @@ pub const MAX_MODEL_ID_LEN: usize = 256;
 /// assert_eq!(id.as_str(), "customer-42");
 /// assert!(ModelId::new("").is_err());
 /// assert!(ModelId::new("bad\nid").is_err());
+/// assert!(ModelId::new("evil\u{202E}txt.onnx").is_err());
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ModelId(Arc<str>);
@@ -41,8 +44,13 @@ pub enum InvalidModelId {
         /// The limit.
         max: usize,
     },
-    /// The id contains a control character (newline, NUL, escape, ...).
-    #[error("model id contains a control character (U+{code:04X}) at byte {index}")]
+    /// The id contains a character [`is_unsafe_in_text`] refuses: a control character
+    /// (newline, NUL, escape, U+009B, ...), a line or paragraph separator, or a bidirectional
+    /// formatting character (U+202E, ...).
+    #[error(
+        "model id contains a control character (U+{code:04X}: a C0 or C1 control, a line or \
+         paragraph separator, or a bidirectional control) at byte {index}"
+    )]
     ControlCharacter {
         /// Byte offset of the character.
         index: usize,
@@ -117,13 +125,42 @@ fn validate(id: &str) -> Result<(), InvalidModelId> {
             max: MAX_MODEL_ID_LEN,
         });
     }
-    if let Some((index, c)) = id.char_indices().find(|(_, c)| c.is_control()) {
+    if let Some((index, c)) = id.char_indices().find(|&(_, c)| is_unsafe_in_text(c)) {
         return Err(InvalidModelId::ControlCharacter {
             index,
             code: c as u32,
         });
     }
     Ok(())
+}
+
+/// Whether `c` is a character a terminal, a log viewer or a browser acts on rather than shows,
+/// so that text holding it raw can forge or hide what a reader sees: the C0 and C1 controls
+/// and DEL (escape sequences, U+009B's 8-bit CSI, U+0085's next line), the line and paragraph
+/// separators U+2028 and U+2029 (line breaks to JavaScript and many viewers), and the
+/// bidirectional formatting characters (U+061C, U+200E, U+200F, U+202A-U+202E,
+/// U+2066-U+2069), which reorder what follows them. Model ids refuse them and the access log
+/// escapes them.
+///
+/// ```
+/// use modelmux_types::is_unsafe_in_text;
+///
+/// assert!(is_unsafe_in_text('\u{9b}') && is_unsafe_in_text('\u{202e}'));
+/// assert!(!is_unsafe_in_text('ü') && !is_unsafe_in_text(' '));
+/// ```
+pub fn is_unsafe_in_text(c: char) -> bool {
+    matches!(
+        c,
+        '\0'..='\x1f'
+            | '\x7f'..='\u{9f}'
+            | '\u{2028}'
+            | '\u{2029}'
+            | '\u{61c}'
+            | '\u{200e}'
+            | '\u{200f}'
+            | '\u{202a}'..='\u{202e}'
+            | '\u{2066}'..='\u{2069}'
+    )
 }
 
 impl Deref for ModelId {
@@ -207,6 +244,44 @@ mod tests {
         );
         let err = ModelId::try_from("line\nbreak".to_string()).unwrap_err();
         assert!(err.to_string().contains("U+000A"), "{err}");
+    }
+
+    #[test]
+    fn rejects_c1_controls_separators_and_bidi_overrides_naming_the_char() {
+        let refused = [
+            '\u{7f}', '\u{80}', '\u{85}', '\u{9b}', '\u{9f}', '\u{2028}', '\u{2029}', '\u{61c}',
+            '\u{200e}', '\u{200f}', '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}',
+            '\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}',
+        ];
+        for c in refused {
+            let id = format!("ab{c}cd");
+            let err = ModelId::new(&id).unwrap_err();
+            assert_eq!(
+                err,
+                InvalidModelId::ControlCharacter {
+                    index: 2,
+                    code: c as u32
+                },
+                "U+{:04X}",
+                c as u32
+            );
+            assert!(
+                err.to_string().contains(&format!("U+{:04X}", c as u32)),
+                "{err}"
+            );
+            assert!(ModelId::try_from(id).is_err());
+        }
+        // Their neighbours, and other text, stay ids.
+        for ok in [
+            "\u{a0}x",
+            "x\u{2027}",
+            "\u{202f}",
+            "\u{2065}\u{206a}",
+            "\u{200d}",
+            "日本語",
+        ] {
+            assert!(ModelId::new(ok).is_ok(), "{ok:?}");
+        }
     }
 
     #[test]

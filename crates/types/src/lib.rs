@@ -8,6 +8,6 @@ mod id;
 mod kind;
 mod settings;
 
-pub use id::{InvalidModelId, MAX_MODEL_ID_LEN, ModelId};
+pub use id::{InvalidModelId, MAX_MODEL_ID_LEN, ModelId, is_unsafe_in_text};
 pub use kind::{ErrorKind, Failure};
 pub use settings::{Attempts, Checked, Seconds};

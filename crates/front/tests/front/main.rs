@@ -3,6 +3,7 @@
 
 mod common;
 
+mod access_log;
 mod admin_access;
 mod copies;
 mod dashboard;
