@@ -28,6 +28,7 @@
 //! # }
 //! ```
 
+mod client;
 mod disk;
 mod error;
 mod file_source;

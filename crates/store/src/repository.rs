@@ -401,7 +401,7 @@ impl ModelRepository {
         StoreError::Store {
             id: id.to_string(),
             repository: self.url().to_string(),
-            message: e.to_string(),
+            message: crate::client::message(&e),
         }
     }
 
@@ -511,6 +511,7 @@ fn web(
     }
     let store = HttpBuilder::new()
         .with_url(url.as_str())
+        .with_http_connector(crate::client::Connector)
         .with_retry(no_retries())
         .with_client_options(client)
         .build()
@@ -548,6 +549,7 @@ fn s3(
         .map_err(|e| StoreError::Config(format!("invalid prefix in '{location}': {e}")))?;
     let mut builder = AmazonS3Builder::from_env()
         .with_bucket_name(bucket)
+        .with_http_connector(crate::client::Connector)
         .with_retry(no_retries())
         .with_client_options(client_options(retry));
     for (key, value) in options {

@@ -50,7 +50,7 @@ impl RetryPolicy {
 
 /// A random number from the standard library's per-process random hash keys; good enough for
 /// jitter, and no dependency.
-fn random() -> u64 {
+pub(crate) fn random() -> u64 {
     let mut hasher = std::hash::RandomState::new().build_hasher();
     hasher.write_u64(
         std::time::SystemTime::now()
@@ -78,6 +78,8 @@ pub(crate) fn classify(error: &object_store::Error) -> Failure {
     match error {
         E::NotFound { .. } => Failure::NotFound,
         E::PermissionDenied { .. } | E::Unauthenticated { .. } => Failure::Denied,
+        // A redirect off the repository's origin is refused again on every attempt.
+        E::Generic { .. } if crate::client::refused_redirect(error).is_some() => Failure::Permanent,
         // Generic is how object_store reports HTTP and network failures once its own (here
         // disabled) retries are done: server errors, throttling, timeouts, resets.
         E::Generic { .. } | E::JoinError { .. } => Failure::Transient,

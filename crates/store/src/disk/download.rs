@@ -111,7 +111,7 @@ where
                     return Err(StoreError::Store {
                         id: object.id.clone(),
                         repository: object.repository.clone(),
-                        message: e.to_string(),
+                        message: crate::client::message(&e),
                     });
                 }
             },
