@@ -52,6 +52,9 @@ pub use lora::{
 };
 pub use model::{LlamaModel, Segment};
 pub use runtime::{AdapterLoader, LlmRuntime, RuntimeOptions};
-pub use sampling::{MAX_STOP_BYTES, MAX_STOP_STRINGS, Sampler, SamplingParams, argmax};
+pub use sampling::{
+    MAX_LOGIT_BIAS, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS, Sampler, SamplingParams,
+    argmax,
+};
 pub use tokenizer::{TextStream, TextTokenizer, check_token_ids};
 pub use weights::{LlamaWeights, Target, WeightFormat};

@@ -25,7 +25,8 @@ pub struct SamplingParams {
     pub max_tokens: usize,
     /// Stop when the generated text contains one of these (it is not part of the output).
     pub stop: Vec<String>,
-    /// Stop after generating one of these tokens (not part of the text).
+    /// Stop after generating one of these tokens (not part of the text); at most
+    /// [`MAX_STOP_TOKEN_IDS`].
     pub stop_token_ids: Vec<u32>,
     /// Keep going past the end-of-sequence token.
     pub ignore_eos: bool,
@@ -48,7 +49,11 @@ pub struct SamplingParams {
 }
 
 /// Most `logit_bias` entries one request may carry.
-pub(crate) const MAX_LOGIT_BIAS: usize = 1024;
+pub const MAX_LOGIT_BIAS: usize = 1024;
+
+/// Most `stop_token_ids` one request may give (the engine looks each generated token up in
+/// them: a sorted list, searched in O(log n)).
+pub const MAX_STOP_TOKEN_IDS: usize = 1024;
 
 impl Default for SamplingParams {
     fn default() -> Self {
@@ -127,6 +132,12 @@ impl SamplingParams {
             if !(-2.0..=2.0).contains(&value) {
                 return bad(format!("{name} must be between -2 and 2, got {value}"));
             }
+        }
+        if self.stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return bad(format!(
+                "stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {}",
+                self.stop_token_ids.len()
+            ));
         }
         if self.logit_bias.len() > MAX_LOGIT_BIAS {
             return bad(format!(
@@ -476,6 +487,13 @@ mod tests {
                     ..SamplingParams::default()
                 },
                 "stop_token_ids",
+            ),
+            (
+                SamplingParams {
+                    stop_token_ids: vec![1; MAX_STOP_TOKEN_IDS + 1],
+                    ..SamplingParams::default()
+                },
+                "stop_token_ids may hold at most 1024",
             ),
             (
                 SamplingParams {

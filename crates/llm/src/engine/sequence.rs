@@ -52,7 +52,7 @@ pub(super) enum Progress {
 impl Sequence {
     pub(super) fn new(
         prompt: Vec<u32>,
-        params: SamplingParams,
+        mut params: SamplingParams,
         adapter: Option<AdapterLease>,
         constraint: Option<TokenConstraint>,
         events: mpsc::UnboundedSender<GenerationEvent>,
@@ -60,6 +60,9 @@ impl Sequence {
         kv_bytes_per_token: u64,
     ) -> Self {
         let reservation_bytes = kv_bytes_per_token * (prompt.len() + params.max_tokens) as u64;
+        // Sorted once, searched for every generated token (`push`).
+        params.stop_token_ids.sort_unstable();
+        params.stop_token_ids.dedup();
         Self {
             sampler: Sampler::new(&params),
             prompt,
@@ -200,7 +203,7 @@ impl Sequence {
     ) -> Progress {
         self.generated.push(id);
         self.logprob = logprob;
-        if self.params.stop_token_ids.contains(&id)
+        if self.params.stop_token_ids.binary_search(&id).is_ok()
             || (!self.params.ignore_eos && eos.contains(&id))
         {
             self.send_token(id, String::new());
@@ -306,7 +309,46 @@ fn longest_suffix_prefix(text: &str, stop: &str) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::longest_suffix_prefix;
+    use super::*;
+
+    /// The engine thread looks every generated token up in the request's `stop_token_ids`:
+    /// the lookup must not scan them (a request once could send millions, and each token
+    /// scanned them all, for every sequence in the batch).
+    #[test]
+    fn stop_token_ids_are_looked_up_without_a_scan() {
+        let fixture =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/spm-prefix.gguf");
+        let tokenizer = TextTokenizer::from_gguf(&crate::GgufFile::open(fixture).unwrap()).unwrap();
+        let (stop, tokens) = (3u32, 20_000);
+        // More than the API allows (1024): the engine's own cost, whatever reaches it.
+        let mut stop_token_ids: Vec<u32> = (1_000_000..5_000_000).rev().collect();
+        stop_token_ids.push(stop);
+        let params = SamplingParams {
+            max_tokens: tokens + 1,
+            stop_token_ids,
+            ignore_eos: true,
+            ..SamplingParams::default()
+        };
+        let (events, _receiver) = mpsc::unbounded_channel();
+        let mut sequence = Sequence::new(vec![1], params, None, None, events, Instant::now(), 0);
+        let started = Instant::now();
+        for i in 0..tokens {
+            let id = 10 + (i % 50) as u32;
+            assert!(matches!(
+                sequence.push(id, None, &tokenizer, &[]),
+                Progress::Continue
+            ));
+        }
+        let took = started.elapsed();
+        assert!(
+            took < std::time::Duration::from_secs(1),
+            "{tokens} tokens took {took:?} against 4,000,001 stop ids"
+        );
+        assert!(matches!(
+            sequence.push(stop, None, &tokenizer, &[]),
+            Progress::Finished(FinishReason::Stop)
+        ));
+    }
 
     #[test]
     fn suffix_prefix_overlap() {
