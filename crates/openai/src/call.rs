@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::Method;
 use modelmux_serve::ServeError;
 
@@ -16,6 +17,11 @@ use crate::params::{
     parse_tokenize,
 };
 use crate::score::{ScoreJob, parse_rerank, parse_score};
+
+/// Bodies longer than this are parsed on the blocking pool, not on the async worker that
+/// received them: a 16 MiB body takes tens of milliseconds to parse, and every other request
+/// on that worker would wait.
+pub(crate) const PARSE_INLINE_BYTES: usize = 64 << 10;
 
 /// What a request asks for, by method and path (the application's route prefix taken off).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,6 +128,20 @@ pub(crate) enum LlmCall {
 }
 
 impl LlmCall {
+    /// [`parse`](Self::parse), on the blocking pool when `body` is longer than
+    /// [`PARSE_INLINE_BYTES`].
+    pub(crate) async fn parse_off_worker(
+        op: Op,
+        body: Bytes,
+    ) -> Result<(Self, Option<String>), ServeError> {
+        if body.len() <= PARSE_INLINE_BYTES {
+            return Self::parse(op, &body);
+        }
+        modelmux_context::spawn_blocking(move || Self::parse(op, &body))
+            .await
+            .map_err(|e| ServeError::Failed(modelmux_cache::Failure::internal(e.to_string())))?
+    }
+
     /// Parses `body` as a request for `op`; also returns the `model` it names (none for an
     /// adapter load, which names its adapter in the model id).
     pub(crate) fn parse(op: Op, body: &[u8]) -> Result<(Self, Option<String>), ServeError> {
@@ -222,6 +242,31 @@ mod tests {
             Op::of(&Method::POST, "/v1/audio/transcriptions"),
             Err(ServeError::NotImplemented { .. })
         ));
+    }
+
+    /// A long body is parsed on the blocking pool; a short one at once, where it arrived.
+    #[test]
+    fn long_bodies_are_parsed_off_the_async_worker() {
+        let body = |content: &str| {
+            let body = serde_json::json!({
+                "model": "m",
+                "messages": [{"role": "user", "content": content}],
+            });
+            Bytes::from(body.to_string())
+        };
+        let op = Op::Generate(Endpoint::Chat);
+        crate::test_pool::runtime().block_on(async {
+            for (body, inline) in [
+                (body("hi"), true),
+                (body(&"word ".repeat(PARSE_INLINE_BYTES / 4)), false),
+            ] {
+                let len = body.len();
+                let parse = LlmCall::parse_off_worker(op, body);
+                let (ran_inline, parsed) = crate::test_pool::ran_inline(parse).await;
+                assert_eq!(ran_inline, inline, "{len} bytes");
+                assert_eq!(parsed.unwrap().1.as_deref(), Some("m"));
+            }
+        });
     }
 
     #[test]

@@ -223,9 +223,10 @@ impl Deployment for OpenAiIngress {
             Op::LoadAdapter => self.adapter_control(request, true).await,
             Op::UnloadAdapter => self.adapter_control(request, false).await,
             _ => {
-                // Parsed here, once: the LLM replica gets the parsed call with the request.
+                // Parsed here, once (a long body on the blocking pool): the LLM replica gets
+                // the parsed call with the request.
                 let body = request.into_body().to_bytes(usize::MAX).await?;
-                let (call, model) = LlmCall::parse(op, &body)?;
+                let (call, model) = LlmCall::parse_off_worker(op, body.clone()).await?;
                 let adapter = self.adapter_for(&model.unwrap_or_default())?;
                 // Adapters share the base model's tokenizer: any replica tokenizes.
                 let adapter = match op {

@@ -18,6 +18,7 @@ mod call;
 mod config;
 mod errors;
 mod ingress;
+mod limits;
 mod llm_server;
 mod logprobs;
 mod messages;
@@ -28,6 +29,8 @@ mod respond;
 mod score;
 mod stream;
 mod structured;
+#[cfg(test)]
+mod test_pool;
 mod tools;
 
 use std::sync::Arc;

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use crate::call::{LlmCall, Op, Parsed};
 use crate::errors::serve_error;
+use crate::limits::{PromptLimit, TemplateBytes};
 use crate::metrics::LlmMetrics;
 use crate::params::{EmbeddingJob, Endpoint, Job, Prompt, TokenizeInput, invalid};
 use crate::respond::{Answer, Echo, Timing, whole};
@@ -47,35 +48,54 @@ impl LlmServer {
         self.runtime.engine().config().max_model_len
     }
 
+    /// What this replica's context holds.
+    fn limit(&self) -> PromptLimit {
+        PromptLimit {
+            max_bytes: self.max_prompt_bytes,
+            context: self.context(),
+        }
+    }
+
+    /// Refuses, before any work is spent on it (no grammar compiled, no template rendered,
+    /// nothing tokenized), a prompt that cannot fit in the context: by its bytes (a chat's
+    /// as parsing counted them, `chat`) or by its number of token ids.
+    fn check_fits(&self, prompt: &Prompt, chat: TemplateBytes) -> Result<(), ServeError> {
+        let limit = self.limit();
+        match prompt {
+            Prompt::Chat(_) => limit.chat(chat),
+            Prompt::Text(text) => limit.bytes("prompt", text.len()),
+            Prompt::Tokens(ids) => limit.tokens("prompt", ids.len()),
+            Prompt::Batch(many) => many.iter().try_for_each(|p| self.check_fits(p, chat)),
+        }
+    }
+
     /// Tokens of a prompt, on the blocking pool (a long prompt takes milliseconds), with the
     /// request's `tools` shown to the model: by the chat template when it presents tools,
-    /// else in a system message (see `tools::Tools::for_plain_template`).
-    async fn tokens(&self, prompt: Prompt, tools: Option<&Tools>) -> Result<Vec<u32>, ServeError> {
-        let bytes = match &prompt {
-            Prompt::Chat(m) => m.iter().map(|m| m.content.len()).sum(),
-            Prompt::Text(t) => t.len(),
-            Prompt::Tokens(ids) => ids.len(),
+    /// else in a system message (see `tools::Tools::for_plain_template`). A chat's size is
+    /// checked by the caller first, from what parsing counted (`limits::TemplateBytes`).
+    async fn tokens(
+        &self,
+        prompt: Prompt,
+        tools: Option<Arc<Tools>>,
+    ) -> Result<Vec<u32>, ServeError> {
+        let limit = self.limit();
+        let param = match &prompt {
+            Prompt::Chat(_) => "messages",
+            Prompt::Text(text) => {
+                limit.bytes("prompt", text.len())?;
+                "prompt"
+            }
+            Prompt::Tokens(ids) => {
+                limit.tokens("prompt", ids.len())?;
+                "prompt"
+            }
             Prompt::Batch(_) => {
                 return Err(ServeError::Failed(Failure::internal(
                     "a batch of prompts is tokenized one prompt at a time",
                 )));
             }
         };
-        let param = match &prompt {
-            Prompt::Chat(_) => "messages",
-            _ => "prompt",
-        };
-        if bytes > self.max_prompt_bytes {
-            return Err(invalid(
-                param,
-                format!(
-                    "the prompt ({bytes} bytes) cannot fit in the context of {} tokens",
-                    self.context()
-                ),
-            ));
-        }
         let runtime = self.runtime.clone();
-        let tools = tools.cloned();
         let ids = modelmux_context::spawn_blocking(move || match prompt {
             Prompt::Chat(messages) => match tools {
                 Some(t) if runtime.template_presents_tools() => {
@@ -94,17 +114,25 @@ impl LlmServer {
         .await
         .map_err(|e| ServeError::Failed(Failure::internal(e.to_string())))?
         .map_err(|e| serve_error(&e))?;
-        if ids.len() >= self.context() {
-            return Err(invalid(
-                param,
-                format!(
-                    "the prompt has {} tokens, but the context holds {} (prompt and output together)",
-                    ids.len(),
-                    self.context()
-                ),
-            ));
-        }
+        limit.tokens(param, ids.len())?;
         Ok(ids)
+    }
+
+    /// The text of `ids`, checked against the vocabulary (naming `param`), decoded on the
+    /// blocking pool.
+    async fn decode(&self, param: &'static str, ids: Vec<u32>) -> Result<String, ServeError> {
+        let runtime = self.runtime.clone();
+        modelmux_context::spawn_blocking(move || {
+            let tokenizer = runtime.tokenizer();
+            modelmux_llm::check_token_ids(param, &ids, tokenizer.vocab_size())
+                .map(|()| tokenizer.decode(&ids))
+        })
+        .await
+        .map_err(|e| ServeError::Failed(Failure::internal(e.to_string())))?
+        .map_err(|e| match e {
+            modelmux_llm::LlmError::InvalidRequest(message) => invalid(param, message),
+            other => serve_error(&other),
+        })
     }
 
     /// The request's adapter, loaded if need be and held until the lease is dropped.
@@ -129,6 +157,7 @@ impl LlmServer {
             .map(|r| r.as_str().to_owned())
             .unwrap_or_default();
         let adapter = modelmux_context::multiplexed_model_id();
+        self.check_fits(&job.prompt, job.template_bytes)?;
         let params = job.params;
         let logprobs = params.logprobs.is_some();
         let constraint = match job.constraint {
@@ -154,15 +183,21 @@ impl LlmServer {
             Prompt::Batch(prompts) => prompts,
             one => vec![one],
         };
+        let tools = job.tools.map(Arc::new);
         let (mut streams, mut echo, mut prompt_tokens) = (Vec::new(), None, 0);
         for prompt in prompts {
             // (Parsing refuses `echo` with a batch.)
             let echo_text = match (&prompt, job.echo) {
                 (Prompt::Text(text), true) => Some(text.clone()),
-                (Prompt::Tokens(ids), true) => Some(self.runtime.tokenizer().decode(ids)),
                 _ => None,
             };
-            let prompt = self.tokens(prompt, job.tools.as_ref()).await?;
+            let echo_ids = job.echo && matches!(prompt, Prompt::Tokens(_));
+            let prompt = self.tokens(prompt, tools.clone()).await?;
+            // Token ids are decoded once they are known to fit.
+            let echo_text = match echo_text {
+                None if echo_ids => Some(self.decode("prompt", prompt.clone()).await?),
+                text => text,
+            };
             echo = echo_text.map(|text| {
                 Arc::new(Echo {
                     text,
@@ -203,7 +238,8 @@ impl LlmServer {
         );
         let mut answer = Answer::new(endpoint, &request_id, job.model, job.include_usage);
         answer.choices_per_prompt = job.n;
-        answer.functions = job.tools.map(|t| t.functions);
+        answer.functions =
+            tools.map(|t| Arc::try_unwrap(t).map_or_else(|t| t.functions.clone(), |t| t.functions));
         if logprobs {
             answer.logprobs = Some(self.runtime.engine().tokenizer().clone());
         }
@@ -216,33 +252,48 @@ impl LlmServer {
         }
     }
 
+    /// `/tokenize`: a conversation is checked as a chat is (its size, then its tokens
+    /// against the context); a text may be up to four times the longest prompt.
     async fn tokenize(&self, input: TokenizeInput) -> Result<Response, ServeError> {
-        let runtime = self.runtime.clone();
-        let max_bytes = self.max_prompt_bytes;
-        let ids = modelmux_context::spawn_blocking(move || match input {
-            TokenizeInput::Chat(messages) => runtime.chat_prompt(&messages),
-            TokenizeInput::Text { text, .. } if text.len() > max_bytes * 4 => {
-                Err(modelmux_llm::LlmError::InvalidRequest(format!(
-                    "prompt: {} bytes is far longer than any context this model holds",
-                    text.len()
-                )))
+        let ids = match input {
+            TokenizeInput::Chat(messages, bytes) => {
+                self.limit().chat(bytes)?;
+                self.tokens(Prompt::Chat(messages), None).await?
+            }
+            TokenizeInput::Text { text, .. } if text.len() > self.max_prompt_bytes * 4 => {
+                return Err(invalid(
+                    "prompt",
+                    format!(
+                        "prompt: {} bytes is far longer than any context this model holds",
+                        text.len()
+                    ),
+                ));
             }
             TokenizeInput::Text { text, add_special } => {
-                if add_special {
-                    runtime.tokenizer().encode_prompt(&text, true)
-                } else {
-                    runtime.tokenizer().encode(&text, true)
-                }
+                let runtime = self.runtime.clone();
+                modelmux_context::spawn_blocking(move || {
+                    if add_special {
+                        runtime.tokenizer().encode_prompt(&text, true)
+                    } else {
+                        runtime.tokenizer().encode(&text, true)
+                    }
+                })
+                .await
+                .map_err(|e| ServeError::Failed(Failure::internal(e.to_string())))?
+                .map_err(|e| serve_error(&e))?
             }
-        })
-        .await
-        .map_err(|e| ServeError::Failed(Failure::internal(e.to_string())))?
-        .map_err(|e| serve_error(&e))?;
-        Ok(json_response(&json!({
-            "count": ids.len(),
-            "max_model_len": self.context(),
-            "tokens": ids,
-        })))
+        };
+        #[derive(serde::Serialize)]
+        struct Tokenized<'a> {
+            count: usize,
+            max_model_len: usize,
+            tokens: &'a [u32],
+        }
+        Ok(json_response(&Tokenized {
+            count: ids.len(),
+            max_model_len: self.context(),
+            tokens: &ids,
+        }))
     }
 
     /// `/v1/embeddings`: each input's embedding (see `LlamaModel::embed`), with the request's
@@ -317,15 +368,12 @@ impl LlmServer {
         ))
     }
 
-    fn detokenize(&self, ids: Vec<u32>) -> Result<Response, ServeError> {
-        let vocab = self.runtime.tokenizer().vocab_size();
-        modelmux_llm::check_token_ids("tokens", &ids, vocab).map_err(|e| match e {
-            modelmux_llm::LlmError::InvalidRequest(message) => invalid("tokens", message),
-            other => serve_error(&other),
-        })?;
-        Ok(json_response(&json!({
-            "prompt": self.runtime.tokenizer().decode(&ids),
-        })))
+    /// `/detokenize`: at most the context's length of ids, each in the vocabulary, decoded on
+    /// the blocking pool.
+    async fn detokenize(&self, ids: Vec<u32>) -> Result<Response, ServeError> {
+        self.limit().detokenize(ids.len())?;
+        let text = self.decode("tokens", ids).await?;
+        Ok(json_response(&json!({"prompt": text})))
     }
 }
 
@@ -338,14 +386,14 @@ impl Deployment for LlmServer {
             Some(call) => call,
             None => {
                 let body = request.into_body().to_bytes(usize::MAX).await?;
-                LlmCall::parse(op, &body)?.0
+                LlmCall::parse_off_worker(op, body).await?.0
             }
         };
         let answer = match call {
             LlmCall::Generate(endpoint, job) => self.generate(endpoint, *job).await,
             LlmCall::Embeddings(job) => self.embeddings(job).await,
             LlmCall::Tokenize(input) => self.tokenize(input).await,
-            LlmCall::Detokenize(ids) => self.detokenize(ids),
+            LlmCall::Detokenize(ids) => self.detokenize(ids).await,
             LlmCall::Score(job) => self.score(job).await,
             LlmCall::LoadAdapter => self.load_adapter().await,
         };
@@ -473,52 +521,4 @@ impl Deployment for LlmServer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::params::TokenizeInput;
-
-    /// A replica parses a request only when it arrives without the ingress's parsed call: with
-    /// one, the body is not read (here it is not even JSON, and the answer is the call's).
-    #[tokio::test]
-    async fn a_replica_answers_the_parsed_call_and_parses_only_a_request_without_one() {
-        let gguf = std::env::var("MODELMUX_TEST_GGUF").unwrap_or_else(|_| {
-            panic!("MODELMUX_TEST_GGUF is not set: run the tests with ./scripts/test")
-        });
-        let runtime = LlmRuntime::load(&gguf, None, modelmux_llm::RuntimeOptions::default())
-            .await
-            .unwrap();
-        let server = LlmServer {
-            metrics: Arc::new(LlmMetrics::new(&runtime)),
-            max_prompt_bytes: longest_token(runtime.tokenizer()) * 512,
-            runtime: Arc::new(runtime),
-            stream_interval: Duration::ZERO,
-            replica: "r".into(),
-        };
-        let request = |parsed: bool| {
-            let mut request = http::Request::post("/tokenize")
-                .body(modelmux_serve::Body::from("not json"))
-                .unwrap();
-            if parsed {
-                let call = LlmCall::Tokenize(TokenizeInput::Text {
-                    text: "Hello".into(),
-                    add_special: false,
-                });
-                request.extensions_mut().insert(Parsed::new(call));
-            }
-            request
-        };
-        let answer = server.call(request(true)).await.unwrap();
-        assert_eq!(answer.status(), http::StatusCode::OK);
-        let body = answer.into_body().to_bytes(1 << 16).await.unwrap();
-        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
-        assert!(json["count"].as_u64().unwrap() >= 1, "{json}");
-
-        let refused = server.call(request(false)).await.unwrap_err();
-        let refused = refused.downcast::<ServeError>().unwrap();
-        assert_eq!(
-            refused.http_status(),
-            http::StatusCode::BAD_REQUEST,
-            "{refused}"
-        );
-    }
-}
+mod tests;

@@ -3,10 +3,14 @@
 //! never makes a replica load an adapter; the replica gets the parsed call (`call.rs`) and
 //! parses again only a request that arrives without one.
 
-use modelmux_llm::{ChatMessage, Constraint, MAX_STOP_BYTES, MAX_STOP_STRINGS, SamplingParams};
+use modelmux_llm::{
+    ChatMessage, Constraint, MAX_LOGIT_BIAS, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
+    SamplingParams,
+};
 use modelmux_serve::ServeError;
 use serde::de::DeserializeOwned;
 
+use crate::limits::TemplateBytes;
 use crate::messages::messages;
 use crate::protocol::{
     CHAT_ONLY, COMPLETION_ONLY, DetokenizeRequest, EmbeddingRequest, GenerateBody, OneOrMany,
@@ -54,6 +58,8 @@ pub(crate) struct Job {
     pub(crate) constraint: Option<(Constraint, &'static str)>,
     /// The tools offered (chat only).
     pub(crate) tools: Option<Tools>,
+    /// What a chat hands its template, counted (zero for completions).
+    pub(crate) template_bytes: TemplateBytes,
     /// Choices to generate (OpenAI's `n`).
     pub(crate) n: usize,
     /// Completions' `echo`: the answer starts with the prompt (and, with `logprobs`, its
@@ -128,6 +134,15 @@ fn token_ids(param: &str, ids: &[i64]) -> Result<Vec<u32>, ServeError> {
 fn logit_bias(
     map: serde_json::Map<String, serde_json::Value>,
 ) -> Result<Vec<(u32, f32)>, ServeError> {
+    if map.len() > MAX_LOGIT_BIAS {
+        return Err(invalid(
+            "logit_bias",
+            format!(
+                "logit_bias may bias at most {MAX_LOGIT_BIAS} tokens, got {}",
+                map.len()
+            ),
+        ));
+    }
     map.into_iter()
         .map(|(key, value)| {
             let token = key.parse::<u32>().map_err(|_| {
@@ -222,12 +237,11 @@ fn batch(
 
 /// Parses and checks a chat or completion request.
 pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeError> {
-    let keys: serde_json::Map<String, serde_json::Value> = parse_body(body)?;
     let other = match endpoint {
         Endpoint::Chat => COMPLETION_ONLY,
         Endpoint::Completion => CHAT_ONLY,
     };
-    if let Some(k) = keys.keys().find(|k| other.contains(&k.as_str())) {
+    if let Some(k) = keys::first_key_in(body, other)? {
         let (this, that) = match endpoint {
             Endpoint::Chat => ("chat completions", "/v1/completions"),
             Endpoint::Completion => ("completions", "/v1/chat/completions"),
@@ -389,6 +403,16 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             format!("stop strings must be 1 to {MAX_STOP_BYTES} bytes long"),
         ));
     }
+    let stop_token_ids = b.stop_token_ids.unwrap_or_default();
+    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+        return Err(invalid(
+            "stop_token_ids",
+            format!(
+                "stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {}",
+                stop_token_ids.len()
+            ),
+        ));
+    }
     let stream = b.stream.unwrap_or(false);
     if b.stream_options.is_some() && !stream {
         return Err(invalid(
@@ -396,6 +420,11 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             "stream_options is only allowed when stream is true",
         ));
     }
+    let tools = tools.filter(Tools::active);
+    let template_bytes = match &prompt {
+        Prompt::Chat(m) => TemplateBytes::of(m, tools.as_ref()),
+        _ => TemplateBytes::default(),
+    };
     Ok(Job {
         model: b.model,
         prompt,
@@ -407,7 +436,7 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             seed: b.seed.map(|s| s as u64),
             max_tokens: max_tokens.unwrap_or(1),
             stop,
-            stop_token_ids: token_ids("stop_token_ids", &b.stop_token_ids.unwrap_or_default())?,
+            stop_token_ids: token_ids("stop_token_ids", &stop_token_ids)?,
             ignore_eos: b.ignore_eos.unwrap_or(false),
             logit_bias,
             presence_penalty: penalties[0],
@@ -420,7 +449,8 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
         stream,
         include_usage: b.stream_options.is_some_and(|o| o.include_usage),
         constraint,
-        tools: tools.filter(Tools::active),
+        tools,
+        template_bytes,
         n,
         echo,
     })
@@ -428,8 +458,12 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
 
 /// What `/tokenize` tokenizes.
 pub(crate) enum TokenizeInput {
-    Text { text: String, add_special: bool },
-    Chat(Vec<ChatMessage>),
+    Text {
+        text: String,
+        add_special: bool,
+    },
+    /// A conversation, and what it hands the chat template (counted as a chat's is).
+    Chat(Vec<ChatMessage>, TemplateBytes),
 }
 
 /// Parses `/tokenize`.
@@ -440,7 +474,11 @@ pub(crate) fn parse_tokenize(body: &[u8]) -> Result<(String, TokenizeInput), Ser
             text,
             add_special: r.add_special_tokens.unwrap_or(true),
         },
-        (None, Some(m)) => TokenizeInput::Chat(messages(m)?),
+        (None, Some(m)) => {
+            let messages = messages(m)?;
+            let bytes = TemplateBytes::of(&messages, None);
+            TokenizeInput::Chat(messages, bytes)
+        }
         _ => {
             return Err(invalid(
                 "prompt",
@@ -530,5 +568,6 @@ fn cache_salt(salt: Option<String>) -> Result<Option<String>, ServeError> {
     }
 }
 
+mod keys;
 #[cfg(test)]
 mod tests;

@@ -82,6 +82,28 @@ fn bad_fields_are_named() {
             assert_eq!(p, param, "{body}: {message}");
         }
     }
+    // `stop_token_ids` is capped as `logit_bias` is: the engine looks every generated token
+    // up in it.
+    let ids = |n: usize| vec!["1"; n].join(", ");
+    let body = |n| chat(&format!(r#", "stop_token_ids": [{}]"#, ids(n)));
+    let (p, m) = err(Endpoint::Chat, &body(MAX_STOP_TOKEN_IDS + 1));
+    assert_eq!(p, "stop_token_ids", "{m}");
+    assert!(m.contains("at most 1024"), "{m}");
+    let job = parse_job(Endpoint::Chat, body(MAX_STOP_TOKEN_IDS).as_bytes()).unwrap();
+    assert_eq!(job.params.stop_token_ids.len(), MAX_STOP_TOKEN_IDS);
+    let bias = (0..=MAX_LOGIT_BIAS)
+        .map(|t| format!(r#""{t}": 1"#))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let (p, m) = err(
+        Endpoint::Chat,
+        &chat(&format!(r#", "logit_bias": {{{bias}}}"#)),
+    );
+    assert_eq!(
+        (p.as_str(), m.contains("at most 1024")),
+        ("logit_bias", true),
+        "{m}"
+    );
     // A batch of prompts is taken (tests/openai/batch.rs); an empty one is not.
     let (p, m) = err(Endpoint::Completion, r#"{"model": "m", "prompt": []}"#);
     assert_eq!((p.as_str(), m.contains("empty list")), ("prompt", true));

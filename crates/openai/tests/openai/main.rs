@@ -6,6 +6,7 @@ mod common;
 mod adapter_sources;
 mod api;
 mod batch;
+mod limits;
 mod prefix_cache;
 mod prometheus;
 mod routing;
