@@ -6,7 +6,13 @@ Clients, all at once (the Zipf traffic itself is `modelmux bench`, started by sc
 - leavers: clients that ask for a cold model and hang up 20 ms later;
 - slowloris: clients that send a request head one byte a second, and others that send a body
   one byte a second; the server must cut both off within its timeouts;
-- admin: a model pinned, then unpinned, every few seconds.
+- admin: a model pinned, then unpinned, every few seconds;
+- idle HTTP/2: connections that send the preface and SETTINGS, answer every ping and never
+  open a stream; the server must close each after its keep-alive timeout;
+- announced bodies: heads that promise the largest body and send none of it, while a probe
+  posts small bodies that must never be refused for the body budget;
+- random ids: requests for model ids drawn from 2^64, each new (their loads fail 10% of the
+  time, and what the server remembers of failures must stay bounded: RSS is checked).
 
 Then, with everything quiet: no replica advertises a model as loading, each replica's byte
 gauge is what its resident models explain, the peak RSS is printed against the models' bytes,
@@ -205,6 +211,84 @@ async def admin(port, until, pick, stats):
             await asyncio.sleep(2)
 
 
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\0\0\0\x04\0\0\0\0\0"
+
+
+async def idle_h2(port, until, stats):
+    """An HTTP/2 connection that answers SETTINGS and PINGs and asks nothing; how long it is
+    kept, and whether a GOAWAY came first."""
+    while time.monotonic() < until:
+        started = time.monotonic()
+        writer, goaway = None, False
+        try:
+            reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(H2_PREFACE)
+            await writer.drain()
+            while time.monotonic() - started < 120:
+                head = await asyncio.wait_for(reader.readexactly(9), 120)
+                length = int.from_bytes(head[:3], "big")
+                payload = await reader.readexactly(length)
+                kind, ack = head[3], head[4] & 1
+                if kind == 4 and not ack:
+                    writer.write(b"\0\0\0\x04\x01\0\0\0\0")
+                elif kind == 6 and not ack:
+                    writer.write(b"\0\0\x08\x06\x01\0\0\0\0" + payload)
+                elif kind == 7:
+                    goaway = True
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.TimeoutError):
+            pass
+        if writer is None:
+            await asyncio.sleep(1)
+            continue
+        stats.note("idle_h2_held_s", time.monotonic() - started)
+        stats.note("idle_h2_goaway", goaway)
+        writer.close()
+
+
+async def announced_bodies(port, until, max_body, stats):
+    """Heads promising `max_body` bytes, and nothing after them, over and over."""
+    head = request_bytes("POST", "/", [("serve_multiplexed_model_id", "m2")], b"")
+    head = head.replace(b"Content-Length: 0", f"Content-Length: {max_body}".encode())
+    while time.monotonic() < until:
+        try:
+            reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(head)
+            await writer.drain()
+            try:
+                await asyncio.wait_for(read_response(reader), 60)
+            except (EOFError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+                pass
+            writer.close()
+        except (ConnectionError, OSError):
+            await asyncio.sleep(1)
+
+
+async def body_probe(port, until, stats):
+    """A small body every half second: the announced bodies must not spend its budget."""
+    while time.monotonic() < until:
+        try:
+            status, body = await call(port, "POST", "/", [("serve_multiplexed_model_id", "m3")], b"{}")
+            stats.answer("body_probe", status)
+            if b"body budget" in body or b"budget of" in body:
+                stats.note("body_probe_refused_for_budget", 1)
+        except (EOFError, ConnectionError, asyncio.TimeoutError) as e:
+            stats.lost("body_probe", type(e).__name__)
+        await asyncio.sleep(0.5)
+
+
+async def random_ids(port, until, stats, rng):
+    """Requests for ids nobody asked for before, 20 a second."""
+    while time.monotonic() < until:
+        model = f"random-{rng.getrandbits(64):016x}"
+        try:
+            status, _ = await call(port, "GET", "/", [("serve_multiplexed_model_id", model)])
+            stats.answer("random_ids", status)
+        except (EOFError, ConnectionError, asyncio.TimeoutError) as e:
+            stats.lost("random_ids", type(e).__name__)
+        await asyncio.sleep(0.05)
+
+
 def rss_kib(pid, field):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -233,6 +317,7 @@ async def main():
     port, pid, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
     steady, models_bytes, body_budget, conn_cap = (int(a) for a in sys.argv[4:8])
     header_timeout, body_timeout = float(sys.argv[8]), float(sys.argv[9])
+    keep_alive, max_body = float(sys.argv[10]), int(sys.argv[11])
     rng = random.Random(7)
     pick = zipf_ids(64, 1.1, rng)
     stats = Stats()
@@ -244,6 +329,10 @@ async def main():
         *(slow_head(port, until, stats) for _ in range(20)),
         *(slow_body(port, until, stats) for _ in range(5)),
         admin(port, until, pick, stats),
+        *(idle_h2(port, until, stats) for _ in range(50)),
+        *(announced_bodies(port, until, max_body, stats) for _ in range(4)),
+        body_probe(port, until, stats),
+        random_ids(port, until, stats, random.Random(11)),
         sample_rss(pid, until, stats),
     )
     # Let in-flight loads, unloads and drains finish.
@@ -297,6 +386,18 @@ async def main():
           and slow_answers.get("4xx", 0) > 0,
           f"slow bodies answered in time: {slow_answers}, longest {max(bodies, default=0):.1f} s "
           f"(body_read_timeout {body_timeout:.0f} s)")
+    held = stats.notes.get("idle_h2_held_s", [])
+    # The keep-alive timeout, a quarter of it more (the watchdog), and the GOAWAY's round trip.
+    check(bool(held) and max(held) < keep_alive * 1.25 + 3 and all(stats.notes.get("idle_h2_goaway", [])),
+          f"idle HTTP/2 connections closed with a GOAWAY: {len(held)} of them, longest held "
+          f"{max(held, default=0):.1f} s (keep_alive_timeout {keep_alive:.0f} s)")
+    refused = len(stats.notes.get("body_probe_refused_for_budget", []))
+    check(refused == 0 and stats.answers.get("body_probe"),
+          f"bodies announced and never sent spent no body budget ({refused} small bodies refused for it; "
+          f"probe answers {stats.answers.get('body_probe', {})})")
+    grown = (rss[-1] - quarter) / 1024 if rss else 0
+    check(grown < 64, f"RSS from a quarter in to the end grew {grown:+.0f} MiB under "
+          f"{sum(stats.answers.get('random_ids', {}).values())} requests for new random ids (at most +64 MiB)")
     status, body = await call(port, "GET", "/-/healthz")
     check(status == 200 and os.path.exists(f"/proc/{pid}"), f"the server is alive and healthy ({status} {body.decode()})")
 

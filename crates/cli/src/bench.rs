@@ -82,7 +82,9 @@ pub struct BenchArgs {
 
 /// Chooses model `k` for request `i`.
 struct Popularity {
+    /// The cumulative distribution over models (empty: uniform).
     cdf: Vec<f64>,
+    models: usize,
     seed: u64,
 }
 
@@ -95,6 +97,14 @@ fn mix(mut x: u64) -> u64 {
 
 impl Popularity {
     fn new(models: usize, zipf: f64, seed: u64) -> Self {
+        // Uniform popularity needs no table: `--models 4000000000` must not allocate 32 GB.
+        if zipf == 0.0 {
+            return Self {
+                cdf: Vec::new(),
+                models,
+                seed,
+            };
+        }
         let weights: Vec<f64> = (1..=models).map(|k| 1.0 / (k as f64).powf(zipf)).collect();
         let total: f64 = weights.iter().sum();
         let mut acc = 0.0;
@@ -105,12 +115,15 @@ impl Popularity {
                 acc
             })
             .collect();
-        Self { cdf, seed }
+        Self { cdf, models, seed }
     }
 
     fn model_for(&self, i: u64) -> usize {
         let u = (mix(self.seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ i) >> 11) as f64
             / (1u64 << 53) as f64;
+        if self.cdf.is_empty() {
+            return ((u * self.models as f64) as usize).min(self.models.saturating_sub(1));
+        }
         self.cdf.partition_point(|&c| c < u).min(self.cdf.len() - 1)
     }
 }

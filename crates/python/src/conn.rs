@@ -57,7 +57,7 @@ pub(crate) trait Callbacks: Send + Sync + 'static {
 }
 
 struct RequestEntry {
-    events: mpsc::Sender<Event>,
+    events: mpsc::UnboundedSender<Event>,
     /// Models an ensemble acquired for this request, held until it ends.
     held: Vec<Box<dyn Send + Sync>>,
 }
@@ -150,7 +150,9 @@ impl Conn {
         first: &[u8],
     ) -> Result<RequestStream, String> {
         let id = self.next_id();
-        let (tx, rx) = mpsc::channel(64);
+        // Unbounded: what one stream holds is bounded by its window (`RESPONSE_WINDOW`), which
+        // the worker keeps; the read loop never waits for one stream's reader.
+        let (tx, rx) = mpsc::unbounded_channel();
         {
             let mut streams = self.streams.lock();
             if let Some(reason) = &streams.closed {
@@ -170,6 +172,7 @@ impl Conn {
             id,
             events: rx,
             finished: false,
+            uncredited: 0,
         })
     }
 
@@ -194,7 +197,7 @@ impl Conn {
             )
         };
         for (_, entry) in requests {
-            let _ = entry.events.try_send(Event::Gone(reason.to_string()));
+            let _ = entry.events.send(Event::Gone(reason.to_string()));
         }
         for (_, reply) in controls {
             let _ = reply.send(Err(reason.to_string()));
@@ -271,12 +274,11 @@ impl Conn {
                 )));
             }
         };
-        let events = match self.streams.lock().requests.get(&frame.stream) {
-            Some(entry) => entry.events.clone(),
-            None => return Ok(()),
-        };
-        // Waits when the response's reader is slow: the worker's sends wait in turn.
-        let _ = events.send(event).await;
+        // Never waits: a slow reader's stream holds at most its window (the worker waits for
+        // credit past it), and the other streams go on.
+        if let Some(entry) = self.streams.lock().requests.get(&frame.stream) {
+            let _ = entry.events.send(event);
+        }
         Ok(())
     }
 
@@ -340,8 +342,10 @@ impl Conn {
 pub(crate) struct RequestStream {
     conn: Arc<Conn>,
     id: u32,
-    events: mpsc::Receiver<Event>,
+    events: mpsc::UnboundedReceiver<Event>,
     finished: bool,
+    /// Body bytes taken and not yet credited back to the worker.
+    uncredited: usize,
 }
 
 impl RequestStream {
@@ -357,10 +361,26 @@ impl RequestStream {
             .recv()
             .await
             .unwrap_or_else(|| Event::Gone(self.conn.closed_reason().unwrap_or_default()));
-        if matches!(event, Event::End | Event::Error(_) | Event::Gone(_)) {
-            self.finish();
+        match &event {
+            Event::End | Event::Error(_) | Event::Gone(_) => self.finish(),
+            Event::Start(_, bytes) | Event::Body(bytes) => self.credit(bytes.len().max(1)),
         }
         event
+    }
+
+    /// Counts `bytes` as taken, and gives the worker room for more once enough were.
+    fn credit(&mut self, bytes: usize) {
+        self.uncredited += bytes;
+        if self.uncredited >= wire::CREDIT_EVERY && !self.finished {
+            let n = u32::try_from(self.uncredited).unwrap_or(u32::MAX);
+            self.uncredited = 0;
+            self.conn.send(wire::encode(
+                ToWorker::Credit,
+                self.id,
+                None::<&()>,
+                &n.to_be_bytes(),
+            ));
+        }
     }
 
     /// The response is complete: the stream is closed without cancelling.

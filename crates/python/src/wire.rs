@@ -9,6 +9,12 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 pub(crate) const MAX_FRAME: usize = 16 << 20;
 /// Bodies are sent in chunks of at most this many bytes.
 pub(crate) const CHUNK: usize = 1 << 20;
+/// Bytes of one response's body a worker may send beyond what the response's reader took:
+/// the worker waits for credit (`Credit` frames) past it, so that a slow reader holds at most
+/// this (and one chunk) here, and never stalls the connection's other streams.
+pub(crate) const RESPONSE_WINDOW: usize = 1 << 20;
+/// Bytes a response's reader takes before they are credited back to the worker.
+pub(crate) const CREDIT_EVERY: usize = RESPONSE_WINDOW / 4;
 /// The largest arguments (pickled) a worker's handle call may send.
 pub(crate) const MAX_CALL_ARGS: usize = 512 << 20;
 
@@ -24,6 +30,8 @@ pub(crate) enum ToWorker {
     CallResult = 7,
     CallResultBody = 8,
     CallResultEnd = 9,
+    /// More room for one response's body: `data` is a `u32` (big-endian) of bytes.
+    Credit = 10,
 }
 
 /// Frame types the worker sends.

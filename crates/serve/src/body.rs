@@ -292,7 +292,7 @@ pub fn bearer_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
 }
 
 /// Whether `given` is `secret`, looking at every byte of `given` whatever it holds.
-fn same_secret(given: &[u8], secret: &[u8]) -> bool {
+pub(crate) fn same_secret(given: &[u8], secret: &[u8]) -> bool {
     if secret.is_empty() {
         return false;
     }

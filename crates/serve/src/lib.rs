@@ -51,7 +51,8 @@ pub use port::{
     Dispatch, Dispatched, HandleCall, Route, STREAM_HEADER, ServedModel, access_log_on,
 };
 pub use remote::{
-    DeploymentState, FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_HEADER, ReplicaState,
+    DeploymentState, FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_HEADER, PEER_TOKEN_HEADER,
+    ReplicaState, forwarded_by_peer,
 };
 pub use router::{Choice, Reason, Rng, choose, choose_with, place, rendezvous_score};
 

@@ -21,6 +21,27 @@ use futures_util::future::BoxFuture;
 /// The header a forwarded request carries: the replica the forwarding node chose. A request
 /// with it is served by this node's own replicas only, never forwarded again.
 pub const FORWARDED_HEADER: &str = "x-modelmux-forwarded";
+/// The header that shows a forwarded request comes from a node of the cluster: the cluster's
+/// token, which the forwarding node adds and the receiving node checks and removes before
+/// anything else sees the request. Without it, a client's [`FORWARDED_HEADER`] is ignored.
+pub const PEER_TOKEN_HEADER: &str = "x-modelmux-peer-token";
+
+/// Whether a request's [`FORWARDED_HEADER`] is honoured: only in a cluster (`in_cluster`),
+/// and there only from a node that holds the cluster's `token` (the request's
+/// [`PEER_TOKEN_HEADER`] matches it); in a cluster without a token, whose admin API is open
+/// to all, from anyone. A client that could name a replica would force loads where it likes.
+pub fn forwarded_by_peer(headers: &http::HeaderMap, in_cluster: bool, token: Option<&str>) -> bool {
+    if !in_cluster {
+        return false;
+    }
+    match token.filter(|t| !t.is_empty()) {
+        None => true,
+        Some(token) => headers
+            .get(PEER_TOKEN_HEADER)
+            .is_some_and(|given| crate::body::same_secret(given.as_bytes(), token.as_bytes())),
+    }
+}
+
 /// The header on a `503` saying the request was refused before it ran (the node has no replica
 /// of the deployment, or is shutting down): the forwarding node tries another.
 pub const NOT_HERE_HEADER: &str = "x-modelmux-not-here";

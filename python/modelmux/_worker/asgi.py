@@ -124,6 +124,28 @@ class ResponseSender:
         self.started = False
         self.complete = False
         self.closed = False
+        # Bytes this response may still send before modelmux credits more (`CREDIT`).
+        self._credit = protocol.RESPONSE_WINDOW
+        self._credited = asyncio.Event()
+
+    def add_credit(self, n: int) -> None:
+        """modelmux's reader took `n` more bytes of this response."""
+        self._credit += n
+        self._credited.set()
+
+    def close(self) -> None:
+        """The request was cancelled: nothing more is sent, and a send waiting for credit
+        goes on (to find the sender closed)."""
+        self.closed = True
+        self._credited.set()
+
+    async def _room(self, n: int) -> None:
+        """Waits until the window has room, then takes `n` bytes of it (a slow reader of this
+        response makes this response wait, not the connection)."""
+        while self._credit <= 0 and not self.closed:
+            self._credited.clear()
+            await self._credited.wait()
+        self._credit -= max(n, 1)
 
     async def send(self, message: Message) -> None:
         """ASGI `send`."""
@@ -144,7 +166,12 @@ class ResponseSender:
             if self.complete:
                 raise RuntimeError("ASGI: http.response.body after the response was complete")
             more = bool(message.get("more_body", False))
-            self.write(bytes(message.get("body", b"")), more)
+            body = bytes(message.get("body", b""))
+            if more:
+                await self._room(len(body))
+                if self.closed:
+                    return
+            self.write(body, more)
             if more:
                 await self._conn.drain()
         else:

@@ -26,6 +26,7 @@ CONTROL = 5
 CALL_RESULT = 7
 CALL_RESULT_BODY = 8
 CALL_RESULT_END = 9
+CREDIT = 10
 # Worker -> Rust.
 READY = 16
 FATAL = 17
@@ -41,13 +42,27 @@ CALL_END = 26
 CALL_CANCEL = 27
 
 INBOUND_TYPES = frozenset(
-    {REQUEST, REQUEST_BODY, REQUEST_END, CANCEL, CONTROL, CALL_RESULT, CALL_RESULT_BODY, CALL_RESULT_END}
+    {
+        REQUEST,
+        REQUEST_BODY,
+        REQUEST_END,
+        CANCEL,
+        CONTROL,
+        CALL_RESULT,
+        CALL_RESULT_BODY,
+        CALL_RESULT_END,
+        CREDIT,
+    }
 )
 
 MAX_FRAME = 16 * 1024 * 1024
 """The largest `length` a frame may have."""
 MAX_CHUNK = 1024 * 1024
 """The largest body chunk one frame carries."""
+RESPONSE_WINDOW = 1024 * 1024
+"""Bytes of one streamed response the worker sends beyond what modelmux has credited back
+(`CREDIT` frames, as the response's reader takes them): a slow reader stalls its own stream
+only, never the connection's others."""
 
 _PREFIX = struct.Struct(">IBII")
 PREFIX_LEN = _PREFIX.size  # 13: length, type, stream, head_len

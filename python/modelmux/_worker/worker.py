@@ -191,9 +191,12 @@ class Worker:
         elif kind == protocol.REQUEST_END:
             if (req := self._requests.get(frame.stream)) is not None:
                 req.body.finish()
+        elif kind == protocol.CREDIT:
+            if (req := self._requests.get(frame.stream)) is not None:
+                req.sender.add_credit(int.from_bytes(frame.data, "big"))
         elif kind == protocol.CANCEL:
             if (req := self._requests.pop(frame.stream, None)) is not None:
-                req.sender.closed = True
+                req.sender.close()
                 req.body.disconnect()
                 if req.task is not None:
                     req.task.cancel()

@@ -417,6 +417,29 @@ fn a_streaming_response_streams_and_user_config_reaches_reconfigure() {
     assert_eq!((status, body.as_str()), (200, "bonjour"));
 }
 
+#[test]
+fn a_client_that_stops_reading_a_stream_stalls_only_its_own_stream() {
+    let server = serve(&app_config("streaming:app", ""), &[]);
+    // Asks for 256 MiB and reads none of it: the socket's buffers, then its stream's window,
+    // fill, and the worker waits for credit on that stream only.
+    let address = server.url.trim_start_matches("http://").to_string();
+    let mut stalled = std::net::TcpStream::connect(&address).unwrap();
+    std::io::Write::write_all(&mut stalled, b"GET /flood HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    // The same worker answers other requests meanwhile, at once.
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let (status, body) = request(&server.url, "/greeting", "", "");
+        assert_eq!((status, body.as_str()), (200, "hello"));
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "a request waited {:?} behind a stream nobody reads",
+            started.elapsed()
+        );
+    }
+    drop(stalled);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn in_a_cluster_a_model_loaded_on_one_node_is_served_there_when_asked_through_another() {
     let etcd = modelmux_cluster::LocalEtcd::start(1).await.unwrap();

@@ -1,4 +1,5 @@
-"""A StreamingResponse and `reconfigure(user_config)`."""
+"""A StreamingResponse and `reconfigure(user_config)`; `/flood` streams 256 MiB as fast as it
+can, for a client that never reads it."""
 
 import asyncio
 
@@ -18,6 +19,14 @@ class Streamer:
     async def __call__(self, request):
         if request.url.path.endswith("/greeting"):
             return self.greeting
+        if request.url.path.endswith("/flood"):
+            chunk = b"x" * (64 << 10)
+
+            async def flood():
+                for _ in range(4096):
+                    yield chunk
+
+            return StreamingResponse(flood(), media_type="application/octet-stream")
 
         async def count():
             for i in range(5):

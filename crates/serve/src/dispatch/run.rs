@@ -36,7 +36,7 @@ impl DeploymentRouter {
             .flatten();
         let id: Arc<str> = remote.slot.id().into();
         let request = match request.extensions().get::<HandleCall>().cloned() {
-            None => request,
+            None => with_peer_token(request, self.call_token.get().as_deref()),
             Some(call) => {
                 // The router never chooses another node for a handle call without a token:
                 // this is the last line, should that ever change.
@@ -129,4 +129,17 @@ impl DeploymentRouter {
             Some(replica.id.clone()),
         )
     }
+}
+
+/// The request with the cluster's token in [`PEER_TOKEN_HEADER`](crate::PEER_TOKEN_HEADER),
+/// marked sensitive (HPACK never indexes it), when there is one: the peer honours the replica
+/// this node chose only then.
+fn with_peer_token(mut request: Request, token: Option<&String>) -> Request {
+    if let Some(mut value) = token.and_then(|t| http::HeaderValue::from_str(t).ok()) {
+        value.set_sensitive(true);
+        request
+            .headers_mut()
+            .insert(crate::PEER_TOKEN_HEADER, value);
+    }
+    request
 }
