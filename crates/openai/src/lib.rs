@@ -17,6 +17,8 @@ mod adapter_control;
 mod call;
 mod config;
 mod errors;
+#[cfg(test)]
+mod fuzz_tests;
 mod ingress;
 mod limits;
 mod llm_server;

@@ -8,6 +8,7 @@ mod admin_access;
 mod copies;
 mod dashboard;
 mod front_door;
+mod fuzz_admin;
 mod hostile;
 mod http;
 mod queue;
