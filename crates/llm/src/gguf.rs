@@ -12,6 +12,9 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use crate::error::{LlmError, Result};
 use crate::family::Family;
 
+mod limits;
+use limits::{MAX_CONTEXT, MAX_EMBEDDING, MAX_FFN, MAX_HEAD_DIM, MAX_HEADS, MAX_LAYERS};
+
 /// Why a file could not be read: a tensor type the engine has no kernel for is named as
 /// llama.cpp names it (candle's reader gives only its number).
 fn unreadable(error: &str) -> String {
@@ -188,10 +191,20 @@ impl GgufFile {
             message: format!("cannot open: {e}"),
         })?;
         let mut reader = BufReader::new(file);
-        let content = Content::read(&mut reader).map_err(|e| LlmError::InvalidGguf {
+        let invalid = |message: String| LlmError::InvalidGguf {
             path: path.display().to_string(),
-            message: unreadable(&e.to_string()),
-        })?;
+            message,
+        };
+        // Before candle's reader, which divides by it; then every tensor inside the file.
+        limits::check_alignment(&mut reader).map_err(invalid)?;
+        let content =
+            Content::read(&mut reader).map_err(|e| invalid(unreadable(&e.to_string())))?;
+        let file_len = reader
+            .get_ref()
+            .metadata()
+            .map_err(|e| invalid(format!("cannot read: {e}")))?
+            .len();
+        limits::check_tensors(&content, file_len).map_err(invalid)?;
         Ok(Self {
             path,
             reader,
@@ -273,6 +286,20 @@ impl GgufFile {
             None if d_model.is_multiple_of(n_head) => d_model / n_head,
             None => 0,
         };
+        // Bounded, and the blocks there, before anything is sized by them.
+        self.check_shape(
+            arch,
+            &[
+                ("block_count", n_layer, MAX_LAYERS),
+                ("embedding_length", d_model, MAX_EMBEDDING),
+                ("attention.head_count", n_head, MAX_HEADS),
+                ("attention.head_count_kv", n_kv_head, MAX_HEADS),
+                ("attention.key_length", head_dim, MAX_HEAD_DIM),
+                ("feed_forward_length", ffn_dim, MAX_FFN),
+                ("context_length", context_length, MAX_CONTEXT),
+            ],
+        )?;
+        self.check_blocks(arch, n_layer)?;
         if head_dim == 0 || !n_head.is_multiple_of(n_kv_head) || !head_dim.is_multiple_of(2) {
             return Err(self.error(format!(
                 "inconsistent heads: d_model {d_model}, {n_head} heads of {head_dim}, {n_kv_head} KV heads"
@@ -323,6 +350,7 @@ impl GgufFile {
                 "token_embd.weight has width {embd}, embedding_length is {d_model}"
             )));
         }
+        self.check_vocab(arch, vocab_size)?;
         let cap = |name: &str| -> Result<Option<f32>> {
             let value = self.f32_or(&key(name), 0.0)?;
             Ok((value > 0.0).then_some(value))
@@ -405,6 +433,8 @@ impl GgufFile {
                 if original_context == 0 {
                     return Err(self.error("rope.scaling.original_context_length is 0"));
                 }
+                let name = key("original_context_length");
+                limits::at_most(&name, original_context, MAX_CONTEXT).map_err(|m| self.error(m))?;
                 Ok(RopeScaling::Yarn {
                     factor,
                     original_context,
@@ -433,6 +463,8 @@ impl GgufFile {
         if window == 0 {
             return none;
         }
+        let name = key("attention.sliding_window");
+        limits::at_most(&name, window, MAX_CONTEXT).map_err(|m| self.error(m))?;
         let layers = match self.get(&key("attention.sliding_window_pattern")) {
             Some(Value::Array(flags)) => {
                 let flags: Vec<bool> = flags.iter().filter_map(|v| v.to_bool().ok()).collect();
