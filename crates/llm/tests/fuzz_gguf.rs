@@ -5,13 +5,16 @@
 //! the loader ask for a terabyte). A test binary of its own, so that its allocation meter
 //! counts only these loads (of files of a few kilobytes, far under the bound).
 
-use candle_core::quantized::gguf_file::{self, Value};
-use candle_core::quantized::{GgmlDType, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::quantized::gguf_file::Value;
 use modelmux_llm::{LlamaWeights, WeightFormat};
 use proptest::prelude::*;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 use std::alloc::System;
+
+#[path = "llm/common/gguf_bytes.rs"]
+mod gguf_bytes;
+
+use gguf_bytes::tiny_bytes;
 
 #[global_allocator]
 static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
@@ -20,54 +23,6 @@ static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 /// tables (rotary tables sized by the context length, a value the file states, are the
 /// largest), and the reader's own buffers.
 const ALLOWED: usize = 256 << 20;
-
-fn tensor(shape: &[usize]) -> QTensor {
-    let n: usize = shape.iter().product();
-    let values: Vec<f32> = (0..n).map(|i| (i % 7) as f32 / 7.0 + 0.1).collect();
-    let t = Tensor::from_vec(values, shape, &Device::Cpu).unwrap();
-    QTensor::quantize(&t, GgmlDType::F32).unwrap()
-}
-
-/// A one-block llama (width 8, 2 heads of 4, 1 KV head, MLP 16, 16 tokens) with `changed`
-/// metadata replaced or added, as bytes.
-fn tiny(changed: &[(String, Value)]) -> Vec<u8> {
-    let mut metadata: Vec<(String, Value)> = [
-        ("general.architecture", Value::String("llama".into())),
-        ("llama.block_count", Value::U32(1)),
-        ("llama.context_length", Value::U32(64)),
-        ("llama.embedding_length", Value::U32(8)),
-        ("llama.feed_forward_length", Value::U32(16)),
-        ("llama.attention.head_count", Value::U32(2)),
-        ("llama.attention.head_count_kv", Value::U32(1)),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_string(), v))
-    .collect();
-    metadata.retain(|(k, _)| !changed.iter().any(|(key, _)| key == k));
-    metadata.extend(changed.iter().cloned());
-    let shapes: [(&str, &[usize]); 11] = [
-        ("token_embd.weight", &[16, 8]),
-        ("blk.0.attn_norm.weight", &[8]),
-        ("blk.0.ffn_norm.weight", &[8]),
-        ("blk.0.attn_q.weight", &[8, 8]),
-        ("blk.0.attn_k.weight", &[4, 8]),
-        ("blk.0.attn_v.weight", &[4, 8]),
-        ("blk.0.attn_output.weight", &[8, 8]),
-        ("blk.0.ffn_gate.weight", &[16, 8]),
-        ("blk.0.ffn_up.weight", &[16, 8]),
-        ("blk.0.ffn_down.weight", &[8, 16]),
-        ("output_norm.weight", &[8]),
-    ];
-    let tensors: Vec<(String, QTensor)> = shapes
-        .iter()
-        .map(|(name, shape)| (name.to_string(), tensor(shape)))
-        .collect();
-    let metadata: Vec<(&str, &Value)> = metadata.iter().map(|(k, v)| (k.as_str(), v)).collect();
-    let tensors: Vec<(&str, &QTensor)> = tensors.iter().map(|(k, t)| (k.as_str(), t)).collect();
-    let mut out = std::io::Cursor::new(Vec::new());
-    gguf_file::write(&mut out, &metadata, &tensors).unwrap();
-    out.into_inner()
-}
 
 /// Loads `bytes` as a model file; the bytes allocated meanwhile.
 fn load(bytes: &[u8]) -> usize {
@@ -135,7 +90,7 @@ proptest! {
     fn any_metadata_loads_or_is_refused_within_the_allocation_bound(
         changed in proptest::collection::vec((key(), value()), 1..4)
     ) {
-        let bytes = load(&tiny(&changed));
+        let bytes = load(&tiny_bytes(&changed));
         prop_assert!(bytes <= ALLOWED, "{bytes} bytes allocated for {changed:?}");
     }
 
@@ -144,7 +99,7 @@ proptest! {
         writes in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..8),
         cut in proptest::option::of(any::<prop::sample::Index>()),
     ) {
-        let mut file = tiny(&[]);
+        let mut file = tiny_bytes::<&str>(&[]);
         // Most of the header and metadata lie in the first few hundred bytes.
         let head = file.len().min(600);
         for (at, byte) in writes {
@@ -163,6 +118,6 @@ proptest! {
 fn the_fuzzed_file_loads_unchanged() {
     // So that the fuzzing above starts from a file that loads.
     let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), tiny(&[])).unwrap();
+    std::fs::write(file.path(), tiny_bytes::<&str>(&[])).unwrap();
     LlamaWeights::load(file.path(), WeightFormat::AsStored).unwrap();
 }

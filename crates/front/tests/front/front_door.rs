@@ -464,30 +464,10 @@ async fn limits_that_cannot_work_refuse_to_start() {
     );
 }
 
-/// Streams `chunks` chunks, one every 100 ms.
-struct Trickle {
-    chunks: usize,
-}
-
-impl Deployment for Trickle {
-    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
-        let (tx, body) = Body::channel(1);
-        let chunks = self.chunks;
-        tokio::spawn(async move {
-            for i in 0..chunks {
-                tokio::time::sleep(ms(100)).await;
-                tx.send(format!("{i} ")).await?;
-            }
-            Ok::<_, BoxError>(())
-        });
-        Ok(Response::new(body))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_response_streaming_past_the_header_timeout_keeps_its_connection() {
     let options = timeouts(ms(300), Duration::from_secs(60));
-    let spec = DeploymentSpec::new("Trickle", |_ctx| async { Ok(Trickle { chunks: 12 }) });
+    let spec = common::trickle("Trickle", 12);
     let server = start(Application::new("a").ingress(spec), options).await;
     // Two 1.2 s streams, one after the other on one HTTP/1.1 connection: neither is cut, and
     // the connection is kept for the second.

@@ -7,10 +7,13 @@ use crate::common;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use common::{echo, get, send};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use common::{Counters, counted, echo, get, get_model, send};
 use http::{Method, StatusCode};
 use modelmux_front::{HttpOptions, Server};
-use modelmux_serve::{Application, Body, BoxError, Deployment, DeploymentSpec, Request, Response};
+use modelmux_serve::Application;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
@@ -105,35 +108,13 @@ async fn idle_http2_connections_are_closed_and_free_their_permits() {
     server.shutdown().await;
 }
 
-/// Streams `chunks` chunks, one every 100 ms.
-struct Trickle {
-    chunks: usize,
-}
-
-impl Deployment for Trickle {
-    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
-        let (tx, body) = Body::channel(1);
-        let chunks = self.chunks;
-        tokio::spawn(async move {
-            for i in 0..chunks {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                tx.send(format!("{i} ")).await?;
-            }
-            Ok::<_, BoxError>(())
-        });
-        Ok(Response::new(body))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_connection_in_use_stays_open() {
     let mut options = HttpOptions::default();
     options.keep_alive_timeout = Duration::from_millis(800);
     let app = Application::new("a")
         .route_prefix("/stream")
-        .ingress(DeploymentSpec::new("Trickle", |_ctx| async {
-            Ok(Trickle { chunks: 20 })
-        }));
+        .ingress(common::trickle("Trickle", 20));
     let server = start(app, options).await;
     let stream = TcpStream::connect(server.local_addr()).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
@@ -252,5 +233,76 @@ async fn one_client_address_holds_at_most_its_share_of_the_body_budget() {
     let other = send(addr, Method::POST, "/", &[], &BODY).await;
     assert_eq!(other.status, StatusCode::OK, "{}", other.text());
     drop(held);
+    server.shutdown().await;
+}
+
+/// A cluster node's server (node `n1`, cluster token `t`) with two replicas of a model cache.
+async fn two_replicas(counters: Arc<Counters>) -> (Server, Vec<String>) {
+    let spec = counted(
+        "Model",
+        counters,
+        modelmux_cache::Multiplexer::builder().max_models(4),
+        Duration::ZERO,
+        Duration::ZERO,
+    )
+    .num_replicas(2);
+    let server = Server::builder()
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .node_id("n1")
+        .admin_token("t")
+        .application(Application::new("a").ingress(spec))
+        .start()
+        .await
+        .unwrap();
+    let listing = get(
+        server.local_addr(),
+        "/-/models",
+        &[("authorization", "Bearer t")],
+    )
+    .await
+    .json();
+    let replicas = listing["applications"][0]["deployments"][0]["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_string())
+        .collect();
+    (server, replicas)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_node_of_the_cluster_may_name_the_replica() {
+    let counters = Arc::new(Counters::default());
+    let (server, replicas) = two_replicas(counters.clone()).await;
+    let addr = server.local_addr();
+    let holder = get_model(addr, "m").await.replica();
+    let other = replicas.iter().find(|r| **r != holder).unwrap().clone();
+    let model = ("serve_multiplexed_model_id", "m");
+    // A client naming the other replica is placed as any request: on the holder, no load.
+    for forged in [vec![], vec![("x-modelmux-peer-token", "wrong")]] {
+        let headers = [
+            &[model, ("x-modelmux-forwarded", other.as_str())][..],
+            &forged,
+        ]
+        .concat();
+        let reply = get(addr, "/", &headers).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(
+            reply.replica(),
+            holder,
+            "{forged:?}: a client chose the replica"
+        );
+    }
+    assert_eq!(counters.loads.load(Ordering::SeqCst), 1);
+    // A node of the cluster (it holds the token) is honoured.
+    let headers = [
+        model,
+        ("x-modelmux-forwarded", other.as_str()),
+        ("x-modelmux-peer-token", "t"),
+    ];
+    let reply = get(addr, "/", &headers).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.replica(), other);
+    assert_eq!(counters.loads.load(Ordering::SeqCst), 2);
     server.shutdown().await;
 }

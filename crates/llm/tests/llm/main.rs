@@ -10,6 +10,7 @@ mod constrained;
 mod engine;
 mod fairness;
 mod families;
+mod gguf_limits;
 mod mechanics;
 mod pause;
 mod prefix_cache;

@@ -111,6 +111,31 @@ impl Deployment for Echo {
     }
 }
 
+/// Streams `chunks` chunks, one every 100 ms.
+pub struct Trickle {
+    chunks: usize,
+}
+
+impl Deployment for Trickle {
+    async fn call(&self, _request: Request) -> Result<Response, BoxError> {
+        let (tx, body) = Body::channel(1);
+        let chunks = self.chunks;
+        tokio::spawn(async move {
+            for i in 0..chunks {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                tx.send(format!("{i} ")).await?;
+            }
+            Ok::<_, BoxError>(())
+        });
+        Ok(Response::new(body))
+    }
+}
+
+/// A deployment of [`Trickle`]s of `chunks` chunks.
+pub fn trickle(name: &str, chunks: usize) -> DeploymentSpec {
+    DeploymentSpec::new(name, move |_ctx| async move { Ok(Trickle { chunks }) })
+}
+
 pub fn echo(name: &str) -> DeploymentSpec {
     DeploymentSpec::new(name, |_ctx| async { Ok(Echo) })
 }

@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod family_files;
+pub mod gguf_bytes;
 pub mod tiny;
 
 use std::collections::HashMap;
