@@ -274,6 +274,7 @@ def config_yaml(replicas, cluster):
     text = f"""http_options:
   host: 127.0.0.1
   port: 0
+  trust_local_users: true
 """
     if cluster:
         text += f"""cluster:

@@ -176,7 +176,7 @@ pub fn optimal_loads(sequence: &[usize], slots: usize) -> u64 {
     loads
 }
 
-fn parse_url(url: &str) -> Result<SocketAddr, CliError> {
+pub(crate) fn parse_url(url: &str) -> Result<SocketAddr, CliError> {
     let rest = url
         .strip_prefix("http://")
         .ok_or("only http:// URLs are supported")?;

@@ -1,11 +1,14 @@
 //! The `modelmux` command's pieces, as a library so they can be tested: the YAML
-//! configuration, the load generator, the status table and the bare baseline server.
+//! configuration, the load generator, the status table, the admin token's file and client, and
+//! the bare baseline server.
 //! `main.rs` only parses arguments and calls these.
 
+pub mod admin_client;
 pub mod bench;
 pub mod config;
 pub mod demo_models;
 pub mod hello;
+pub mod local_admin;
 pub mod logging;
 pub mod status;
 

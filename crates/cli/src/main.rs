@@ -4,6 +4,7 @@
 //! modelmux serve [CONFIG]    run a server (no CONFIG: the built-in demo: 8 ONNX models, 2 replicas)
 //! modelmux run module:app    serve a Python application (Ray's `serve run`)
 //! modelmux status            show what a running server holds, per replica
+//! modelmux token             print the admin token a local server wrote to its file
 //! modelmux bench             load-test a running server
 //! ```
 //!
@@ -14,8 +15,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use modelmux_cli::admin_client::TokenFlags;
 use modelmux_cli::config::{self, ClusterFlags, Config, LogFormat};
-use modelmux_cli::{CliError, bench, hello, logging, status};
+use modelmux_cli::{CliError, admin_client, bench, hello, local_admin, logging, status};
 use modelmux_cluster::{ClusterNode, Role};
 
 #[derive(Parser)]
@@ -89,18 +91,26 @@ enum Command {
         /// The server.
         #[arg(long, env = "MODELMUX_URL", default_value = "http://127.0.0.1:8000")]
         url: String,
-        /// Admin bearer token, if the server requires one.
-        #[arg(long, env = "MODELMUX_ADMIN_TOKEN")]
-        token: Option<String>,
+        #[command(flatten)]
+        token: TokenFlags,
     },
     /// Show the models each replica of a running server holds.
     Status {
         /// The server.
         #[arg(long, env = "MODELMUX_URL", default_value = "http://127.0.0.1:8000")]
         url: String,
-        /// Admin bearer token, if the server requires one.
-        #[arg(long, env = "MODELMUX_ADMIN_TOKEN")]
-        token: Option<String>,
+        #[command(flatten)]
+        token: TokenFlags,
+    },
+    /// Print the admin token a server on loopback, started by this account without
+    /// http_options.admin_token, wrote to its file (for curl, or the dashboard's login).
+    Token {
+        /// The server.
+        #[arg(long, env = "MODELMUX_URL", default_value = "http://127.0.0.1:8000")]
+        url: String,
+        /// Print the file's path instead of the token.
+        #[arg(long)]
+        path: bool,
     },
     /// Load-test a running server.
     Bench(bench::BenchArgs),
@@ -185,7 +195,21 @@ fn main() -> ExitCode {
                 let source = Source::Text(text, format!("`run {import_path}`"));
                 serve(source, flags, ClusterFlags::default(), false).await
             }
-            Command::Status { url, token } => status::run(&url, token.as_deref()).await,
+            Command::Status { url, token } => {
+                status::run(&url, token.resolve(&url)?.as_ref()).await
+            }
+            Command::Token { url, path } => {
+                let (file, token) = admin_client::local_token(&url)?;
+                say(format_args!(
+                    "{}",
+                    if path {
+                        file.display().to_string()
+                    } else {
+                        token
+                    }
+                ));
+                Ok(())
+            }
             Command::Deploy {
                 config,
                 cluster: Some(etcd),
@@ -194,7 +218,7 @@ fn main() -> ExitCode {
             } => deploy_to_cluster(&config, &etcd, cluster_name).await,
             Command::Deploy {
                 config, url, token, ..
-            } => status::deploy(&url, token.as_deref(), &config).await,
+            } => status::deploy(&url, token.resolve(&url)?.as_ref(), &config).await,
             Command::Bench(args) => bench::run(args).await,
             Command::HelloServer { port } => hello::run(port).await,
         }
@@ -270,6 +294,12 @@ async fn serve(
     let listen = config
         .bind_address()
         .map_err(|e| format!("{source}: {e}"))?;
+    // No token and on loopback: one made now, in a file only this account reads.
+    let local_token = if check {
+        None
+    } else {
+        local_admin::LocalToken::plan(&mut config.http_options, listen)?
+    };
     let cluster = config
         .cluster
         .options(&flags, listen)
@@ -312,6 +342,9 @@ async fn serve(
     builder = builder
         .metrics_source(log.metrics())
         .access_log(format, access);
+    if let Some(local) = &local_token {
+        builder = builder.on_listening(local.writer());
+    }
     // Listen for signals before announcing readiness: a SIGTERM sent right after the "serving"
     // line must stop the server gracefully, not kill it.
     let stop = shutdown_signal();
@@ -368,6 +401,13 @@ async fn serve(
         None => None,
     };
     say(format_args!("modelmux serving {source} on http://{addr}"));
+    if let Some(path) = local_token.as_ref().and_then(|t| t.path()) {
+        say(format_args!(
+            "admin token in {} (modelmux status, deploy and token read it; \
+             http_options.trust_local_users: true turns it off)",
+            path.display()
+        ));
+    }
     if demo {
         say(format_args!(
             "try: curl -H 'serve_multiplexed_model_id: customer-1' -d '{{\"inputs\": [[0.5, -1.2, 3.3, 0.1]]}}' http://{addr}/"
@@ -389,6 +429,8 @@ async fn serve(
     if dropped > 0 {
         tracing::warn!("{dropped} log lines were dropped: stderr was not read fast enough");
     }
+    // The token file goes with the server.
+    drop(local_token);
     // The log's writer thread writes what is still buffered, then stops.
     drop(log);
     Ok(())

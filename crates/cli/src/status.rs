@@ -3,11 +3,12 @@
 use serde_json::Value;
 
 use crate::CliError;
-use crate::bench::{http_get, http_post_json};
+use crate::admin_client::{self, AdminToken, Answer};
 
 /// Prints the table of what each replica of the server at `url` holds.
-pub async fn run(url: &str, token: Option<&str>) -> Result<(), CliError> {
-    let (status, body) = http_get(url, "/-/models", token).await?;
+pub async fn run(url: &str, token: Option<&AdminToken>) -> Result<(), CliError> {
+    let Answer { status, body } =
+        admin_client::call(url, http::Method::GET, "/-/models", token, None).await?;
     if status != 200 {
         return Err(format!(
             "{url}/-/models answered {status}: {}",
@@ -99,13 +100,17 @@ fn render(models: &Value) -> String {
 /// what changed per deployment.
 pub async fn deploy(
     url: &str,
-    token: Option<&str>,
+    token: Option<&AdminToken>,
     path: &std::path::Path,
 ) -> Result<(), CliError> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     let body = serde_json::json!({ "config": text });
-    let (status, answer) = http_post_json(url, "/-/deploy", token, &body).await?;
+    let post = http::Method::POST;
+    let Answer {
+        status,
+        body: answer,
+    } = admin_client::call(url, post, "/-/deploy", token, Some(&body)).await?;
     let answer: Value = serde_json::from_slice(&answer).map_err(|_| {
         format!(
             "{url}/-/deploy answered {status}: {}",

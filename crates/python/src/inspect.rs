@@ -129,6 +129,8 @@ impl PythonApp {
                 "--spec",
                 &spec.to_string(),
             ])
+            // Importing runs user code, which never sees the admin token (nor do workers).
+            .env_remove("MODELMUX_ADMIN_TOKEN")
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true)
             .output();

@@ -1,4 +1,5 @@
-//! Starting a worker process: its private socket, its command line, its output into
+//! Starting a worker process: its private socket, its command line and spec (on stdin), its
+//! output into
 //! modelmux's log, and the wait for `READY` (or the reason it never came).
 
 use std::collections::VecDeque;
@@ -58,19 +59,29 @@ pub(crate) async fn start(
     // The worker asks the kernel to kill it when this process exits.
     spec.insert("parent_pid".into(), std::process::id().into());
     let spec = serde_json::Value::Object(spec).to_string();
+    // The spec goes on stdin, not the command line, which every account reads in `ps`: it
+    // holds the deployment's `user_config`.
     let mut child = Command::new(&launch.python)
-        .args(["-m", "modelmux._worker", "--spec", &spec])
+        .args(["-m", "modelmux._worker", "--spec", "-"])
         .env("PYTHONUNBUFFERED", "1")
         // The admin token (which also lets cluster nodes call each other's deployments) is the
         // server's, never user code's.
         .env_remove("MODELMUX_ADMIN_TOKEN")
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", launch.python.display()))?;
     let pid = child.id().unwrap_or_default();
+    if let Some(mut stdin) = child.stdin.take() {
+        // Closed once written: the worker reads it to its end. A worker that exits first is
+        // reported below, by its exit.
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let _ = stdin.write_all(spec.as_bytes()).await;
+        });
+    }
     let last_lines = Arc::new(Mutex::new(VecDeque::new()));
     if let Some(out) = child.stdout.take() {
         tokio::spawn(forward_lines(

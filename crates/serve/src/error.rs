@@ -99,7 +99,10 @@ pub enum ServeError {
         name: String,
     },
     /// The admin API needs a bearer token and the request had none, or the wrong one.
-    #[error("this endpoint needs 'Authorization: Bearer <admin token>'")]
+    #[error(
+        "this endpoint needs 'Authorization: Bearer <admin token>' (a server started without \
+         http_options.admin_token made one for its account: `modelmux token` prints it)"
+    )]
     Unauthorized,
     /// An admin or API resource does not exist.
     #[error("{what}")]

@@ -1,2 +1,2 @@
-"""The replica worker: `python -m modelmux._worker --spec '<json>'` (see
+"""The replica worker: `python -m modelmux._worker --spec -`, the spec on stdin (see
 docs/python-worker-protocol.md)."""

@@ -1,4 +1,4 @@
-"""`python -m modelmux._worker --spec '<json>' [--inspect]`."""
+"""`python -m modelmux._worker --spec '<json>'|- [--inspect]` (`-`: the spec on stdin)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ import sys
 def main() -> None:
     """Parses the command line and runs the worker or the inspection."""
     parser = argparse.ArgumentParser(prog="python -m modelmux._worker")
-    parser.add_argument("--spec", required=True, help="the worker's spec, a JSON object")
+    parser.add_argument(
+        "--spec", required=True, help="the worker's spec, a JSON object ('-': read it from stdin)"
+    )
     parser.add_argument("--inspect", action="store_true", help="describe the application")
     args = parser.parse_args()
     try:
-        spec = json.loads(args.spec)
+        # The server sends it on stdin: a command line is visible to every account (`ps`),
+        # and the spec holds the deployment's user_config.
+        text = sys.stdin.buffer.read().decode("utf-8") if args.spec == "-" else args.spec
+        spec = json.loads(text)
         if not isinstance(spec, dict):
             raise ValueError("the spec must be a JSON object")
     except ValueError as e:

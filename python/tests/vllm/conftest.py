@@ -121,13 +121,15 @@ def modelmux_server(tmp_path_factory, *, max_num_seqs: int, max_num_adapters_per
     repository = workdir / "adapters"
     repository.mkdir()
     port = _free_port()
+    # trust_local_users: vLLM's server, which these tests were written for, has no admin
+    # token, so its adapter API (/v1/load_lora_adapter) is open to local clients; so here.
     # allowed_sources: the pytest base temp dir (every tmp_path and the zephyr_lora_files copy
     # lie below it) and /not (vLLM's "/not/an/adapter").
     basetemp = tmp_path_factory.getbasetemp()
     config = workdir / "modelmux.yaml"
     config.write_text(
         f"""\
-http_options: {{port: {port}}}
+http_options: {{port: {port}, trust_local_users: true}}
 applications:
   - name: llm
     deployments:

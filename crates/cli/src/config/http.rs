@@ -21,12 +21,23 @@ pub struct HttpOptions {
     /// Largest request body accepted (bytes).
     #[serde(default)]
     pub max_body_bytes: Option<usize>,
-    /// Bearer token required by the admin API.
+    /// Bearer token required by the admin API. Without one (and without
+    /// `trust_local_users`), `modelmux serve` on loopback makes one and writes it to a file
+    /// only its user can read (`crate::local_admin`).
     #[serde(default)]
     pub admin_token: Option<String>,
     /// Lets a server listening beyond loopback run its admin API without a token.
     #[serde(default)]
     pub allow_open_admin: bool,
+    /// Lets every local account use the admin API of a server on loopback without a token
+    /// (a single-user machine): no token is made, and a call that changes state needs only
+    /// `Content-Type: application/json` and a local `Host`.
+    #[serde(default)]
+    pub trust_local_users: bool,
+    /// Whether `admin_token` was made at start for local users (not read from the file or
+    /// the environment).
+    #[serde(skip)]
+    pub admin_token_is_local: bool,
     /// Host names the admin API answers to besides IP addresses and `localhost`.
     #[serde(default)]
     pub allowed_hosts: Vec<String>,
@@ -68,6 +79,8 @@ impl Default for HttpOptions {
             max_body_bytes: None,
             admin_token: None,
             allow_open_admin: false,
+            trust_local_users: false,
+            admin_token_is_local: false,
             allowed_hosts: Vec::new(),
             header_read_timeout_s: None,
             body_read_timeout_s: None,
@@ -109,6 +122,7 @@ impl HttpOptions {
         let mut access = modelmux_serve::AdminAccess::default();
         access.token = self.admin_token.clone();
         access.allow_open = self.allow_open_admin;
+        access.token_is_local = self.admin_token_is_local;
         access.allowed_hosts = self.allowed_hosts.clone();
         access
     }

@@ -39,10 +39,12 @@ fn serve_answer_report_benchmark_and_stop_on_sigterm() {
     assert_eq!(status, 500);
     assert!(body.contains("configured to fail"), "{body}");
 
-    // The server's URL from the environment, as a shell session would set it once.
+    // The server's URL from the environment, as a shell session would set it once (and the
+    // admin token from the file the server wrote, where its user's commands look).
     let status = Command::new(BIN)
         .arg("status")
         .env("MODELMUX_URL", &server.url)
+        .env("MODELMUX_RUNTIME_DIR", runtime_dir())
         .output()
         .unwrap();
     assert!(status.status.success());

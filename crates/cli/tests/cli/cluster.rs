@@ -103,6 +103,7 @@ async fn a_model_is_loaded_once_cluster_wide_and_then_served_by_its_holder() {
     // `modelmux status` through an ingress: a row per replica, each node's.
     let status = std::process::Command::new(common::BIN)
         .args(["status", "--url", &ingresses[0].url])
+        .env("MODELMUX_RUNTIME_DIR", common::runtime_dir())
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&status.stdout);

@@ -13,6 +13,7 @@ mod dashboard;
 mod deploy;
 mod grafana;
 mod llm;
+mod local_admin;
 mod partition;
 mod python;
 mod python_cluster_calls;

@@ -47,6 +47,9 @@ fn request(url: &str, path: &str, model: &str, body: &str) -> (u16, String) {
     if !model.is_empty() {
         builder = builder.header("serve_multiplexed_model_id", model);
     }
+    if path.starts_with("/-/") {
+        builder = common::as_local_admin(url, builder);
+    }
     common::send(url, builder, body.as_bytes().to_vec())
 }
 
@@ -407,6 +410,7 @@ fn a_streaming_response_streams_and_user_config_reaches_reconfigure() {
     // The admin API's reconfigure control passes a new user_config to every replica.
     let reconfigure = http::Request::post("/-/deployments/Streamer/controls/reconfigure")
         .header("content-type", "application/json");
+    let reconfigure = common::as_local_admin(&server.url, reconfigure);
     let (status, body) = common::send(
         &server.url,
         reconfigure,

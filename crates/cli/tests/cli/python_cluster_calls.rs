@@ -108,22 +108,30 @@ async fn ask_at(node: &Node, path: &str, model: &str) -> serde_json::Value {
 
 /// Loads `model` on `node`'s replica of `Holder` (through its admin API).
 async fn load(node: &Node, model: &str, token: Option<&str>) -> String {
-    let mut request = http::Request::post(format!("/-/models/Holder/{model}/load"))
+    let request = http::Request::post(format!("/-/models/Holder/{model}/load"))
         .header("content-type", "application/json");
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
+    let request = with_token(node, request, token);
     let (status, _, body) = send(&node.server.url, request, Vec::new()).await;
     assert_eq!(status, 200, "{body}");
     json(&body)["replica"].as_str().unwrap().to_owned()
 }
 
+/// `request` with the cluster's `token`, or without one with the token `node` made for its
+/// local users (which handle calls between nodes never carry).
+fn with_token(
+    node: &Node,
+    request: http::request::Builder,
+    token: Option<&str>,
+) -> http::request::Builder {
+    match token {
+        Some(token) => request.header("authorization", format!("Bearer {token}")),
+        None => common::as_local_admin(&node.server.url, request),
+    }
+}
+
 /// `Holder`'s replicas as `node` sees them: `(id, remote, loaded models)`.
 async fn holders(node: &Node, token: Option<&str>) -> Vec<(String, bool, Vec<String>)> {
-    let mut request = http::Request::get("/-/models");
-    if let Some(token) = token {
-        request = request.header("authorization", format!("Bearer {token}"));
-    }
+    let request = with_token(node, http::Request::get("/-/models"), token);
     let (status, _, body) = send(&node.server.url, request, Vec::new()).await;
     assert_eq!(status, 200, "{body}");
     let models = json(&body);

@@ -5,6 +5,11 @@
 "use strict";
 (() => {
   const TOKEN_KEY = "modelmux.adminToken"; // sessionStorage: this tab only, never the URL
+  // A server started without http_options.admin_token keeps the one it made in a file only its
+  // account reads (crates/cli/src/local_admin.rs): say where to find it.
+  const NEEDS_TOKEN = "This server needs its admin token (401): enter it above to see the models. " +
+    "A server started without one wrote one for its account: `modelmux token` prints it " +
+    "(it is in $XDG_RUNTIME_DIR/modelmux/admin-<port>.token, or ~/.local/state/modelmux/).";
   const POLL_MS = 1000;
   const CHART_HEIGHT = 110;
   const COLORS = ["#2563eb", "#d97706", "#dc2626", "#16a34a", "#7c3aed"];
@@ -168,7 +173,7 @@
     }
     if (authRequired && !token()) {
       // Asking again without a token would only be refused: wait for one.
-      setPoll("auth", "This server needs its admin token (401): enter it above to see the models.");
+      setPoll("auth", NEEDS_TOKEN);
       return;
     }
     inFlight = true;
@@ -181,7 +186,7 @@
         next = -1; // until the token changes
         setPoll("auth", sent
           ? "The server refused this admin token (401): enter the right one above."
-          : "This server needs its admin token (401): enter it above to see the models.");
+          : NEEDS_TOKEN);
       } else if (!r.ok) {
         next = 2 * POLL_MS;
         setPoll("error", "Cannot read the state (" + errorText(r.status, await r.text()) + "); retrying.");

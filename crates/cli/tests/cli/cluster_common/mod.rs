@@ -166,7 +166,13 @@ impl Client {
     }
 
     pub async fn json(&self, url: &str, path: &str) -> Value {
-        let reply = self.http.get(url, path, "").await.unwrap();
+        // As a local user who can read the token file of a node started without a token.
+        let bearer = common::admin_token(url).map(|t| format!("Bearer {t}"));
+        let headers: Vec<(&str, &str)> = bearer
+            .iter()
+            .map(|b| ("authorization", b.as_str()))
+            .collect();
+        let reply = self.http.get_with(url, path, "", &headers).await.unwrap();
         serde_json::from_str(&reply.body).unwrap_or_else(|e| panic!("{path}: {e}: {}", reply.body))
     }
 

@@ -97,6 +97,7 @@ pub fn start_in(wrapper: &[&str], args: &[&str]) -> Running {
     let mut child = command
         .args(args)
         .args(["--log-level", "info"])
+        .env("MODELMUX_RUNTIME_DIR", runtime_dir())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -129,6 +130,37 @@ pub fn start_in(wrapper: &[&str], args: &[&str]) -> Running {
         url,
         logs,
         drain: Some(drain),
+    }
+}
+
+/// Where the servers the tests start keep the admin tokens they make (`MODELMUX_RUNTIME_DIR`):
+/// a private directory of this test process's, not the account's own.
+pub fn runtime_dir() -> &'static std::path::Path {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        tempfile::Builder::new()
+            .prefix("modelmux-test-runtime-")
+            .tempdir()
+            .unwrap()
+    })
+    .path()
+}
+
+/// The admin token the server at `url` made for local users (its file in [`runtime_dir`]),
+/// if it made one.
+pub fn admin_token(url: &str) -> Option<String> {
+    let port: u16 = url.trim_end_matches('/').rsplit(':').next()?.parse().ok()?;
+    let path = runtime_dir().join(format!("admin-{port}.token"));
+    let token = std::fs::read_to_string(path).ok()?;
+    Some(token.trim().to_owned())
+}
+
+/// `request` with the bearer token the server at `url` made, if it made one (the admin API
+/// of a server started without a token, as a local user who can read its file calls it).
+pub fn as_local_admin(url: &str, request: http::request::Builder) -> http::request::Builder {
+    match admin_token(url) {
+        Some(token) => request.header("authorization", format!("Bearer {token}")),
+        None => request,
     }
 }
 
