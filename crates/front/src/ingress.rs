@@ -19,9 +19,9 @@ use tokio::time::Instant;
 
 use crate::Response;
 use crate::state::FrontState;
-use modelmux_serve::FORWARDED_HEADER;
 use modelmux_serve::Route;
 use modelmux_serve::{Body, ServeError};
+use modelmux_serve::{FORWARDED_HEADER, PEER_TOKEN_HEADER};
 
 /// The header naming the model, as Ray Serve spells it.
 pub const MODEL_ID_HEADER: HeaderName = HeaderName::from_static("serve_multiplexed_model_id");
@@ -93,6 +93,18 @@ pub(crate) async fn route(
     };
     // A request another node forwarded here is served by this node's replicas, never
     // forwarded again.
+    // Only a node of the cluster may name the replica (a client that could would force loads
+    // wherever it liked); the proof it is one is removed before anything else sees it.
+    let mut parts = parts;
+    let from_peer = modelmux_serve::forwarded_by_peer(
+        &parts.headers,
+        state.config.node_id.is_some(),
+        state.config.admin.shared_token(),
+    );
+    parts.headers.remove(PEER_TOKEN_HEADER);
+    if !from_peer {
+        parts.headers.remove(FORWARDED_HEADER);
+    }
     let route = match parts.headers.get(FORWARDED_HEADER) {
         Some(replica) => Route::Local {
             preferred: replica.to_str().ok().map(Arc::from),

@@ -99,8 +99,11 @@ async fn ask(node: &Node, model: &str) -> serde_json::Value {
 
 /// [`ask`] at `path`.
 async fn ask_at(node: &Node, path: &str, model: &str) -> serde_json::Value {
+    // Served by this node's own ingress replica: a request forwarded by a node of the cluster
+    // (which proves it with the cluster's token, ignored by a cluster without one).
     let request = http::Request::get(format!("{path}?model={model}"))
-        .header("x-modelmux-forwarded", "any-replica-of-this-node");
+        .header("x-modelmux-forwarded", "any-replica-of-this-node")
+        .header("x-modelmux-peer-token", TOKEN);
     let (status, _, body) = send(&node.server.url, request, Vec::new()).await;
     assert_eq!(status, 200, "{body}");
     json(&body)
