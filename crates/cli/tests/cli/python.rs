@@ -432,7 +432,7 @@ fn a_client_that_stops_reading_a_stream_stalls_only_its_own_stream() {
     std::thread::sleep(Duration::from_secs(2));
     // The same worker answers other requests meanwhile, at once.
     for _ in 0..3 {
-        let started = std::time::Instant::now();
+        let started = tokio::time::Instant::now();
         let (status, body) = request(&server.url, "/greeting", "", "");
         assert_eq!((status, body.as_str()), (200, "hello"));
         assert!(
