@@ -27,7 +27,7 @@ pub use config_sync::{config_key, follow_config, publish_config};
 pub use forward::H2Forwarder;
 pub use local_etcd::LocalEtcd;
 pub use membership::NotAMember;
-pub use modelmux_etcd::{Credentials, TlsOptions};
+pub use modelmux_etcd::{Client as EtcdClient, Credentials, TlsOptions};
 pub use node::{ClusterNode, ClusterOptions, EtcdSecurity, connect, connect_with, parse_endpoints};
 pub use records::{
     CopyRecord, DeploymentRecord, Keys, NodeRecord, Peer, ReplicaRecord, ReplicasByDeployment,

@@ -1,5 +1,7 @@
 //! Cluster mode end to end: real etcd members (Debian's `etcd-server`, started on free loopback
-//! ports) and real `modelmux` node processes as nodes and router-only ingresses.
+//! ports) and real `modelmux` node processes as nodes and router-only ingresses. The suite runs
+//! these tests twice: over a plain etcd, and (`MODELMUX_TEST_ETCD_SECURE=1`) over one with TLS,
+//! client certificates and auth, as a cluster's etcd should be run.
 
 use crate::cluster_common;
 use crate::common;
@@ -18,7 +20,7 @@ use tokio::time::Instant;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_model_is_loaded_once_cluster_wide_and_then_served_by_its_holder() {
-    let etcd = LocalEtcd::start(1).await.unwrap();
+    let etcd = cluster_common::etcd(1).await;
     let nodes = [node(&etcd, "n1", "node", 5), node(&etcd, "n2", "node", 5)];
     let ingresses = [
         node(&etcd, "in1", "ingress", 5),
@@ -199,7 +201,7 @@ fn exit_of(n1: &mut Running) -> ExitStatus {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sigtermed_node_drains_and_loses_no_request() {
-    let mut etcd = LocalEtcd::start(1).await.unwrap();
+    let mut etcd = cluster_common::etcd(1).await;
     let Disrupted {
         traffic,
         mut nodes,
@@ -227,7 +229,7 @@ async fn a_sigtermed_node_drains_and_loses_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_sigkilled_node_costs_only_its_requests_in_flight() {
-    let mut etcd = LocalEtcd::start(1).await.unwrap();
+    let mut etcd = cluster_common::etcd(1).await;
     let Disrupted {
         traffic,
         mut nodes,
@@ -257,7 +259,7 @@ async fn a_sigkilled_node_costs_only_its_requests_in_flight() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn killing_the_etcd_leader_loses_no_request() {
-    let mut etcd = LocalEtcd::start(3).await.unwrap();
+    let mut etcd = cluster_common::etcd(3).await;
     let Disrupted { traffic, .. } = under_traffic(&mut etcd, |etcd, _| {
         let rt = tokio::runtime::Handle::current();
         let leader = std::thread::scope(|s| s.spawn(|| rt.block_on(etcd.leader())).join().unwrap())
@@ -272,7 +274,7 @@ async fn killing_the_etcd_leader_loses_no_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_cut_off_from_etcd_keeps_serving_and_reports_not_ready() {
-    let mut etcd = LocalEtcd::start(1).await.unwrap();
+    let mut etcd = cluster_common::etcd(1).await;
     let n = node(&etcd, "n1", "both", 1);
     let client = Client::new();
     assert_eq!(client.get(&n.url, "a").await.status, 200);
@@ -311,7 +313,7 @@ async fn a_node_cut_off_from_etcd_keeps_serving_and_reports_not_ready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_node_of_role_node_and_a_forwarded_request_use_local_replicas_only() {
-    let etcd = LocalEtcd::start(1).await.unwrap();
+    let etcd = cluster_common::etcd(1).await;
     // n2 routes over every node's replicas; n1, role `node`, over its own only. n2 is
     // published before n1 joins.
     let n2 = node(&etcd, "n2", "both", 5);
@@ -384,7 +386,7 @@ async fn a_node_of_role_node_and_a_forwarded_request_use_local_replicas_only() {
 
 /// The revision of the cluster's keys in etcd: it grows by one per write.
 async fn revision(etcd: &LocalEtcd) -> i64 {
-    let client = modelmux_cluster::connect(&etcd.endpoints()).await.unwrap();
+    let client = cluster_common::etcd_client(etcd).await;
     let reply = client.get_prefix("modelmux/test/").await.unwrap();
     reply.header.map_or(0, |h| h.revision)
 }
@@ -394,8 +396,8 @@ async fn a_flood_of_unknown_model_ids_writes_nothing_to_etcd_per_id() {
     // Every load fails, 50 ms in (an unknown model, answered by a remote repository).
     let config = cluster_common::config("127.0.0.1", 1)
         .replace("infer_ms: 1", "infer_ms: 1\n          fail_rate: 1.0");
-    let config = config.replace("load_ms: 200", "load_ms: 50");
-    let etcd = LocalEtcd::start(1).await.unwrap();
+    let etcd = cluster_common::etcd(1).await;
+    let config = cluster_common::for_etcd(&config.replace("load_ms: 200", "load_ms: 50"), &etcd);
     let cluster = etcd.cluster_url();
     let n1 = common::serve_with(
         &config,

@@ -8,27 +8,10 @@
 use crate::cluster_common::{self, Client};
 use crate::common;
 
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use modelmux_cluster::LocalEtcd;
-use modelmux_cluster::local_etcd_tls::SecureEtcd;
-
-/// The cluster tests' node configuration, reaching etcd over TLS with the client certificate,
-/// as user `modelmux` with the password in `password_file`.
-fn secure_config(secure: &SecureEtcd, password_file: &Path) -> String {
-    let cluster = format!(
-        "cluster:\n  etcd_tls:\n    ca_file: {}\n    cert_file: {}\n    key_file: {}\n  etcd_auth:\n    username: modelmux\n    password_file: {}\n",
-        secure.ca_file.display(),
-        secure.cert_file.display(),
-        secure.key_file.display(),
-        password_file.display(),
-    );
-    let config = cluster_common::config("127.0.0.1", 5);
-    assert!(config.contains("\ncluster:\n"));
-    config.replacen("cluster:\n", &cluster, 1)
-}
 
 fn node(etcd: &LocalEtcd, config: &str, id: &str, role: &str) -> common::Running {
     let cluster = etcd.cluster_url();
@@ -43,7 +26,7 @@ fn node(etcd: &LocalEtcd, config: &str, id: &str, role: &str) -> common::Running
 async fn nodes_join_and_forward_through_an_etcd_with_tls_and_auth() {
     let etcd = LocalEtcd::start_secure(1).await.unwrap();
     let secure = etcd.secure().unwrap();
-    let config = secure_config(secure, &secure.password_file);
+    let config = cluster_common::for_etcd(&cluster_common::config("127.0.0.1", 5), &etcd);
     let n1 = node(&etcd, &config, "n1", "node");
     let ingress = node(&etcd, &config, "in", "ingress");
     let client = Client::new();
@@ -58,13 +41,7 @@ async fn nodes_join_and_forward_through_an_etcd_with_tls_and_auth() {
     assert_eq!(client.loads(&n1.url).await, 4);
 
     // Their records are in etcd, on the modelmux user's keys.
-    let security = modelmux_cluster::EtcdSecurity {
-        tls: Some(secure.tls()),
-        credentials: Some(secure.credentials()),
-    };
-    let etcd_client = modelmux_cluster::connect_with(&etcd.endpoints(), &security)
-        .await
-        .unwrap();
+    let etcd_client = cluster_common::etcd_client(&etcd).await;
     let nodes = etcd_client
         .get_prefix("modelmux/test/nodes/")
         .await
@@ -97,7 +74,10 @@ async fn nodes_join_and_forward_through_an_etcd_with_tls_and_auth() {
     let wrong = dir.path().join("wrong-password");
     std::fs::write(&wrong, "not-the-password\n").unwrap();
     let path = dir.path().join("config.yaml");
-    std::fs::write(&path, secure_config(secure, &wrong)).unwrap();
+    let password_file = secure.password_file.display().to_string();
+    let wrong_config = config.replace(&password_file, &wrong.display().to_string());
+    assert_ne!(wrong_config, config);
+    std::fs::write(&path, wrong_config).unwrap();
     let cluster = etcd.cluster_url();
     let mut refused = Command::new(common::BIN)
         .args(["serve", path.to_str().unwrap(), "--cluster", &cluster])

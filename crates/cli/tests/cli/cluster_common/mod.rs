@@ -45,6 +45,54 @@ applications:
     )
 }
 
+/// Whether this run's cluster tests use an etcd with TLS, client certificates and auth
+/// (`MODELMUX_TEST_ETCD_SECURE=1`: the suite runs the cluster tests both ways).
+fn secure_run() -> bool {
+    std::env::var("MODELMUX_TEST_ETCD_SECURE").is_ok_and(|v| v == "1")
+}
+
+/// The cluster tests' etcd: `members` members, plain or (in a secure run) with TLS, client
+/// certificates and auth, which the nodes then reach as its `modelmux` user.
+pub async fn etcd(members: usize) -> LocalEtcd {
+    let etcd = if secure_run() {
+        LocalEtcd::start_secure(members).await
+    } else {
+        LocalEtcd::start(members).await
+    };
+    etcd.unwrap()
+}
+
+/// `config` with what a node needs to reach `etcd`: for a secure one, `cluster.etcd_tls` (the
+/// CA, the client certificate and key) and `cluster.etcd_auth` (the user, the password's file).
+pub fn for_etcd(config: &str, etcd: &LocalEtcd) -> String {
+    let Some(secure) = etcd.secure() else {
+        return config.to_string();
+    };
+    let cluster = format!(
+        "cluster:\n  etcd_tls:\n    ca_file: {}\n    cert_file: {}\n    key_file: {}\n  etcd_auth:\n    username: modelmux\n    password_file: {}\n",
+        secure.ca_file.display(),
+        secure.cert_file.display(),
+        secure.key_file.display(),
+        secure.password_file.display(),
+    );
+    assert!(config.contains("\ncluster:\n"), "{config}");
+    config.replacen("cluster:\n", &cluster, 1)
+}
+
+/// A client of `etcd`, connected as a node connects.
+pub async fn etcd_client(etcd: &LocalEtcd) -> modelmux_cluster::EtcdClient {
+    let security = match etcd.secure() {
+        Some(secure) => modelmux_cluster::EtcdSecurity {
+            tls: Some(secure.tls()),
+            credentials: Some(secure.credentials()),
+        },
+        None => modelmux_cluster::EtcdSecurity::default(),
+    };
+    modelmux_cluster::connect_with(&etcd.endpoints(), &security)
+        .await
+        .unwrap()
+}
+
 /// A node on loopback.
 pub fn node(etcd: &LocalEtcd, id: &str, role: &str, infer_ms: u64) -> Running {
     node_in(&[], "127.0.0.1", etcd, id, role, infer_ms)
@@ -62,7 +110,7 @@ pub fn node_in(
     let cluster = etcd.cluster_url();
     common::serve_in(
         wrapper,
-        &config(host, infer_ms),
+        &for_etcd(&config(host, infer_ms), etcd),
         &["--cluster", &cluster, "--node-id", id, "--role", role],
     )
 }
