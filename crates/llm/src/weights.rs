@@ -13,7 +13,7 @@ use crate::gguf::{GgufFile, LlamaConfig};
 use crate::matmul::Matrix;
 
 /// How the base model's matrices are stored in memory, and so which kernel multiplies by
-/// them. See `docs/ARCHITECTURE.md` for measurements.
+/// them. Measurements: `docs/perf/2026-12-02-llm-engine.md`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
     /// Every matrix, the vocabulary head included, in one of `modelmux-kernels`' formats

@@ -82,7 +82,7 @@ pub struct LoraConfig {
     /// How adapters' matrices are held: `auto` (default: `f16`, or `f32` with
     /// `weight_format: f32`), `f16`, `int8` (half the bytes of `f16`, so twice the adapters in
     /// `max_adapter_bytes_per_replica`, and a little faster with many adapters in a batch;
-    /// less precise: see `docs/ARCHITECTURE.md`) or `f32`.
+    /// less precise: see `docs/perf/2026-12-02-llm-engine.md`, "LoRA") or `f32`.
     #[serde(default)]
     pub adapter_dtype: AdapterDtypeName,
 }
