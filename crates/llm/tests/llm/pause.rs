@@ -276,3 +276,131 @@ fn ask() -> GenerationRequest {
         constraint: None,
     }
 }
+
+/// Asleep, an engine holds no reference to its weights: when no other replica shares them,
+/// they are freed (the README's 188 MB to 75 MB). Awake again, it holds what it loaded, and
+/// lets that go at the next sleep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_asleep_holds_no_weights() {
+    use modelmux_llm::WeightsState;
+    use std::sync::Arc;
+
+    let (engine, loaded) = own_weights_engine(own_tiny_model());
+    let limit = Duration::from_secs(5);
+    let first = loaded.lock().take().unwrap();
+    assert!(first.upgrade().is_some(), "the engine holds its weights");
+
+    engine.sleep().unwrap();
+    let state = engine
+        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
+        .await;
+    assert_eq!(state, Some(WeightsState::Released));
+    // The state is sent after the engine let go: nothing is left to wait for.
+    assert!(
+        first.upgrade().is_none(),
+        "asleep, the engine still keeps its weights alive ({} references)",
+        first.strong_count()
+    );
+
+    engine.wake_up();
+    let state = engine
+        .wait_for_weights(|w| *w != WeightsState::Released, limit)
+        .await;
+    assert_eq!(state, Some(WeightsState::Loaded));
+    let reloaded = loaded.lock().take().expect("a wake-up that loaded nothing");
+    let model = reloaded
+        .upgrade()
+        .expect("awake, the engine holds its new weights");
+    assert_eq!(Arc::strong_count(&model), 2, "the engine's and this test's");
+    drop(model);
+    let answer = engine.submit(ask()).unwrap().collect().await.unwrap();
+    assert_eq!(answer.tokens.len(), 4);
+
+    engine.sleep().unwrap();
+    let state = engine
+        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
+        .await;
+    assert_eq!(state, Some(WeightsState::Released));
+    assert!(
+        reloaded.upgrade().is_none(),
+        "the reloaded weights kept asleep"
+    );
+}
+
+/// Two replicas sharing one copy of the weights: one asleep does not free them (the other
+/// holds them and goes on serving); both asleep do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_weights_go_only_when_every_replica_sleeps() {
+    use modelmux_llm::WeightsState;
+    let model = own_tiny_model();
+    let weak = std::sync::Arc::downgrade(&model);
+    let (a, _) = own_weights_engine(model.clone());
+    let (b, _) = own_weights_engine(model);
+    let limit = Duration::from_secs(5);
+    assert_eq!(weak.strong_count(), 2, "one reference per replica");
+
+    a.sleep().unwrap();
+    let state = a
+        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
+        .await;
+    assert_eq!(state, Some(WeightsState::Released));
+    assert_eq!(
+        weak.strong_count(),
+        1,
+        "the sleeping replica still holds the weights, or the other lost them"
+    );
+    let answer = b.submit(ask()).unwrap().collect().await.unwrap();
+    assert_eq!(answer.tokens.len(), 4, "the awake replica serves");
+
+    b.sleep().unwrap();
+    let state = b
+        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
+        .await;
+    assert_eq!(state, Some(WeightsState::Released));
+    assert!(
+        weak.upgrade().is_none(),
+        "both replicas asleep, the weights are still alive ({} references)",
+        weak.strong_count()
+    );
+}
+
+/// A copy of the tiny model of the caller's own (the shared one is held by a static, so its
+/// release could never be seen).
+fn own_tiny_model() -> std::sync::Arc<modelmux_llm::LlamaModel> {
+    let path = &common::tiny::tiny().path;
+    let weights =
+        modelmux_llm::LlamaWeights::load(path, modelmux_llm::WeightFormat::default()).unwrap();
+    std::sync::Arc::new(modelmux_llm::LlamaModel::new(weights, 512))
+}
+
+/// A weak reference to the last model loaded (at the start or on a wake-up), which the test
+/// takes.
+type LastLoaded =
+    std::sync::Arc<parking_lot::Mutex<Option<std::sync::Weak<modelmux_llm::LlamaModel>>>>;
+
+/// An engine over `model` that can sleep, whose wake-ups load a copy of the tiny model of its
+/// own; and the last model it was given, as a weak reference (the reloader keeps none).
+fn own_weights_engine(
+    model: std::sync::Arc<modelmux_llm::LlamaModel>,
+) -> (modelmux_llm::Engine, LastLoaded) {
+    use std::sync::Arc;
+
+    let loaded: LastLoaded = Arc::new(parking_lot::Mutex::new(Some(Arc::downgrade(&model))));
+    let last = loaded.clone();
+    let reload: modelmux_llm::ModelReloader = Arc::new(move || {
+        let model = own_tiny_model();
+        *last.lock() = Some(Arc::downgrade(&model));
+        Ok(model)
+    });
+    let engine = modelmux_llm::Engine::start_with_reload(
+        model,
+        Some(reload),
+        common::tiny::tiny().tokenizer.clone(),
+        EngineConfig {
+            max_model_len: 512,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    (engine, loaded)
+}
