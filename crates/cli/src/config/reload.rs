@@ -392,3 +392,155 @@ fn needs_no_restart(old: &Value, new: &Value) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two applications of deployments and a Python application.
+    const RUNNING: &str = "
+http_options:
+  port: 0
+applications:
+  - name: a
+    route_prefix: /a
+    deployments:
+      - name: A
+        num_replicas: 2
+        model:
+          kind: onnx
+          repository: builtin://demo
+  - name: b
+    route_prefix: /b
+    deployments:
+      - name: B1
+        model:
+          kind: onnx
+          repository: builtin://demo
+      - name: B2
+        model:
+          kind: onnx
+          repository: builtin://demo
+  - name: p
+    route_prefix: /p
+    import_path: app:build
+    runtime_env:
+      working_dir: /srv/app
+    deployments:
+      - name: P
+        num_replicas: 1
+";
+
+    /// `needs_no_restart` of the running configuration and `RUNNING` with `from` replaced
+    /// by `to` (which must be in it).
+    fn change(from: &str, to: &str) -> Result<(), String> {
+        assert!(RUNNING.contains(from), "{from:?}");
+        let next = RUNNING.replacen(from, to, 1);
+        needs_no_restart(&yaml(RUNNING).unwrap(), &yaml(&next).unwrap())
+    }
+
+    fn refused(from: &str, to: &str) -> String {
+        change(from, to).expect_err("the change was not refused")
+    }
+
+    #[test]
+    fn deployment_settings_and_python_code_need_no_restart() {
+        assert_eq!(change("", ""), Ok(()));
+        assert_eq!(change("num_replicas: 2", "num_replicas: 3"), Ok(()));
+        assert_eq!(
+            change("repository: builtin://demo", "repository: /models/demo"),
+            Ok(())
+        );
+        // A Python application's code, and its deployments' entries, are replaced in place.
+        assert_eq!(change("app:build", "other:build"), Ok(()));
+        assert_eq!(change("/srv/app", "/srv/other"), Ok(()));
+        assert_eq!(change("- name: P\n", "- name: Q\n"), Ok(()));
+    }
+
+    #[test]
+    fn outside_the_applications_needs_a_restart() {
+        let why = refused("port: 0", "port: 1");
+        assert!(why.contains("'http_options' changed"), "{why}");
+        let why = refused("http_options:", "logging:\n  level: debug\nhttp_options:");
+        assert!(why.contains("'logging' changed"), "{why}");
+    }
+
+    #[test]
+    fn another_set_or_order_of_applications_needs_a_restart() {
+        let added = RUNNING.to_owned() + "  - name: c\n    route_prefix: /c\n    deployments: []\n";
+        let why = needs_no_restart(&yaml(RUNNING).unwrap(), &yaml(&added).unwrap()).unwrap_err();
+        assert!(
+            why.contains(r#"the applications changed (["a", "b", "p"] to ["a", "b", "p", "c"])"#),
+            "{why}"
+        );
+        let why = refused("- name: b\n", "- name: c\n");
+        assert!(
+            why.contains(r#"the applications changed (["a", "b", "p"] to ["a", "c", "p"])"#),
+            "{why}"
+        );
+        let (a, b) = RUNNING.split_at(RUNNING.find("  - name: b\n").unwrap());
+        let (head, a) = a.split_at(a.find("  - name: a\n").unwrap());
+        let reordered = format!("{head}{b}{a}");
+        let why =
+            needs_no_restart(&yaml(RUNNING).unwrap(), &yaml(&reordered).unwrap()).unwrap_err();
+        assert!(
+            why.contains(r#"the applications changed (["a", "b", "p"] to ["b", "p", "a"])"#),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn an_applications_own_settings_need_a_restart() {
+        let why = refused("route_prefix: /b", "route_prefix: /bee");
+        assert!(
+            why.contains("application 'b': its own settings changed"),
+            "{why}"
+        );
+        // A Python application's settings other than its code are fixed too.
+        let why = refused("route_prefix: /p", "route_prefix: /pea");
+        assert!(
+            why.contains("application 'p': its own settings changed"),
+            "{why}"
+        );
+        // An application becoming a Python one (or no longer one) is another application.
+        let why = refused(
+            "route_prefix: /a\n",
+            "route_prefix: /a\n    import_path: app:a\n",
+        );
+        assert!(
+            why.contains("application 'a': its own settings changed"),
+            "{why}"
+        );
+        let why = refused("    import_path: app:build\n", "");
+        assert!(
+            why.contains("application 'p': its own settings changed"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn another_set_or_order_of_deployments_needs_a_restart() {
+        let why = refused("- name: B2\n", "- name: B3\n");
+        assert!(
+            why.contains(
+                r#"application 'b': its deployments changed (["B1", "B2"] to ["B1", "B3"])"#
+            ),
+            "{why}"
+        );
+        let why = refused("- name: B1\n", "- name: B3\n");
+        assert!(
+            why.contains(
+                r#"application 'b': its deployments changed (["B1", "B2"] to ["B3", "B2"])"#
+            ),
+            "{why}"
+        );
+        let why = refused(
+            "      - name: A\n",
+            "      - name: A0\n        model:\n          kind: onnx\n          repository: builtin://demo\n      - name: A\n",
+        );
+        assert!(
+            why.contains(r#"application 'a': its deployments changed (["A"] to ["A0", "A"])"#),
+            "{why}"
+        );
+    }
+}

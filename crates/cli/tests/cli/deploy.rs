@@ -2,11 +2,15 @@
 //! only another deployment's caps causes no failed request and no load in the untouched one
 //! (and keeps the changed one's replica);
 //! raising and lowering `num_replicas` loses no request; a changed model setting rolls the
-//! deployment; an invalid configuration is refused whole and the old one keeps serving;
-//! SIGHUP re-reads the file.
+//! deployment; an invalid configuration (or one reading a remote store without a disk cache)
+//! is refused whole and the old one keeps serving; SIGHUP re-reads the file, and an invalid
+//! file is refused, logged and the old configuration kept; a Python application whose
+//! deployments changed is refused and keeps serving. The refusals that depend on the two
+//! configurations only are unit tests in `src/config/reload.rs`.
 
 use crate::common;
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -100,6 +104,56 @@ fn replica_ids(url: &str, deployment: &str) -> Vec<String> {
         .collect()
 }
 
+/// Per replica of `deployment` (by id): the models it has loaded.
+fn replica_models(url: &str, deployment: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let request = hyper::Request::builder()
+        .uri("/-/models")
+        .header("authorization", "Bearer deploy-token");
+    let (_, body) = common::send(url, request, Vec::new());
+    let models: serde_json::Value = serde_json::from_str(&body).unwrap();
+    models["applications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| a["deployments"].as_array().unwrap().iter())
+        .filter(|d| d["name"] == deployment)
+        .flat_map(|d| d["replicas"].as_array().unwrap().iter())
+        .map(|r| {
+            let loaded = r["loaded"].as_array().unwrap().iter();
+            let ids = loaded.map(|m| m["id"].as_str().unwrap().to_owned());
+            (r["id"].as_str().unwrap().to_owned(), ids.collect())
+        })
+        .collect()
+}
+
+/// Per replica of `deployment` (by id): the value of the counter `family` (one of the
+/// `modelmux_model_*_total` series).
+fn counter_by_replica(url: &str, deployment: &str, family: &str) -> BTreeMap<String, f64> {
+    let request = hyper::Request::builder().uri("/metrics");
+    let (_, page) = common::send(url, request, Vec::new());
+    page.lines()
+        .filter(|l| {
+            l.starts_with(&format!("{family}{{"))
+                && l.contains(&format!("deployment=\"{deployment}\""))
+        })
+        .map(|l| {
+            let replica = l.split("replica=\"").nth(1).unwrap();
+            let replica = replica.split('"').next().unwrap().to_owned();
+            (
+                replica,
+                l.rsplit(' ').next().unwrap().parse::<f64>().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The counters that would move if a deployment's models were loaded or unloaded again.
+const MODEL_COUNTERS: [&str; 3] = [
+    "modelmux_model_loads_total",
+    "modelmux_model_unloads_total",
+    "modelmux_model_evictions_total",
+];
+
 fn replicas_of(url: &str, deployment: &str) -> usize {
     replica_ids(url, deployment).len()
 }
@@ -166,6 +220,17 @@ fn deploys_change_only_what_changed_and_lose_no_request() {
     let traffic = Traffic::start(&url);
     std::thread::sleep(Duration::from_millis(300));
     let a_loads = loads(&url, "A");
+    // A's replicas, the models each holds, and each one's load, unload and eviction counts:
+    // a deployment rolled would show new replica ids (its old ones' counters gone with them),
+    // a model unloaded would leave its replica's listing and move its counters.
+    let mut a_replicas = replica_ids(&url, "A");
+    a_replicas.sort();
+    assert_eq!(a_replicas.len(), 2, "{a_replicas:?}");
+    let a_models = replica_models(&url, "A");
+    let a_warm: usize = a_models.values().map(BTreeSet::len).sum();
+    assert!(a_warm >= 3, "A is not warm: {a_models:?}");
+    let a_counters = MODEL_COUNTERS.map(|family| counter_by_replica(&url, "A", family));
+    assert_eq!(a_counters[0].len(), 2, "{a_counters:?}");
 
     // Only B changes (its cap, in place): A keeps its replicas and warm models; B keeps its
     // replica.
@@ -182,6 +247,25 @@ fn deploys_change_only_what_changed_and_lose_no_request() {
         a_loads,
         "the untouched deployment loaded models"
     );
+    let mut a_after = replica_ids(&url, "A");
+    a_after.sort();
+    assert_eq!(a_after, a_replicas, "A was restarted");
+    let a_models_after = replica_models(&url, "A");
+    for (replica, models) in &a_models {
+        let now = &a_models_after[replica];
+        assert!(
+            models.is_subset(now),
+            "A's replica {replica} unloaded {:?}",
+            models.difference(now).collect::<Vec<_>>()
+        );
+    }
+    for (family, before) in MODEL_COUNTERS.iter().zip(&a_counters) {
+        assert_eq!(
+            &counter_by_replica(&url, "A", family),
+            before,
+            "{family} of A's replicas moved"
+        );
+    }
     assert_eq!(replica_ids(&url, "B"), b_replica, "B was restarted");
 
     // Another setting of B changes: B rolls to a new replica, and back.
@@ -212,6 +296,14 @@ fn deploys_change_only_what_changed_and_lose_no_request() {
     let restart = config(1, 2).replace("port: 0", "port: 1");
     let (ok, said) = deploy(&url, &restart);
     assert!(!ok && said.contains("http_options"), "{said}");
+    // A model now read from a remote store needs the disk cache, which this server (all
+    // builtin models) did not open.
+    let remote = config(1, 2).replacen("builtin://demo", "s3://models/demo", 1);
+    let (ok, said) = deploy(&url, &remote);
+    assert!(
+        !ok && said.contains("deployment 'A' now reads from a remote store"),
+        "{said}"
+    );
     assert_eq!(replicas_of(&url, "A"), 1);
 
     // The same configuration again: nothing changes.
@@ -256,6 +348,95 @@ fn sighup_rereads_the_file_the_server_started_with() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(request(&url, "/a", "customer-1"), 200);
+    let applied = |logs: &str| logs.matches("SIGHUP: applied").count();
+    assert_eq!(applied(&server.logs.lock()), 1);
+
+    // An invalid file (which would also scale A to 3) is refused whole: the server logs why
+    // and keeps serving the configuration it ran.
+    let invalid = config(3, 3).replace("kind: onnx", "kind: nonsense");
+    std::fs::write(&path, &invalid).unwrap();
+    let hangup = || {
+        assert!(
+            Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    hangup();
+    let refused = format!(
+        "SIGHUP: {}: the new configuration is refused",
+        path.display()
+    );
+    let mut tries = 0;
+    while !server.logs.lock().contains(&refused) {
+        tries += 1;
+        assert!(tries < 200, "SIGHUP did not log its refusal within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logs = server.logs.lock().clone();
+    let line = logs.lines().find(|l| l.contains(&refused)).unwrap();
+    assert!(
+        line.contains("nonsense"),
+        "the refusal does not say why: {line}"
+    );
+    assert_eq!(replicas_of(&url, "A"), 2);
+    assert_eq!(request(&url, "/a", "customer-1"), 200);
+    assert_eq!(request(&url, "/b", "customer-1"), 200);
+
+    // The running configuration is still the old one: the old file again changes nothing.
+    std::fs::write(&path, config(2, 3)).unwrap();
+    hangup();
+    let mut tries = 0;
+    while applied(&server.logs.lock()) < 2 {
+        tries += 1;
+        assert!(tries < 200, "the second SIGHUP was not applied within 10 s");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let logs = server.logs.lock().clone();
+    let line = logs
+        .lines()
+        .rfind(|l| l.contains("SIGHUP: applied"))
+        .unwrap();
+    assert!(
+        line.matches("kept").count() == 2 && !line.contains("rolled") && !line.contains("scaled"),
+        "the refused file replaced the running configuration: {line}"
+    );
+    assert_eq!(replicas_of(&url, "A"), 2);
     let (_, logs) = server.terminate();
-    assert!(logs.contains("SIGHUP: applied"), "{logs}");
+    assert!(!logs.contains("panicked"), "{logs}");
+}
+
+#[test]
+fn a_python_application_whose_deployments_changed_is_refused_and_keeps_serving() {
+    let config = |import_path: &str| {
+        format!(
+            "http_options:\n  port: 0\n  admin_token: deploy-token\napplications:\n  - name: default\n    route_prefix: /\n    import_path: {import_path}\n    runtime_env: {{working_dir: {}}}\n",
+            common::python_apps_dir().display()
+        )
+    };
+    let wrapper = [
+        "env".to_owned(),
+        format!("MODELMUX_PYTHON={}", common::test_python()),
+        format!("PYTHONPATH={}", common::python_package_dir().display()),
+    ];
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut server = common::serve_in(&wrapper, &config("composed:app"), &[]);
+    let url = server.url.clone();
+    let ask = || common::send(&url, hyper::Request::builder().uri("/"), Vec::new());
+    assert_eq!(ask(), (200, "bar".to_owned()));
+
+    // Another module's application: other deployments, which only a restart can set up.
+    let (ok, said) = deploy(&url, &config("cross_app:adder"));
+    assert!(
+        !ok && said.contains(
+            r#"application 'default': its deployments changed (["Downstream", "Upstream"] to ["Adder"])"#
+        ),
+        "{said}"
+    );
+    assert_eq!(ask(), (200, "bar".to_owned()));
+    assert_eq!(replicas_of(&url, "Upstream"), 1);
+    let (_, logs) = server.terminate();
+    assert!(!logs.contains("panicked"), "{logs}");
 }
