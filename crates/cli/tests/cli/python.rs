@@ -289,17 +289,25 @@ fn a_killed_worker_fails_its_requests_with_503_and_comes_back() {
     let (status, body) = slow.join().unwrap();
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("exited") || body.contains("closed"), "{body}");
-    // The model left with its worker; the next request loads it on a live worker.
-    let mut back = None;
-    for _ in 0..100 {
-        let (status, body) = request(&server.url, "/", "5", "");
-        if status == 200 {
-            back = Some(json(&body)["pid"].as_i64().unwrap());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let back = back.expect("model 5 was never served again");
+    // The model left the router's view with its worker, at once: by the time its request has
+    // failed, no replica is listed as holding it (a router that still saw it there would send
+    // its next requests to wait for the restarted worker).
+    let holding: Vec<String> = held(&server.url)
+        .into_iter()
+        .filter(|(_, models)| models.iter().any(|m| m == "5"))
+        .map(|(replica, _)| replica)
+        .collect();
+    assert!(
+        holding.is_empty(),
+        "model 5 still listed on {holding:?} after its worker died"
+    );
+    // The next request loads it on a live worker.
+    let (status, body) = request(&server.url, "/", "5", "");
+    assert_eq!(
+        status, 200,
+        "the request right after the worker died: {body}"
+    );
+    let back = json(&body)["pid"].as_i64().unwrap();
     assert_ne!(back, pid, "served by the killed worker");
     // Both replicas serve again (the restarted one included): 20 models spread over them.
     let pids: HashSet<i64> = (0..20)
