@@ -87,7 +87,8 @@ fn deploy(url: &str, text: &str) -> (bool, String) {
     (out.status.success(), said)
 }
 
-fn replica_ids(url: &str, deployment: &str) -> Vec<String> {
+/// The replicas of `deployment` in the server's `/-/models` listing.
+fn replicas(url: &str, deployment: &str) -> Vec<serde_json::Value> {
     let request = hyper::Request::builder()
         .uri("/-/models")
         .header("authorization", "Bearer deploy-token");
@@ -100,24 +101,21 @@ fn replica_ids(url: &str, deployment: &str) -> Vec<String> {
         .flat_map(|a| a["deployments"].as_array().unwrap().iter())
         .filter(|d| d["name"] == deployment)
         .flat_map(|d| d["replicas"].as_array().unwrap().iter())
+        .cloned()
+        .collect()
+}
+
+fn replica_ids(url: &str, deployment: &str) -> Vec<String> {
+    replicas(url, deployment)
+        .iter()
         .map(|r| r["id"].as_str().unwrap().to_owned())
         .collect()
 }
 
 /// Per replica of `deployment` (by id): the models it has loaded.
 fn replica_models(url: &str, deployment: &str) -> BTreeMap<String, BTreeSet<String>> {
-    let request = hyper::Request::builder()
-        .uri("/-/models")
-        .header("authorization", "Bearer deploy-token");
-    let (_, body) = common::send(url, request, Vec::new());
-    let models: serde_json::Value = serde_json::from_str(&body).unwrap();
-    models["applications"]
-        .as_array()
-        .unwrap()
+    replicas(url, deployment)
         .iter()
-        .flat_map(|a| a["deployments"].as_array().unwrap().iter())
-        .filter(|d| d["name"] == deployment)
-        .flat_map(|d| d["replicas"].as_array().unwrap().iter())
         .map(|r| {
             let loaded = r["loaded"].as_array().unwrap().iter();
             let ids = loaded.map(|m| m["id"].as_str().unwrap().to_owned());

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::{echo, get, send};
+use common::{echo, get, send, start};
 use http::{Method, StatusCode};
 use modelmux_front::{HttpOptions, Server};
 use modelmux_serve::{Application, Body, BoxError, Deployment, DeploymentSpec, Request, Response};
@@ -33,16 +33,6 @@ fn timeouts(header_read: Duration, keep_alive: Duration) -> HttpOptions {
     options.header_read_timeout = header_read;
     options.keep_alive_timeout = keep_alive;
     options
-}
-
-async fn start(app: Application, options: HttpOptions) -> Server {
-    Server::builder()
-        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .http_options(options)
-        .application(app)
-        .start()
-        .await
-        .unwrap()
 }
 
 /// Reads until the server closes the connection (or errors); what it sent.

@@ -10,23 +10,13 @@ use std::time::Duration;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use common::{Counters, counted, echo, get, get_model, send};
+use common::{Counters, counted, echo, get, get_model, send, start};
 use http::{Method, StatusCode};
 use modelmux_front::{HttpOptions, Server};
 use modelmux_serve::Application;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::time::{Instant, timeout};
-
-async fn start(app: Application, options: HttpOptions) -> Server {
-    Server::builder()
-        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
-        .http_options(options)
-        .application(app)
-        .start()
-        .await
-        .unwrap()
-}
 
 /// What an HTTP/2 connection that never opens a stream saw before the server closed it.
 #[derive(Debug, Default)]

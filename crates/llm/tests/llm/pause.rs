@@ -290,11 +290,7 @@ async fn an_engine_asleep_holds_no_weights() {
     let first = loaded.lock().take().unwrap();
     assert!(first.upgrade().is_some(), "the engine holds its weights");
 
-    engine.sleep().unwrap();
-    let state = engine
-        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
-        .await;
-    assert_eq!(state, Some(WeightsState::Released));
+    sleep_until_released(&engine, limit).await;
     // The state is sent after the engine let go: nothing is left to wait for.
     assert!(
         first.upgrade().is_none(),
@@ -316,11 +312,7 @@ async fn an_engine_asleep_holds_no_weights() {
     let answer = engine.submit(ask()).unwrap().collect().await.unwrap();
     assert_eq!(answer.tokens.len(), 4);
 
-    engine.sleep().unwrap();
-    let state = engine
-        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
-        .await;
-    assert_eq!(state, Some(WeightsState::Released));
+    sleep_until_released(&engine, limit).await;
     assert!(
         reloaded.upgrade().is_none(),
         "the reloaded weights kept asleep"
@@ -331,7 +323,6 @@ async fn an_engine_asleep_holds_no_weights() {
 /// holds them and goes on serving); both asleep do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_weights_go_only_when_every_replica_sleeps() {
-    use modelmux_llm::WeightsState;
     let model = own_tiny_model();
     let weak = std::sync::Arc::downgrade(&model);
     let (a, _) = own_weights_engine(model.clone());
@@ -339,11 +330,7 @@ async fn shared_weights_go_only_when_every_replica_sleeps() {
     let limit = Duration::from_secs(5);
     assert_eq!(weak.strong_count(), 2, "one reference per replica");
 
-    a.sleep().unwrap();
-    let state = a
-        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
-        .await;
-    assert_eq!(state, Some(WeightsState::Released));
+    sleep_until_released(&a, limit).await;
     assert_eq!(
         weak.strong_count(),
         1,
@@ -352,11 +339,7 @@ async fn shared_weights_go_only_when_every_replica_sleeps() {
     let answer = b.submit(ask()).unwrap().collect().await.unwrap();
     assert_eq!(answer.tokens.len(), 4, "the awake replica serves");
 
-    b.sleep().unwrap();
-    let state = b
-        .wait_for_weights(|w| *w != WeightsState::Loaded, limit)
-        .await;
-    assert_eq!(state, Some(WeightsState::Released));
+    sleep_until_released(&b, limit).await;
     assert!(
         weak.upgrade().is_none(),
         "both replicas asleep, the weights are still alive ({} references)",
@@ -371,6 +354,15 @@ fn own_tiny_model() -> std::sync::Arc<modelmux_llm::LlamaModel> {
     let weights =
         modelmux_llm::LlamaWeights::load(path, modelmux_llm::WeightFormat::default()).unwrap();
     std::sync::Arc::new(modelmux_llm::LlamaModel::new(weights, 512))
+}
+
+/// Puts `engine` to sleep and waits until it has let its weights go.
+async fn sleep_until_released(engine: &modelmux_llm::Engine, limit: Duration) {
+    engine.sleep().unwrap();
+    let state = engine
+        .wait_for_weights(|w| *w != modelmux_llm::WeightsState::Loaded, limit)
+        .await;
+    assert_eq!(state, Some(modelmux_llm::WeightsState::Released));
 }
 
 /// A weak reference to the last model loaded (at the start or on a wake-up), which the test

@@ -206,6 +206,20 @@ pub fn counted(
     })
 }
 
+/// A server on a free loopback port serving `app` under `options`.
+pub async fn start(
+    app: modelmux_serve::Application,
+    options: modelmux_front::HttpOptions,
+) -> modelmux_front::Server {
+    modelmux_front::Server::builder()
+        .bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+        .http_options(options)
+        .application(app)
+        .start()
+        .await
+        .unwrap()
+}
+
 /// A server on a free loopback port with one application whose ingress is `spec`.
 pub async fn serve(spec: DeploymentSpec) -> modelmux_front::Server {
     modelmux_front::Server::builder()
