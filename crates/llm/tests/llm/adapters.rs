@@ -43,7 +43,7 @@ async fn adapters_load_on_demand_within_the_cap_and_unload_after_their_last_sequ
     let prompt = rt.tokenizer().encode("Hello", false).unwrap();
     let params = SamplingParams {
         ignore_eos: true,
-        ..SamplingParams::greedy(400)
+        ..SamplingParams::greedy(2000)
     };
     let running = rt.generate(prompt.clone(), params, Some(pirate)).unwrap();
     drop(rt.adapter("tutor").await.unwrap());
