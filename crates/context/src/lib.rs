@@ -8,7 +8,7 @@
 //! This crate owns only the task-local; it never decides ids. It must stay free of HTTP.
 //!
 //! ```
-//! use modelmux_cache::ModelId;
+//! use modelmux_types::ModelId;
 //! use modelmux_context::{RequestContext, RequestId, multiplexed_model_id, request_id};
 //!
 //! async fn handler() -> String {
@@ -43,7 +43,7 @@ use std::hash::{BuildHasher, Hasher};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-pub use modelmux_cache::ModelId;
+pub use modelmux_types::ModelId;
 pub use trace::{RequestTrace, Span, SpanData, SpanSink, TraceParent, sample, span, to_hex};
 
 mod trace;
