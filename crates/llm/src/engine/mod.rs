@@ -18,6 +18,7 @@ mod config;
 mod constrain;
 mod prefix;
 mod run;
+mod scheduler;
 mod sequence;
 mod stats;
 

@@ -292,6 +292,30 @@ impl Sequence {
     }
 }
 
+impl super::scheduler::Schedulable for Sequence {
+    fn adapter(&self) -> Option<&str> {
+        self.adapter.as_ref().map(|a| a.id())
+    }
+    fn adapter_serial(&self) -> Option<u64> {
+        self.adapter.as_ref().map(|a| a.serial())
+    }
+    fn slots(&self) -> usize {
+        Sequence::slots(self)
+    }
+    fn prompt_left(&self) -> usize {
+        self.prompt.len() - self.prefilled()
+    }
+    fn kv_bytes(&self) -> u64 {
+        self.reservation_bytes
+    }
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+    fn is_abandoned(&self) -> bool {
+        Sequence::is_abandoned(self)
+    }
+}
+
 /// The length of the longest proper suffix of `text` that is a prefix of `stop`, on a
 /// character boundary of `text`.
 fn longest_suffix_prefix(text: &str, stop: &str) -> usize {

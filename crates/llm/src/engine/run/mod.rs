@@ -2,7 +2,6 @@
 //! thread and owns everything it touches; nothing here is shared but the stats and the KV
 //! budget's counter.
 
-use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -16,30 +15,27 @@ use super::sequence::Sequence;
 
 mod prefixes;
 mod step;
-use super::{AdaptersInUse, Command, EngineConfig, EngineStats, WeightsState};
+mod weights;
+
+use super::scheduler::{Limits, Schedulable, Scheduler};
+use super::{AdaptersInUse, Command, EngineConfig, EngineStats};
 use crate::error::LlmError;
-use crate::kv::{KvBudget, KvCache, KvDtype};
+use crate::kv::{KvBudget, KvCache};
 use crate::model::{LlamaModel, Segment};
 use crate::tokenizer::TextTokenizer;
+use weights::Weights;
 
 pub(super) struct EngineLoop {
-    /// `None` while asleep (the weights' memory released).
-    model: Option<Arc<LlamaModel>>,
-    /// This engine's number among the engines sharing `model`'s steps.
-    member: u64,
-    model_config: crate::LlamaConfig,
-    /// How sequences' KV caches store keys and values.
-    kv_dtype: KvDtype,
-    reload: Option<super::ModelReloader>,
+    weights: Weights,
     tokenizer: Arc<TextTokenizer>,
+    /// Tokens that end a sequence unless it ignores EOS.
+    eos: Vec<u32>,
     config: EngineConfig,
     budget: KvBudget,
     stats: Arc<EngineStats>,
     commands: Receiver<Command>,
-    /// Tokens that end a sequence unless it ignores EOS.
-    eos: Vec<u32>,
-    waiting: VecDeque<Sequence>,
-    running: Vec<Sequence>,
+    /// The waiting and running sequences.
+    sched: Scheduler<Sequence>,
     /// Embeddings asked for, run between steps (kept while asleep).
     embeds: Vec<super::EmbedJob>,
     /// Prompts' KV kept for later prompts (`None`: prefix caching is off).
@@ -62,19 +58,14 @@ impl EngineLoop {
             .enable_prefix_caching
             .then(|| PrefixCache::new(model.config().kv_bytes_per_token(kv_dtype)));
         Self {
-            kv_dtype,
-            model_config: model.config().clone(),
-            member: model.step_member(),
-            model: Some(model),
-            reload,
+            weights: Weights::new(model, kv_dtype, reload),
             tokenizer,
+            eos,
+            sched: Scheduler::new(Limits::from(&config)),
             config,
             budget,
             stats,
             commands,
-            eos,
-            waiting: VecDeque::new(),
-            running: Vec::new(),
             embeds: Vec::new(),
             prefixes,
         }
@@ -90,11 +81,11 @@ impl EngineLoop {
             if !self.intake() {
                 break;
             }
-            self.drop_abandoned();
+            self.sched.drop_abandoned();
             self.sleep_or_wake();
             self.run_embeds();
-            if self.stats.paused.load(Ordering::SeqCst) || self.model.is_none() {
-                self.leave_steps();
+            if self.stats.paused.load(Ordering::SeqCst) || self.weights.model.is_none() {
+                self.weights.leave_steps();
                 self.expire_waiting();
                 self.publish();
                 if !self.wait_paused() {
@@ -105,8 +96,8 @@ impl EngineLoop {
             self.admit();
             self.expire_waiting();
             self.publish();
-            if self.running.is_empty() {
-                self.leave_steps();
+            if self.sched.running().is_empty() {
+                self.weights.leave_steps();
                 continue;
             }
             let step = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
@@ -117,31 +108,29 @@ impl EngineLoop {
             };
             if let Some(message) = failure {
                 tracing::error!(%message, "engine step failed; failing the running sequences");
-                for s in self.running.drain(..) {
+                for s in self.sched.drain_running() {
                     s.fail(LlmError::Internal(message.clone()));
                 }
             }
             self.stats.steps.fetch_add(1, Ordering::Relaxed);
             self.publish();
         }
-        self.leave_steps();
+        self.weights.leave_steps();
         // Every handle is gone: nobody can listen, but say so to whoever still does.
-        for s in self.running.drain(..).chain(self.waiting.drain(..)) {
+        for s in self.sched.drain() {
             s.fail(LlmError::EngineStopped("the engine was shut down".into()));
         }
         self.publish();
     }
 
-    /// Tells the other engines of the model not to wait for this one's next step.
-    fn leave_steps(&self) {
-        if let Some(model) = &self.model {
-            model.step_leave(self.member);
-        }
+    fn sleep_or_wake(&mut self) {
+        self.weights
+            .sleep_or_wake(&self.stats, self.prefixes.as_mut());
     }
 
     /// Runs the embeddings asked for (unless asleep), each on its own, a panic failing it alone.
     fn run_embeds(&mut self) {
-        let Some(model) = self.model.clone() else {
+        let Some(model) = self.weights.model.clone() else {
             return;
         };
         for job in self.embeds.drain(..) {
@@ -149,8 +138,8 @@ impl EngineLoop {
                 continue;
             }
             let mut cache = KvCache::new(
-                &self.model_config,
-                self.kv_dtype,
+                &self.weights.config,
+                self.weights.kv_dtype,
                 job.tokens.len(),
                 Some(job.reservation),
             );
@@ -170,74 +159,37 @@ impl EngineLoop {
         }
     }
 
-    /// Releases the weights when asked to sleep, loads them again when asked to wake up
-    /// (between steps, on this thread: sequences keep their KV caches and go on afterwards).
-    fn sleep_or_wake(&mut self) {
-        let want_sleep = self.stats.want_sleep.load(Ordering::SeqCst);
-        match (&self.model, &self.reload) {
-            (Some(_), Some(_)) if want_sleep => {
-                self.leave_steps();
-                self.model = None;
-                // The KV cache goes with the weights.
-                if let Some(prefixes) = &mut self.prefixes {
-                    prefixes.clear();
-                }
-                // The weights' own mappings are gone with the model (when no other replica
-                // shares it); what the heap held for it goes back too.
-                modelmux_kernels::release_free_heap();
-                self.stats.weights.send_replace(WeightsState::Released);
-                tracing::info!("engine asleep: weights released");
+    /// Acts on one command from the queue. False when the queue wants intake to stop taking
+    /// more this turn (an embedding or a poke: something to do between steps).
+    fn take(&mut self, command: Command) -> bool {
+        match command {
+            Command::Submit(s) => self.sched.enqueue(*s),
+            Command::Embed(job) => {
+                self.embeds.push(*job);
+                return false;
             }
-            (None, Some(reload)) if !want_sleep => {
-                let started = Instant::now();
-                match std::panic::catch_unwind(AssertUnwindSafe(|| reload())) {
-                    Ok(Ok(model)) => {
-                        self.member = model.step_member();
-                        self.model = Some(model);
-                        self.stats.weights.send_replace(WeightsState::Loaded);
-                        tracing::info!(took = ?started.elapsed(), "engine awake: weights loaded");
-                    }
-                    failed => {
-                        let message = match failed {
-                            Ok(Err(e)) => e.to_string(),
-                            Err(panic) => modelmux_cache::panic_message(&*panic),
-                            Ok(Ok(_)) => unreachable!(),
-                        };
-                        tracing::error!(%message, "engine cannot load its weights again; staying asleep");
-                        // Asleep until the next wake_up, which tries again.
-                        self.stats.want_sleep.store(true, Ordering::SeqCst);
-                        self.stats
-                            .weights
-                            .send_replace(WeightsState::ReloadFailed(message));
-                    }
-                }
+            Command::Poke => return false,
+            Command::ResetPrefixCache(done) => {
+                self.reset_prefixes();
+                // The caller may have gone (a cancelled admin request): nothing to tell.
+                let _ = done.send(());
             }
-            _ => {}
         }
+        true
     }
 
     /// While paused: takes new requests for a little while (so cancellations and resumes are
     /// noticed within it) and runs nothing. False when every handle is gone.
     fn wait_paused(&mut self) -> bool {
         let pause = Duration::from_millis(20);
-        if self.waiting.len() >= self.config.max_waiting {
+        if self.sched.is_full() {
             // Full: leave the rest in the channel (its bound refuses the next ones).
             std::thread::sleep(pause);
             return true;
         }
         match self.commands.recv_timeout(pause) {
-            Ok(Command::Submit(s)) => {
-                self.waiting.push_back(*s);
-                true
-            }
-            Ok(Command::Embed(job)) => {
-                self.embeds.push(*job);
-                true
-            }
-            Ok(Command::Poke) => true,
-            Ok(Command::ResetPrefixCache(done)) => {
-                self.reset_prefixes();
-                let _ = done.send(());
+            Ok(command) => {
+                self.take(command);
                 true
             }
             Err(RecvTimeoutError::Timeout) => true,
@@ -255,8 +207,8 @@ impl EngineLoop {
         let mut first = true;
         loop {
             let may_wait = std::mem::replace(&mut first, false);
-            let idle = may_wait && self.running.is_empty();
-            let command = if idle && self.waiting.is_empty() {
+            let idle = may_wait && self.sched.running().is_empty();
+            let command = if idle && self.sched.waiting().is_empty() {
                 match self.commands.recv() {
                     Ok(c) => c,
                     Err(_) => return false,
@@ -265,10 +217,9 @@ impl EngineLoop {
                 // Only waiting sequences (no KV room): sleep until something changes or the
                 // first deadline passes.
                 let wait = self
-                    .waiting
-                    .iter()
-                    .map(|s| s.deadline.saturating_duration_since(Instant::now()))
-                    .min()
+                    .sched
+                    .next_deadline()
+                    .map(|d| d.saturating_duration_since(Instant::now()))
                     .unwrap_or_default()
                     .min(Duration::from_millis(50));
                 match self.commands.recv_timeout(wait) {
@@ -277,7 +228,7 @@ impl EngineLoop {
                     Err(RecvTimeoutError::Disconnected) => return false,
                 }
             } else {
-                if self.waiting.len() >= self.config.max_waiting {
+                if self.sched.is_full() {
                     return true;
                 }
                 match self.commands.try_recv() {
@@ -286,44 +237,20 @@ impl EngineLoop {
                     Err(TryRecvError::Disconnected) => return false,
                 }
             };
-            match command {
-                Command::Submit(s) => self.waiting.push_back(*s),
-                Command::Embed(job) => {
-                    self.embeds.push(*job);
-                    return true;
-                }
-                Command::Poke => return true,
-                Command::ResetPrefixCache(done) => {
-                    self.reset_prefixes();
-                    // The caller may have gone (a cancelled admin request): nothing to tell.
-                    let _ = done.send(());
-                }
-            }
-            if self.waiting.len() >= self.config.max_waiting {
+            if !self.take(command) || self.sched.is_full() {
                 return true;
             }
         }
     }
 
-    /// Sequences whose stream was dropped leave now: their KV memory and adapter lease go
-    /// with them.
-    fn drop_abandoned(&mut self) {
-        self.running.retain(|s| !s.is_abandoned());
-        self.waiting.retain(|s| !s.is_abandoned());
-    }
-
     /// Waiting sequences past their deadline are refused as overloaded. Runs after admission,
     /// so one whose room opened in the same turn is served, not refused.
     fn expire_waiting(&mut self) {
-        let now = Instant::now();
-        let (expired, kept): (Vec<_>, Vec<_>) =
-            self.waiting.drain(..).partition(|s| s.deadline <= now);
-        self.waiting = kept.into();
-        for s in expired {
+        for s in self.sched.expire(Instant::now()) {
             let reason = format!(
                 "no KV cache room or sequence slot within {:?} ({} running, {} of {} KV bytes reserved)",
                 self.config.queue_timeout,
-                self.running.len(),
+                self.sched.running().len(),
                 self.budget.reserved(),
                 self.budget.capacity()
             );
@@ -334,83 +261,29 @@ impl EngineLoop {
         }
     }
 
-    /// Admits waiting sequences while slots and KV memory allow (a request for `n` choices
-    /// takes `n` slots and their KV at once), fairly: see [`Self::next_to_admit`].
+    /// Admits waiting sequences while slots and KV memory allow (the scheduler's rules), each
+    /// started on its reservation from its prompt's longest cached prefix.
     fn admit(&mut self) {
-        let mut used: usize = self.running.iter().map(Sequence::slots).sum();
-        while used < self.config.max_num_seqs {
-            let Some(next) = self.next_to_admit() else {
-                break;
-            };
-            let candidate = &self.waiting[next];
-            if used + candidate.slots() > self.config.max_num_seqs {
-                break;
-            }
-            // No skipping past a sequence that does not fit yet: a long one would starve.
-            // Cached prefixes give their memory back first.
-            let bytes = candidate.reservation_bytes;
-            let reservation = loop {
-                if let Some(r) = self.budget.try_reserve(bytes) {
-                    break Some(r);
-                }
-                if !self.prefixes.as_mut().is_some_and(PrefixCache::evict_one) {
-                    break None;
-                }
-            };
-            let Some(reservation) = reservation else {
-                break;
-            };
-            let mut s = self.waiting.remove(next).expect("index in range");
-            used += s.slots();
-            s.admit(&self.model_config, self.kv_dtype, Some(reservation));
-            self.restore_prefix(&mut s);
-            self.running.push(s);
-        }
+        let mut room = prefixes::Admission {
+            budget: &self.budget,
+            prefixes: self.prefixes.as_mut(),
+            weights: &self.weights,
+            salt: self.config.prefix_cache_salt.as_deref(),
+            stats: &self.stats,
+        };
+        self.sched.admit(&mut room);
         self.publish_prefixes();
     }
 
-    /// The waiting sequence to admit next: of the adapters with sequences waiting (the base
-    /// model counting as one), the one with the fewest sequences running, its oldest waiting
-    /// sequence (arrival order between equals); none under `max_running_per_adapter`.
-    fn next_to_admit(&self) -> Option<usize> {
-        let mut running: std::collections::HashMap<Option<&str>, usize> = Default::default();
-        for s in &self.running {
-            *running.entry(adapter_id(s)).or_default() += s.slots();
-        }
-        let mut best: Option<(usize, usize)> = None;
-        for (index, s) in self.waiting.iter().enumerate() {
-            let n = running.get(&adapter_id(s)).copied().unwrap_or(0);
-            if self
-                .config
-                .max_running_per_adapter
-                .is_some_and(|cap| n + s.slots() > cap)
-            {
-                continue;
-            }
-            if best.is_none_or(|(fewest, _)| n < fewest) {
-                best = Some((n, index));
-            }
-        }
-        best.map(|(_, index)| index)
-    }
-
     fn publish(&self) {
-        self.stats
-            .running
-            .store(self.running.len(), Ordering::Relaxed);
-        self.stats
-            .waiting
-            .store(self.waiting.len(), Ordering::Relaxed);
-        let running = AdaptersInUse::ids(self.running.iter().map(adapter_id));
-        let waiting = AdaptersInUse::ids(self.waiting.iter().map(adapter_id));
+        let (running, waiting) = (self.sched.running(), self.sched.waiting());
+        self.stats.running.store(running.len(), Ordering::Relaxed);
+        self.stats.waiting.store(waiting.len(), Ordering::Relaxed);
+        let running = AdaptersInUse::ids(running.iter().map(Schedulable::adapter));
+        let waiting = AdaptersInUse::ids(waiting.iter().map(Schedulable::adapter));
         let mut adapters = self.stats.adapters.lock();
         if adapters.running != running || adapters.waiting != waiting {
             *adapters = AdaptersInUse { running, waiting };
         }
     }
-}
-
-/// The id of the adapter `s` uses, `None` for the base model.
-pub(super) fn adapter_id(s: &Sequence) -> Option<&str> {
-    s.adapter.as_ref().map(|a| a.id())
 }

@@ -4,20 +4,52 @@
 use std::sync::atomic::Ordering;
 
 use super::EngineLoop;
+use super::weights::Weights;
+use crate::engine::EngineStats;
 use crate::engine::prefix::{PrefixCache, PrefixKey};
+use crate::engine::scheduler::KvRoom;
 use crate::engine::sequence::Sequence;
+use crate::kv::{KvBudget, KvReservation};
 
-impl EngineLoop {
-    /// Starts `s` (just admitted) from the longest cached prefix of its prompt. A request for
-    /// the prompt's log probabilities computes it whole (a cached prefix has no logits).
-    pub(super) fn restore_prefix(&mut self, s: &mut Sequence) {
-        let Some(prefixes) = &mut self.prefixes else {
+/// Where admission finds memory: the engine's KV budget, cached prefixes giving theirs back
+/// first; each admitted sequence starts from its prompt's longest cached prefix.
+pub(super) struct Admission<'a> {
+    pub(super) budget: &'a KvBudget,
+    pub(super) prefixes: Option<&'a mut PrefixCache>,
+    pub(super) weights: &'a Weights,
+    pub(super) salt: Option<&'a str>,
+    pub(super) stats: &'a EngineStats,
+}
+
+impl KvRoom<Sequence> for Admission<'_> {
+    type Reservation = KvReservation;
+
+    fn try_reserve(&mut self, bytes: u64) -> Option<KvReservation> {
+        self.budget.try_reserve(bytes)
+    }
+
+    fn evict_prefix(&mut self) -> bool {
+        self.prefixes
+            .as_deref_mut()
+            .is_some_and(PrefixCache::evict_one)
+    }
+
+    /// Makes `s`'s cache on `reservation` and starts it from the longest cached prefix of
+    /// its prompt. A request for the prompt's log probabilities computes it whole (a cached
+    /// prefix has no logits).
+    fn start(&mut self, s: &mut Sequence, reservation: KvReservation) {
+        s.admit(
+            &self.weights.config,
+            self.weights.kv_dtype,
+            Some(reservation),
+        );
+        let Some(prefixes) = self.prefixes.as_deref_mut() else {
             return;
         };
         if s.params.prompt_logprobs.is_some() {
             return;
         }
-        let key = prefix_key(s, self.config.prefix_cache_salt.as_deref());
+        let key = prefix_key(s, self.salt);
         let cache = s.cache.as_mut().expect("admitted sequences have a cache");
         let hit = prefixes.restore(&key, &s.prompt, cache);
         self.stats
@@ -27,13 +59,15 @@ impl EngineLoop {
             .prefix_hits
             .fetch_add(hit as u64, Ordering::Relaxed);
     }
+}
 
+impl EngineLoop {
     /// Keeps the prompt of running sequence `i`, just prefilled, for later prompts.
     pub(super) fn keep_prefix(&mut self, i: usize) {
         let Some(prefixes) = &mut self.prefixes else {
             return;
         };
-        let s = &self.running[i];
+        let s = &self.sched.running()[i];
         let key = prefix_key(s, self.config.prefix_cache_salt.as_deref());
         let cache = s.cache.as_ref().expect("admitted sequences have a cache");
         prefixes.insert(&key, &s.prompt, cache, &self.budget);
