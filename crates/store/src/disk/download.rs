@@ -6,6 +6,7 @@ use std::io::Write as _;
 
 use bytes::Bytes;
 use futures_util::StreamExt;
+use futures_util::stream::BoxStream;
 
 use super::*;
 
@@ -142,9 +143,6 @@ where
     })
 }
 
-/// One download attempt into `tmp`. The body streams to two threads at once: one writes the
-/// file, one hashes (when there is a checksum to check), so hashing, writing and receiving
-/// overlap. Then size and checksum are checked against the store's word.
 /// A verified download.
 pub(super) struct Downloaded {
     pub(super) size: u64,
@@ -154,15 +152,12 @@ pub(super) struct Downloaded {
     pub(super) etag: Option<String>,
 }
 
+/// One download attempt into `tmp`. The body streams to two threads at once: one writes the
+/// file, one hashes (when there is a checksum to check), so hashing, writing and receiving
+/// overlap. Then size and checksum are checked against the store's word.
 pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<Downloaded, Attempt> {
     let deadline = tokio::time::Instant::now() + object.retry.attempt_timeout;
-    let get = object
-        .store
-        .get_opts(&object.location, object_store::GetOptions::default());
-    let result = tokio::time::timeout_at(deadline, get)
-        .await
-        .map_err(|_| Attempt::Timeout)?
-        .map_err(Attempt::Store)?;
+    let result = open(object, deadline).await?;
     let expected = result.meta.size;
     let etag = result.meta.e_tag.clone();
     let expected_md5 = if object.etag_is_md5 {
@@ -170,6 +165,46 @@ pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<Down
     } else {
         None
     };
+    let to_writer = spawn_writer(tmp);
+    // Every download is hashed: against a plain S3 ETag now, and into the sidecar that lets a
+    // later run check the file before using it again.
+    let (to_hasher, hasher) = spawn_hasher();
+    let sinks = Sinks {
+        writer: to_writer,
+        hasher: to_hasher,
+    };
+    let mut stream = result.into_stream();
+    let failed = receive(object, &mut stream, expected, deadline, sinks).await;
+    let size = written(tmp, failed).await?;
+    if size != expected {
+        return Err(Attempt::Verify(format!(
+            "the transfer was truncated: {size} of {expected} bytes arrived"
+        )));
+    }
+    let md5 = hex(&hasher
+        .await
+        .map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?);
+    check_md5(&md5, expected_md5)?;
+    Ok(Downloaded { size, md5, etag })
+}
+
+/// The object's `GET`, its answer awaited until `deadline`.
+async fn open(
+    object: &Object,
+    deadline: tokio::time::Instant,
+) -> Result<object_store::GetResult, Attempt> {
+    let get = object
+        .store
+        .get_opts(&object.location, object_store::GetOptions::default());
+    tokio::time::timeout_at(deadline, get)
+        .await
+        .map_err(|_| Attempt::Timeout)?
+        .map_err(Attempt::Store)
+}
+
+/// Starts the thread that writes the chunks it is sent into `tmp`'s file (`tmp` holds it) and
+/// returns where to send them; dropping the sender ends the file.
+fn spawn_writer(tmp: &mut TempFile) -> tokio::sync::mpsc::Sender<Bytes> {
     let (to_writer, mut chunks) = tokio::sync::mpsc::channel::<Bytes>(64);
     let path = tmp.path.clone();
     tmp.writer = Some(tokio::task::spawn_blocking(
@@ -185,77 +220,88 @@ pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<Down
             Ok(written)
         },
     ));
-    // Every download is hashed: against a plain S3 ETag now, and into the sidecar that lets a
-    // later run check the file before using it again.
-    let (to_hasher, hasher) = {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(64);
-        let hasher = tokio::task::spawn_blocking(move || {
-            let mut hash = Md5::new();
-            while let Some(chunk) = rx.blocking_recv() {
-                hash.update(&chunk);
-            }
-            <[u8; 16]>::from(hash.finalize())
-        });
-        (Some(tx), hasher)
-    };
-    let mut stream = result.into_stream();
-    let mut failed = None;
+    to_writer
+}
+
+/// Starts the thread that hashes the chunks it is sent: where to send them, and the MD5 once
+/// the sender is dropped.
+fn spawn_hasher() -> (
+    tokio::sync::mpsc::Sender<Bytes>,
+    tokio::task::JoinHandle<[u8; 16]>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let hasher = tokio::task::spawn_blocking(move || {
+        let mut hash = Md5::new();
+        while let Some(chunk) = rx.blocking_recv() {
+            hash.update(&chunk);
+        }
+        <[u8; 16]>::from(hash.finalize())
+    });
+    (tx, hasher)
+}
+
+/// Where each chunk of the body goes: the writer thread and the hasher thread.
+struct Sinks {
+    writer: tokio::sync::mpsc::Sender<Bytes>,
+    hasher: tokio::sync::mpsc::Sender<Bytes>,
+}
+
+/// Streams the body (`expected` bytes) to both threads until it ends, `deadline` passes or a
+/// thread stops listening, logging progress; the failure that ended it early, if any (a thread
+/// that stopped listening is not one: its error is read from it). Both senders are dropped on
+/// return, which ends both threads' input.
+async fn receive(
+    object: &Object,
+    stream: &mut BoxStream<'static, object_store::Result<Bytes>>,
+    expected: u64,
+    deadline: tokio::time::Instant,
+    sinks: Sinks,
+) -> Option<Attempt> {
     let name = format!("{}/{}/{}", object.repository, object.id, object.file);
     let mut progress = super::progress::Progress::new(name, expected, tokio::time::Instant::now());
     loop {
         let chunk = match tokio::time::timeout_at(deadline, stream.next()).await {
-            Err(_) => {
-                failed = Some(Attempt::Timeout);
-                break;
-            }
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                failed = Some(Attempt::Store(e));
-                break;
-            }
+            Err(_) => return Some(Attempt::Timeout),
+            Ok(None) => return None,
+            Ok(Some(Err(e))) => return Some(Attempt::Store(e)),
             Ok(Some(Ok(chunk))) => chunk,
         };
         if let Some(line) = progress.received(chunk.len() as u64, tokio::time::Instant::now()) {
             tracing::info!("{line}");
         }
         // Sending waits while a thread is behind, so the deadline covers that too. A closed
-        // channel means the writer failed; its error is read below.
+        // channel means the writer failed; `written` reads its error.
         let sent = async {
-            if let Some(hasher) = &to_hasher
-                && hasher.send(chunk.clone()).await.is_err()
-            {
+            if sinks.hasher.send(chunk.clone()).await.is_err() {
                 return false;
             }
-            to_writer.send(chunk).await.is_ok()
+            sinks.writer.send(chunk).await.is_ok()
         };
         match tokio::time::timeout_at(deadline, sent).await {
             Ok(true) => {}
-            Ok(false) => break,
-            Err(_) => {
-                failed = Some(Attempt::Timeout);
-                break;
-            }
+            Ok(false) => return None,
+            Err(_) => return Some(Attempt::Timeout),
         }
     }
-    drop((to_writer, to_hasher));
-    // Joined in place: if this attempt is cancelled here, the TempFile still owns the writer
-    // and removes the file only once the writer has let go of it.
-    let joined = tmp.writer.as_mut().expect("set above").await;
+}
+
+/// Waits for the writer thread (joined in place: if this attempt is cancelled here, the
+/// TempFile still owns the writer and removes the file only once the writer has let go of it)
+/// and returns the bytes it wrote: a writer that panicked first, then the transfer's own
+/// `failed`, then the writer's I/O error.
+async fn written(tmp: &mut TempFile, failed: Option<Attempt>) -> Result<u64, Attempt> {
+    let joined = tmp.writer.as_mut().expect("set by spawn_writer").await;
     tmp.writer = None;
     let written =
         joined.map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?;
     if let Some(failure) = failed {
         return Err(failure);
     }
-    let size = written.map_err(|e| Attempt::Local(StoreError::io(&tmp.path, e)))?;
-    if size != expected {
-        return Err(Attempt::Verify(format!(
-            "the transfer was truncated: {size} of {expected} bytes arrived"
-        )));
-    }
-    let md5 = hex(&hasher
-        .await
-        .map_err(|e| Attempt::Local(StoreError::io(&tmp.path, std::io::Error::other(e))))?);
+    written.map_err(|e| Attempt::Local(StoreError::io(&tmp.path, e)))
+}
+
+/// The file's MD5 against the object's plain S3 ETag, when it has one.
+fn check_md5(md5: &str, expected_md5: Option<String>) -> Result<(), Attempt> {
     if let Some(expected_md5) = expected_md5
         && md5 != expected_md5
     {
@@ -265,7 +311,7 @@ pub(super) async fn download(object: &Object, tmp: &mut TempFile) -> Result<Down
                  not MD5s: set verify_md5 to false for such buckets)"
         )));
     }
-    Ok(Downloaded { size, md5, etag })
+    Ok(())
 }
 
 /// The MD5 an S3 ETag stands for: only for objects uploaded in one part (multipart ETags end
