@@ -10,11 +10,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use tokio::io::{AsyncBufReadExt, AsyncRead};
-use tokio::net::UnixListener;
+use tokio::net::unix::OwnedReadHalf;
+use tokio::net::{UnixListener, UnixStream};
 use tokio::process::{Child, Command};
 
 use crate::conn::{Callbacks, Conn};
-use crate::wire::{self, FatalHead, FromWorker, ReadyHead};
+use crate::wire::{self, FatalHead, Frame, FromWorker, ReadyHead};
 
 /// How to start one replica's worker.
 #[derive(Debug, Clone)]
@@ -44,6 +45,25 @@ pub(crate) async fn start(
     launch: &Launch,
     callbacks: Arc<dyn Callbacks>,
 ) -> Result<Started, String> {
+    let (dir, socket, listener) = listen()?;
+    let mut child = spawn(launch, &socket)?;
+    let pid = child.id().unwrap_or_default();
+    let last_lines = forward_output(&mut child, &launch.replica_id);
+    let accepted = accept(&listener, &mut child, launch, &last_lines).await?;
+    drop(listener);
+    drop(dir);
+    let (read, write) = Conn::split(accepted);
+    // Unbuffered: nothing after READY may be read into a buffer the connection would lose.
+    let mut read = read;
+    let first = first_frame(&mut read, &mut child, launch, &last_lines).await?;
+    ready(&first, &launch.replica_id)?;
+    let conn = Conn::start(read, write, callbacks);
+    Ok(Started { conn, child, pid })
+}
+
+/// The worker's private socket: a directory of its own (removed when dropped), the socket's
+/// path in it, and the listener on it.
+fn listen() -> Result<(tempfile::TempDir, PathBuf, UnixListener), String> {
     let dir = tempfile::Builder::new()
         .prefix("modelmux-worker-")
         .tempdir()
@@ -51,6 +71,12 @@ pub(crate) async fn start(
     let socket = dir.path().join("worker.sock");
     let listener = UnixListener::bind(&socket)
         .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    Ok((dir, socket, listener))
+}
+
+/// Spawns the worker's interpreter, its output piped, and writes it its spec (with `socket`
+/// and `parent_pid`) on stdin.
+fn spawn(launch: &Launch, socket: &std::path::Path) -> Result<Child, String> {
     let mut spec = launch.spec.clone();
     spec.insert(
         "socket".into(),
@@ -73,79 +99,98 @@ pub(crate) async fn start(
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| format!("cannot start {}: {e}", launch.python.display()))?;
-    let pid = child.id().unwrap_or_default();
     if let Some(mut stdin) = child.stdin.take() {
         // Closed once written: the worker reads it to its end. A worker that exits first is
-        // reported below, by its exit.
+        // reported by its exit, while `start` waits for it.
         tokio::spawn(async move {
             use tokio::io::AsyncWriteExt;
             let _ = stdin.write_all(spec.as_bytes()).await;
         });
     }
+    Ok(child)
+}
+
+/// The last [`KEPT_LINES`] lines of a worker's stderr.
+type LastLines = Arc<Mutex<VecDeque<String>>>;
+
+/// Sends the worker's stdout and stderr into modelmux's log, keeping stderr's last lines.
+fn forward_output(child: &mut Child, replica_id: &str) -> LastLines {
     let last_lines = Arc::new(Mutex::new(VecDeque::new()));
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(forward_lines(
-            out,
-            launch.replica_id.clone(),
-            "stdout",
-            None,
-        ));
+        tokio::spawn(forward_lines(out, replica_id.to_owned(), "stdout", None));
     }
     if let Some(err) = child.stderr.take() {
         let kept = Some(last_lines.clone());
-        tokio::spawn(forward_lines(
-            err,
-            launch.replica_id.clone(),
-            "stderr",
-            kept,
-        ));
+        tokio::spawn(forward_lines(err, replica_id.to_owned(), "stderr", kept));
     }
-    let explain = |what: String| {
-        let lines = last_lines.lock();
-        if lines.is_empty() {
-            what
-        } else {
-            let tail: Vec<&str> = lines.iter().map(String::as_str).collect();
-            format!("{what}; its last lines:\n{}", tail.join("\n"))
-        }
-    };
-    let accepted = tokio::select! {
-        accepted = listener.accept() => accepted.map_err(|e| format!("the worker's socket failed: {e}"))?.0,
+    last_lines
+}
+
+/// `what` went wrong, followed by the worker's last lines of stderr if it wrote any.
+fn explain(last_lines: &LastLines, what: String) -> String {
+    let lines = last_lines.lock();
+    if lines.is_empty() {
+        what
+    } else {
+        let tail: Vec<&str> = lines.iter().map(String::as_str).collect();
+        format!("{what}; its last lines:\n{}", tail.join("\n"))
+    }
+}
+
+/// The worker's connection to its socket, unless it exits or `start_timeout` passes first.
+async fn accept(
+    listener: &UnixListener,
+    child: &mut Child,
+    launch: &Launch,
+    last_lines: &LastLines,
+) -> Result<UnixStream, String> {
+    tokio::select! {
+        accepted = listener.accept() => Ok(accepted.map_err(|e| format!("the worker's socket failed: {e}"))?.0),
         status = child.wait() => {
             // Let the last lines of its stderr reach the log and the message.
             tokio::time::sleep(Duration::from_millis(100)).await;
             let status = status.map_or_else(|e| e.to_string(), |s| s.to_string());
-            return Err(explain(format!("the worker exited before it was ready ({status})")));
+            Err(explain(last_lines, format!("the worker exited before it was ready ({status})")))
         }
         () = tokio::time::sleep(launch.start_timeout) => {
-            return Err(explain(format!("the worker was not ready within {:?}", launch.start_timeout)));
+            Err(explain(last_lines, format!("the worker was not ready within {:?}", launch.start_timeout)))
         }
-    };
-    drop(listener);
-    drop(dir);
-    let (read, write) = Conn::split(accepted);
-    // Unbuffered: nothing after READY may be read into a buffer the connection would lose.
-    let mut read = read;
-    let first = tokio::time::timeout(launch.start_timeout, wire::read_frame(&mut read)).await;
-    let frame = match first {
-        Ok(Ok(Some(frame))) => frame,
+    }
+}
+
+/// The first frame the worker sends on its connection, within `start_timeout`.
+async fn first_frame(
+    read: &mut OwnedReadHalf,
+    child: &mut Child,
+    launch: &Launch,
+    last_lines: &LastLines,
+) -> Result<Frame, String> {
+    let first = tokio::time::timeout(launch.start_timeout, wire::read_frame(read)).await;
+    match first {
+        Ok(Ok(Some(frame))) => Ok(frame),
         Ok(Ok(None)) => {
             let _ = child.wait().await;
-            return Err(explain(
+            Err(explain(
+                last_lines,
                 "the worker closed its socket before it was ready".into(),
-            ));
+            ))
         }
-        Ok(Err(e)) => return Err(explain(e.to_string())),
-        Err(_) => {
-            return Err(explain(
-                "the worker connected but never said it was ready".into(),
-            ));
-        }
-    };
+        Ok(Err(e)) => Err(explain(last_lines, e.to_string())),
+        Err(_) => Err(explain(
+            last_lines,
+            "the worker connected but never said it was ready".into(),
+        )),
+    }
+}
+
+/// Whether the worker's first frame says `READY`: a `FATAL` says why the deployment did not
+/// start, anything else is out of turn.
+fn ready(frame: &Frame, replica_id: &str) -> Result<(), String> {
     match frame.ty {
         FromWorker::Ready => {
             let ready: ReadyHead = frame.head().map_err(|e| e.to_string())?;
-            tracing::debug!(replica = %launch.replica_id, pid = ready.pid, multiplexed = ready.multiplexed, "Python worker ready");
+            tracing::debug!(replica = %replica_id, pid = ready.pid, multiplexed = ready.multiplexed, "Python worker ready");
+            Ok(())
         }
         FromWorker::Fatal => {
             let fatal: FatalHead = frame.head().map_err(|e| e.to_string())?;
@@ -153,12 +198,10 @@ pub(crate) async fn start(
                 .location
                 .map(|l| format!(" at {l}"))
                 .unwrap_or_default();
-            return Err(format!("the deployment did not start{at}: {}", fatal.error));
+            Err(format!("the deployment did not start{at}: {}", fatal.error))
         }
-        other => return Err(format!("the worker sent {other:?} before READY")),
+        other => Err(format!("the worker sent {other:?} before READY")),
     }
-    let conn = Conn::start(read, write, callbacks);
-    Ok(Started { conn, child, pid })
 }
 
 async fn forward_lines(
