@@ -38,7 +38,7 @@ mod target;
 pub(crate) use handle_call::CallToken;
 use hold::hold_until_sent;
 pub use load_wait::waiting_for_load;
-use retry::{Forwarded, copy_request, replica_stopped};
+use retry::{Attempted, copy_request, replica_stopped};
 pub(crate) use target::Target;
 use target::Targets;
 
@@ -185,134 +185,6 @@ impl DeploymentRouter {
         // Dropping their senders tells them.
         waiting.entries.clear();
         self.queued.store(0, Ordering::SeqCst);
-    }
-
-    /// Routes `request` to a replica and runs it there (or forwards it to the node that
-    /// has it). Returns the response (or the error) and the replica that served it, if one was
-    /// reached. With `record_model`, a response to a call that named a model carries it
-    /// ([`ServedModel`](crate::port::ServedModel)) for the access line of the HTTP request
-    /// around it; the front's own call does not need that (it knows the header's model).
-    pub(crate) async fn run(
-        self: &Arc<Self>,
-        request: Request,
-        context: RequestContext,
-        route: Route,
-        record_model: bool,
-    ) -> Dispatched {
-        let start = Instant::now();
-        let model = context.multiplexed_model_id().cloned();
-        // A handle call's pickle goes to another node only with the token that node checks.
-        let is_call = request.extensions().get::<HandleCall>().is_some();
-        let route = if is_call {
-            let runs_here = !self.targets.load().local.is_empty();
-            let can_forward = self.call_token.is_set();
-            match handle_call::route_for(route, true, can_forward, runs_here, self.name()) {
-                Ok(route) => route,
-                Err(e) => return (Err(e), None),
-            }
-        } else {
-            route
-        };
-        let mut request = Some(request);
-        let mut attempt = 1;
-        let trace = context.trace();
-        let (result, replica) = loop {
-            let queued = trace.map(|t| self.span(t, "queue_wait"));
-            let acquired = self.acquire(model.as_ref(), &route).await;
-            if let Some(span) = queued {
-                span.end(acquired.is_err());
-            }
-            let (guard, reason) = match acquired {
-                Err(e) => break (Err(e), None),
-                Ok(found) => found,
-            };
-            let Some(this) = request.take() else {
-                break (Err(ServeError::ShuttingDown), None);
-            };
-            tracing::trace!(replica = guard.target.slot().id(), ?reason, "routed");
-            // Service time is measured on requests whose model was loaded when they were
-            // routed: one that waited for a load would count the load as service.
-            let timed = model
-                .as_ref()
-                .is_none_or(|m| guard.target.slot().holds_loaded(m));
-            match guard.target.clone() {
-                Target::Local(replica) => {
-                    // An idempotent deployment's request keeps a copy, to run again elsewhere
-                    // should its replica stop under it.
-                    let spare = (self.config.idempotent && attempt < MAX_ATTEMPTS)
-                        .then(|| copy_request(&this))
-                        .flatten();
-                    let done = self
-                        .run_local(&replica, guard, this, &context, timed, start)
-                        .await;
-                    match (&done.0, spare) {
-                        (Err(e), Some(spare)) if replica_stopped(e) => {
-                            tracing::warn!(replica = %replica.id, attempt, error = %e, "the replica stopped under the request; running it again");
-                            request = Some(spare);
-                            attempt += 1;
-                        }
-                        _ => break done,
-                    }
-                }
-                Target::Remote(remote) => {
-                    // Kept out of line (and off this future's size, which every local request
-                    // pays for in copies): only cluster mode forwards.
-                    let mut this = this;
-                    let span = trace.map(|t| {
-                        // The other node's spans hang under this node's root span.
-                        if let Ok(v) = http::HeaderValue::from_str(&t.traceparent()) {
-                            this.headers_mut().insert("traceparent", v);
-                        }
-                        let mut span = self.span(t, "forward");
-                        span.attribute("replica", remote.slot.id());
-                        span
-                    });
-                    let forwarded =
-                        Box::pin(self.forward(&remote, guard, this, &context, attempt, timed))
-                            .await;
-                    if let Some(span) = span {
-                        span.end(matches!(forwarded, Forwarded::Done((Err(_), _))));
-                    }
-                    match forwarded {
-                        Forwarded::Done(done) => break done,
-                        Forwarded::Retry(spare) => {
-                            request = Some(spare);
-                            attempt += 1;
-                        }
-                    }
-                }
-            }
-        };
-        let status = result
-            .as_ref()
-            .map_or_else(|e| e.http_status(), |r| r.status());
-        // The access line is the front's, one per HTTP request (it reads the model from
-        // here); each call to a deployment, a handle's too, is a debug line.
-        let mut result = result;
-        if let (Ok(response), Some(model)) = (&mut result, &model)
-            && record_model
-            && crate::port::access_log_on()
-            && response
-                .extensions()
-                .get::<crate::port::ServedModel>()
-                .is_none()
-        {
-            response
-                .extensions_mut()
-                .insert(crate::port::ServedModel(model.clone()));
-        }
-        tracing::debug!(
-            target: "modelmux::dispatch",
-            request_id = context.request_id().map_or("-", |r| r.as_str()),
-            app = %self.app,
-            deployment = %self.config.name,
-            replica = replica.as_deref().unwrap_or("-"),
-            model_id = model.as_ref().map_or("-", |m| m.as_str()),
-            status = status.as_u16(),
-            ms = format_args!("{:.2}", start.elapsed().as_secs_f64() * 1e3),
-            error = result.as_ref().err().map(|e| e.error_type()),
-        );
-        (result, replica)
     }
 
     /// A replica with a reserved slot, waiting in the queue if there is none (or if others

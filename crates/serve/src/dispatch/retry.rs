@@ -21,8 +21,8 @@ pub(super) fn copy_request(request: &Request) -> Option<Request> {
     Some(copy)
 }
 
-/// How forwarding to another node ended.
-pub(super) enum Forwarded {
+/// How one attempt (forwarded to another node, or run on a replica of this one) ended.
+pub(super) enum Attempted {
     Done(Dispatched),
     /// Not served there, and safe to send elsewhere: the copy to send.
     Retry(Request),
