@@ -32,7 +32,16 @@ fn tensor(values: Vec<f32>, shape: &[usize], dtype: GgmlDType) -> Res<QTensor> {
     Ok(QTensor::quantize(&t, dtype)?)
 }
 
-fn main() -> Res<()> {
+/// The command line.
+struct Args {
+    tokenizer_from: String,
+    family: String,
+    dtype: GgmlDType,
+    out: String,
+    d_model: usize,
+}
+
+fn parse_args() -> Res<Args> {
     let mut tokenizer_from = None;
     let (mut family, mut dtype, mut out) = (String::new(), GgmlDType::Q4_1, None);
     let mut d_model = 576;
@@ -59,6 +68,23 @@ fn main() -> Res<()> {
     let (Some(tokenizer_from), Some(out)) = (tokenizer_from, out) else {
         return Err("--tokenizer-from and --out are required".into());
     };
+    Ok(Args {
+        tokenizer_from,
+        family,
+        dtype,
+        out,
+        d_model,
+    })
+}
+
+fn main() -> Res<()> {
+    let Args {
+        tokenizer_from,
+        family,
+        dtype,
+        out,
+        d_model,
+    } = parse_args()?;
     // (width, query heads, key/value heads, MLP)
     let (d, heads, kv_heads, ffn) = match d_model {
         576 => (576, 9, 3, 1536),

@@ -272,81 +272,9 @@ impl LlamaWeights {
         // The matrices in the order a step reads them: each layer's q/k/v, o, gate/up and
         // down, then the head.
         let mut arena = WeightArena::new();
-        let part = |layer: usize, t: Target| (t.gguf_name(layer), t.dims(&config));
         for layer in 0..config.n_layer {
-            let attn_norm = vector(file, &format!("blk.{layer}.attn_norm.weight"), d)?;
-            let ffn_norm = vector(file, &format!("blk.{layer}.ffn_norm.weight"), d)?;
-            bytes += 8 * d as u64;
-            let qkv = [Target::Q, Target::K, Target::V].map(|t| part(layer, t));
-            let family = config.family;
-            let qkv_bias = if family.qkv_bias {
-                let mut bias = Vec::with_capacity(config.q_dim() + 2 * config.kv_dim());
-                for (name, (rows, _)) in &qkv {
-                    let name = name.replace(".weight", ".bias");
-                    bias.extend(vector(file, &name, *rows)?);
-                }
-                bytes += 4 * bias.len() as u64;
-                Some(bias)
-            } else {
-                None
-            };
-            let qk_norm = if family.qk_norm {
-                let q = vector(
-                    file,
-                    &format!("blk.{layer}.attn_q_norm.weight"),
-                    config.head_dim,
-                )?;
-                let k = vector(
-                    file,
-                    &format!("blk.{layer}.attn_k_norm.weight"),
-                    config.head_dim,
-                )?;
-                bytes += 8 * config.head_dim as u64;
-                Some((q, k))
-            } else {
-                None
-            };
-            let post_norms = if family.post_norms {
-                let attn = vector(file, &format!("blk.{layer}.post_attention_norm.weight"), d)?;
-                let ffn = vector(file, &format!("blk.{layer}.post_ffw_norm.weight"), d)?;
-                bytes += 8 * d as u64;
-                Some((attn, ffn))
-            } else {
-                None
-            };
-            // Fused projections (Phi-3) are already stacked as the engine stacks them:
-            // q, k, v rows, and gate rows then up rows.
-            let fused_qkv = format!("blk.{layer}.attn_qkv.weight");
-            let qkv = if file.has_tensor(&fused_qkv) {
-                let rows = config.q_dim() + 2 * config.kv_dim();
-                matrix(file, &[(fused_qkv, (rows, d))], format, &mut arena)?
-            } else {
-                matrix(file, &qkv, format, &mut arena)?
-            };
-            let o = matrix(file, &[part(layer, Target::O)], format, &mut arena)?;
-            let gate_up = if file.has_tensor(&Target::Gate.gguf_name(layer)) {
-                let parts = [part(layer, Target::Gate), part(layer, Target::Up)];
-                matrix(file, &parts, format, &mut arena)?
-            } else {
-                let parts = [(Target::Up.gguf_name(layer), (2 * config.ffn_dim, d))];
-                matrix(file, &parts, format, &mut arena)?
-            };
-            let down = matrix(file, &[part(layer, Target::Down)], format, &mut arena)?;
-            let block = Block {
-                attn_norm,
-                ffn_norm,
-                qkv,
-                qkv_bias,
-                qk_norm,
-                post_norms,
-                o,
-                gate_up,
-                down,
-            };
-            bytes += [&block.qkv, &block.o, &block.gate_up, &block.down]
-                .iter()
-                .map(|m| m.size_bytes())
-                .sum::<u64>();
+            let (block, block_bytes) = read_block(file, &config, layer, format, &mut arena)?;
+            bytes += block_bytes;
             blocks.push(block);
         }
         let final_norm = vector(file, "output_norm.weight", d)?;
@@ -433,4 +361,92 @@ impl LlamaWeights {
         let ids = Tensor::from_slice(tokens, tokens.len(), &Device::Cpu)?;
         Ok(table.embedding(&ids)?.flatten_all()?.to_vec1()?)
     }
+}
+
+/// Block `layer`'s norms and matrices (q/k/v, o, gate/up and down, stacked as a step reads
+/// them; fused ones as stored), and the bytes they take.
+fn read_block(
+    file: &mut GgufFile,
+    config: &LlamaConfig,
+    layer: usize,
+    format: WeightFormat,
+    arena: &mut WeightArena,
+) -> Result<(Block, u64)> {
+    let d = config.d_model;
+    let mut bytes = 0u64;
+    let part = |layer: usize, t: Target| (t.gguf_name(layer), t.dims(config));
+    let attn_norm = vector(file, &format!("blk.{layer}.attn_norm.weight"), d)?;
+    let ffn_norm = vector(file, &format!("blk.{layer}.ffn_norm.weight"), d)?;
+    bytes += 8 * d as u64;
+    let qkv = [Target::Q, Target::K, Target::V].map(|t| part(layer, t));
+    let family = config.family;
+    let qkv_bias = if family.qkv_bias {
+        let mut bias = Vec::with_capacity(config.q_dim() + 2 * config.kv_dim());
+        for (name, (rows, _)) in &qkv {
+            let name = name.replace(".weight", ".bias");
+            bias.extend(vector(file, &name, *rows)?);
+        }
+        bytes += 4 * bias.len() as u64;
+        Some(bias)
+    } else {
+        None
+    };
+    let qk_norm = if family.qk_norm {
+        let q = vector(
+            file,
+            &format!("blk.{layer}.attn_q_norm.weight"),
+            config.head_dim,
+        )?;
+        let k = vector(
+            file,
+            &format!("blk.{layer}.attn_k_norm.weight"),
+            config.head_dim,
+        )?;
+        bytes += 8 * config.head_dim as u64;
+        Some((q, k))
+    } else {
+        None
+    };
+    let post_norms = if family.post_norms {
+        let attn = vector(file, &format!("blk.{layer}.post_attention_norm.weight"), d)?;
+        let ffn = vector(file, &format!("blk.{layer}.post_ffw_norm.weight"), d)?;
+        bytes += 8 * d as u64;
+        Some((attn, ffn))
+    } else {
+        None
+    };
+    // Fused projections (Phi-3) are already stacked as the engine stacks them:
+    // q, k, v rows, and gate rows then up rows.
+    let fused_qkv = format!("blk.{layer}.attn_qkv.weight");
+    let qkv = if file.has_tensor(&fused_qkv) {
+        let rows = config.q_dim() + 2 * config.kv_dim();
+        matrix(file, &[(fused_qkv, (rows, d))], format, arena)?
+    } else {
+        matrix(file, &qkv, format, arena)?
+    };
+    let o = matrix(file, &[part(layer, Target::O)], format, arena)?;
+    let gate_up = if file.has_tensor(&Target::Gate.gguf_name(layer)) {
+        let parts = [part(layer, Target::Gate), part(layer, Target::Up)];
+        matrix(file, &parts, format, arena)?
+    } else {
+        let parts = [(Target::Up.gguf_name(layer), (2 * config.ffn_dim, d))];
+        matrix(file, &parts, format, arena)?
+    };
+    let down = matrix(file, &[part(layer, Target::Down)], format, arena)?;
+    let block = Block {
+        attn_norm,
+        ffn_norm,
+        qkv,
+        qkv_bias,
+        qk_norm,
+        post_norms,
+        o,
+        gate_up,
+        down,
+    };
+    bytes += [&block.qkv, &block.o, &block.gate_up, &block.down]
+        .iter()
+        .map(|m| m.size_bytes())
+        .sum::<u64>();
+    Ok((block, bytes))
 }

@@ -197,27 +197,42 @@ fn tool_result(id: &str, name: &str, content: &str) -> ChatMessage {
 }
 
 fn conversations() -> Vec<Conversation> {
-    let plain = |name, messages| Conversation {
+    let mut all = plain_conversations();
+    all.extend(tool_conversations());
+    all.extend(unusual_conversations());
+    all
+}
+
+fn plain(name: &'static str, messages: Vec<ChatMessage>) -> Conversation {
+    Conversation {
         name,
         messages,
         tools: None,
         kwargs: Map::new(),
         needs_tools: false,
-    };
-    let with_tools = |name, messages| Conversation {
+    }
+}
+
+fn with_tools(name: &'static str, messages: Vec<ChatMessage>) -> Conversation {
+    Conversation {
         name,
         messages,
         tools: Some(tools()),
         kwargs: Map::new(),
         needs_tools: true,
-    };
-    let weather_call = || {
-        tool_call(
-            "Ab3dE6gH9",
-            "get_weather",
-            json!({"city": "Zürich", "unit": "celsius"}),
-        )
-    };
+    }
+}
+
+fn weather_call() -> Value {
+    tool_call(
+        "Ab3dE6gH9",
+        "get_weather",
+        json!({"city": "Zürich", "unit": "celsius"}),
+    )
+}
+
+/// Systems, users and assistants in the usual order, thinking on and off.
+fn plain_conversations() -> Vec<Conversation> {
     let mut thinking_off = plain(
         "enable_thinking_false",
         vec![msg("system", SYSTEM), msg("user", "Quick: 2+2?")],
@@ -257,6 +272,12 @@ fn conversations() -> Vec<Conversation> {
             ],
         ),
         thinking_off,
+    ]
+}
+
+/// Tool calls and their results, one or two at a time.
+fn tool_conversations() -> Vec<Conversation> {
+    vec![
         with_tools(
             "tool_call_and_result",
             vec![
@@ -300,6 +321,13 @@ fn conversations() -> Vec<Conversation> {
                 tool_result("call_1", "get_weather", "16"),
             ],
         ),
+    ]
+}
+
+/// Orders some templates refuse and others accept: two users in a row, the assistant first,
+/// two systems, a late system.
+fn unusual_conversations() -> Vec<Conversation> {
+    vec![
         plain(
             "two_users",
             vec![

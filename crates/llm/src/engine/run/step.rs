@@ -90,10 +90,7 @@ impl EngineLoop {
     /// computed beside it. The segments own what they use for the pass (the caches move out
     /// of their sequences and back), so that the other engines of this model can run theirs
     /// in the same pass (`LlamaModel::forward_shared`).
-    fn forward(
-        &mut self,
-        inputs: &mut [Input],
-    ) -> crate::Result<Forwarded> {
+    fn forward(&mut self, inputs: &mut [Input]) -> crate::Result<Forwarded> {
         let model = self.weights.model.clone().ok_or_else(|| {
             LlmError::Internal("a step ran while the weights were released".into())
         })?;
