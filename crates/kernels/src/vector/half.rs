@@ -67,7 +67,7 @@ pub fn axpys_f16(y: &mut [f32], coefficients: &[f32], rows: &[u16], stride: usiz
 /// weights nor a KV cache hold. Branch-free (the exponent is rebased by a multiplication by
 /// 2^112), so loops over it vectorise on any CPU, F16C or not.
 #[inline(always)]
-pub(super) fn half_to_f32(h: u16) -> f32 {
+pub(crate) fn half_to_f32(h: u16) -> f32 {
     let h = u32::from(h);
     let magnitude = f32::from_bits((h & 0x7fff) << 13) * f32::from_bits(0x7780_0000);
     f32::from_bits(((h & 0x8000) << 16) | magnitude.to_bits())

@@ -12,9 +12,10 @@
 
 use std::arch::x86_64::*;
 
-use crate::int4::{LINES, activation_sum};
+use super::{LINES, activation_sum};
+use crate::int8::x86::dispatch_rows;
+use crate::isa::{has_avx2, has_avx512_vnni};
 use crate::panel::{Line, Tile};
-use crate::x86::{dispatch_rows, has_avx2, has_avx512_vnni};
 use crate::{BLOCK, PANEL};
 
 /// How many blocks (of 320 bytes) ahead the kernels ask for weights.

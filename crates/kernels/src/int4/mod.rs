@@ -13,6 +13,9 @@
 //! `acc = fma(s, d * d_a, acc)` followed by `acc = fma(sum(a), m * d_a, acc)`: every kernel
 //! the same f32 operations in the same order as `tile` here, so all agree bit for bit.
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 use half::f16;
 
 use crate::pages::Buffer;
@@ -175,9 +178,9 @@ impl Int4Matrix {
             match isa {
                 Isa::Scalar => tile(lines, t, out),
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => crate::int4_x86::tile_avx2(lines, t, out),
+                Isa::Avx2 => x86::tile_avx2(lines, t, out),
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Vnni => crate::int4_x86::tile_vnni(lines, t, out),
+                Isa::Avx512Vnni => x86::tile_vnni(lines, t, out),
                 #[cfg(not(target_arch = "x86_64"))]
                 _ => unreachable!("checked by is_available"),
             }

@@ -9,7 +9,7 @@
 use std::arch::x86_64::*;
 
 use crate::BLOCK;
-use crate::x86::{has_avx2, has_avx512_vnni};
+use crate::isa::{has_avx2, has_avx512_vnni};
 
 /// Checks the lengths both quantizers write through raw pointers.
 fn check_lengths(x: &[f32], q: &[i8], scales: &[f32], bias: &[i32]) {

@@ -3,8 +3,20 @@
 //! read most after the weights). Both read the stored values converted exactly to f32 and
 //! then do the same operations in the same order, so a binary16 cache gives the result the
 //! f32 loops would give on the rounded keys and values.
+//!
+//! The portable loops are here (compiled three times, as [`crate::vector`]'s); `avx2.rs` and
+//! `avx512.rs` hold the intrinsics copies. The only unsafe code in this file is the call into
+//! those after checking the CPU has their features.
+#![allow(unsafe_code)]
 
-use super::{LANES, Level, dot_of, half_to_f32, level, madd, soft_cap, softmax_body, tree_sum};
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512;
+
+use crate::vector::{
+    LANES, Level, dot_of, half_to_f32, level, madd, multiversion, soft_cap, softmax_body, tree_sum,
+};
 
 /// A key or value as a KV cache stores it: `f32`, or IEEE binary16 bits (`u16`) written by
 /// [`f16_bits`](super::f16_bits) (finite values only).
@@ -33,7 +45,7 @@ impl KvValue for u16 {
 
 /// `a · b` for a fixed length (a multiple of `4 * LANES`): element-wise products into four
 /// vectors' worth of lanes, then a halving tree. Compiled for AVX2 the tree went through
-/// the stack, so the x86 copies score attention with `attend_x86::scores`, which does these
+/// the stack, so the x86 copies score attention with `avx2::scores`, which does these
 /// operations in this order (and is tested against this function bit for bit).
 #[inline(always)]
 pub(crate) fn dot_fixed<const FMA: bool, const D: usize>(a: &[f32; D], b: &[f32; D]) -> f32 {
@@ -96,21 +108,20 @@ fn heads<const FMA: bool, const D: usize, const G: usize, T: KvValue>(
     // `FMA` is true only in the copies `multiversion!` runs after `level` found AVX2 and FMA
     // on this CPU; `has_avx2` finds F16C too.
     #[cfg(target_arch = "x86_64")]
-    let x86 = FMA && crate::x86::has_avx2();
+    let x86 = FMA && crate::isa::has_avx2();
     // The AVX-512 loops where the loops run at that width (`level`, which the kernel cap
     // limits) and the CPU has F16C too.
     #[cfg(target_arch = "x86_64")]
-    let wide = x86 && level() == Level::Avx512 && crate::attend_avx512::available();
+    let wide = x86 && level() == Level::Avx512 && avx512::available();
     #[allow(unused_mut)]
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if wide {
         // SAFETY: the CPU has AVX-512 F, AVX2, FMA and F16C (above).
-        done =
-            unsafe { crate::attend_avx512::scores(&q, keys, values, stride, scale, len, scores) };
+        done = unsafe { avx512::scores(&q, keys, values, stride, scale, len, scores) };
     } else if x86 {
         // SAFETY: the CPU has AVX2, FMA and F16C (above).
-        done = unsafe { crate::attend_x86::scores(&q, keys, values, stride, scale, len, scores) };
+        done = unsafe { avx2::scores(&q, keys, values, stride, scale, len, scores) };
     }
     for j in done..len {
         let k: [f32; D] = std::array::from_fn(|i| keys[j * stride + i].to_f32());
@@ -125,11 +136,11 @@ fn heads<const FMA: bool, const D: usize, const G: usize, T: KvValue>(
     #[cfg(target_arch = "x86_64")]
     if wide {
         // SAFETY: the CPU has AVX-512 F, AVX2, FMA and F16C (above).
-        unsafe { crate::attend_avx512::weighted_sums::<D, G, T>(scores, len, values, stride, out) };
+        unsafe { avx512::weighted_sums::<D, G, T>(scores, len, values, stride, out) };
         return;
     } else if x86 {
         // SAFETY: the CPU has AVX2, FMA and F16C (above).
-        unsafe { crate::attend_x86::weighted_sums::<D, G, T>(scores, len, values, stride, out) };
+        unsafe { avx2::weighted_sums::<D, G, T>(scores, len, values, stride, out) };
         return;
     }
     // The heads' outputs in column bands of `BAND` values, each band's `G` accumulators in
@@ -239,7 +250,7 @@ multiversion! {
 
 multiversion! {
     /// [`attend`] over keys and values stored in IEEE binary16 (bits, as
-    /// [`f16_bits`](super::f16_bits) writes them): the same operations on the values
+    /// [`f16_bits`](crate::vector::f16_bits) writes them): the same operations on the values
     /// converted exactly to f32, so the same result as [`attend`] on those values.
     ///
     /// # Panics
@@ -260,8 +271,8 @@ multiversion! {
 
 #[cfg(test)]
 mod tests {
-    use super::super::f16_bits;
     use super::*;
+    use crate::vector::f16_bits;
 
     /// Query, keys and values of `positions` positions (the head at offset `head_dim` of
     /// each, the last position whole), of many magnitudes.

@@ -2,11 +2,15 @@
 //! tiles is `product`'s (shared with the 4-bit format); the kernels for one (panel, row tile)
 //! are in `scalar` and `x86`.
 
+mod portable;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
+
 use half::f16;
 
 use crate::pages::Buffer;
 use crate::panel::{GROUPS, Line, Panel, Tile};
-use crate::rows::round_to_i8;
+use crate::quantize::round_to_i8;
 use crate::{BLOCK, ColumnsMut, Int8Rows, Isa, PANEL, WeightArena};
 
 /// Zero weights: bytes `q ^ 0x80` of `q = 0`.
@@ -179,11 +183,11 @@ impl Int8Matrix {
 /// One panel times `out.len()` activation rows (at most the kernel's tile).
 fn run_tile(isa: Isa, panel: Panel<'_>, x: Tile<'_>, out: &mut [[f32; PANEL]]) {
     match isa {
-        Isa::Scalar => crate::scalar::tile(panel, x, out),
+        Isa::Scalar => portable::tile(panel, x, out),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => crate::x86::tile_avx2(panel, x, out),
+        Isa::Avx2 => x86::tile_avx2(panel, x, out),
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512Vnni => crate::x86::tile_vnni(panel, x, out),
+        Isa::Avx512Vnni => x86::tile_vnni(panel, x, out),
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("checked by is_available"),
     }

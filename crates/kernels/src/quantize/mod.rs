@@ -1,5 +1,8 @@
 //! Activations quantized to int8 per block of 32 values, once per matrix product.
 
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
 use crate::{BLOCK, Isa};
 
 /// `rows x k` activations as int8, one f32 scale per block of [`BLOCK`] values: value `c` of
@@ -55,13 +58,13 @@ impl Int8Rows {
         match isa {
             Isa::Avx512Vnni => {
                 let (q, scales, bias) = (&mut self.q, &mut self.scales, &mut self.bias);
-                crate::quantize_x86::quantize_avx512(x, q, scales, bias);
+                x86::quantize_avx512(x, q, scales, bias);
                 return;
             }
             Isa::Avx2 => {
                 self.wide.resize(x.len(), 0);
                 let (q, scales, bias) = (&mut self.q, &mut self.scales, &mut self.bias);
-                crate::quantize_x86::quantize_avx2(x, q, scales, bias, &mut self.wide);
+                x86::quantize_avx2(x, q, scales, bias, &mut self.wide);
                 return;
             }
             Isa::Scalar => {}

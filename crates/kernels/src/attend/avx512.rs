@@ -1,23 +1,23 @@
-//! Attention's scores and weighted sums with AVX-512 F: `attend_x86`'s loops at twice the
+//! Attention's scores and weighted sums with AVX-512 F: `avx2`'s loops at twice the
 //! width, for CPUs that have it. A key of 64 values is four vectors instead of eight, so a
 //! score costs half the conversions, loads and multiply-adds, and the weighted sums keep a
 //! head's 64 outputs in four registers across all positions instead of going over the
 //! positions once per band of 16. The operations per score and per output are the same as
-//! `attend_x86`'s, in the same order (so, as those, bit-identical to the portable loops):
+//! `avx2`'s, in the same order (so, as those, bit-identical to the portable loops):
 //! `dot_fixed`'s 64 accumulators are four vectors' lanes, its halving tree the same sums.
 #![allow(unsafe_code)]
 
 use std::arch::x86_64::*;
 
-use crate::attend_x86::{PositionDot, scores_with, sums_fit};
+use super::avx2::{PositionDot, scores_with, sums_fit};
 use crate::vector::KvValue;
 
 /// Whether this CPU runs these loops (AVX-512 F with AVX2, FMA and F16C).
 pub(crate) fn available() -> bool {
-    is_x86_feature_detected!("avx512f") && crate::x86::has_avx2()
+    is_x86_feature_detected!("avx512f") && crate::isa::has_avx2()
 }
 
-/// `attend_x86::scores` with AVX-512: for every head `h < G` and every position `j` below
+/// `avx2::scores` with AVX-512: for every head `h < G` and every position `j` below
 /// `len` rounded down to a multiple of eight, `scores[h * len + j]` is `q[h]` dotted with
 /// `keys[j * stride..][..D]`, times `scale`; returns that count (the caller does the rest).
 ///
@@ -69,7 +69,7 @@ impl PositionDot for Avx512Dot {
     }
 }
 
-/// `attend_x86::weighted_sums` with AVX-512: `out[h * D + d] = Σ_j scores[h * len + j] *
+/// `avx2::weighted_sums` with AVX-512: `out[h * D + d] = Σ_j scores[h * len + j] *
 /// values[j * stride + d]` for every head `h < G`, one fused multiply-add per position in
 /// position order.
 ///

@@ -1,5 +1,5 @@
 //! Attention's scores and weighted sums with AVX2 intrinsics, eight positions at a time,
-//! and the scores loop `attend_avx512` shares ([`scores_with`], over a [`PositionDot`]).
+//! and the scores loop `avx512` shares ([`scores_with`], over a [`PositionDot`]).
 //! Written by hand because the compiler kept `dot_fixed`'s 64 accumulators and their halving
 //! tree on the stack (a store, a reload that missed store forwarding, and a scalar add per
 //! lane: 80% of attention's time). The operations per score are `dot_fixed`'s, in its order,
@@ -297,14 +297,14 @@ mod tests {
     }
 
     /// The cases to test, `(half, wide)`: f32 and binary16 keys and values, each through the
-    /// AVX2 loops and (`wide`) `attend_avx512`'s where the CPU runs them; empty, with a line
+    /// AVX2 loops and (`wide`) `avx512`'s where the CPU runs them; empty, with a line
     /// saying so, on a CPU without AVX2, FMA and F16C.
     fn cases() -> Vec<(bool, bool)> {
-        if !crate::x86::has_avx2() {
+        if !crate::isa::has_avx2() {
             eprintln!("NOT RUN: this CPU has no AVX2, FMA and F16C");
             return Vec::new();
         }
-        let widths = if crate::attend_avx512::available() {
+        let widths = if crate::attend::avx512::available() {
             vec![false, true]
         } else {
             eprintln!("NOT RUN: the AVX-512 attention loops (this CPU has no AVX-512 F)");
@@ -319,7 +319,7 @@ mod tests {
     /// The scores of `keys` (f32, or binary16 with `half`) against `dot_fixed` of the keys
     /// as f32 (converted exactly), by the AVX2 loop or (`wide`) the AVX-512 one.
     fn check<const D: usize, const G: usize>(half: bool, wide: bool) {
-        use crate::attend_avx512::scores as scores512;
+        use crate::attend::avx512::scores as scores512;
         let stride = 3 * D + 8;
         for len in [1, 8, 37, 64] {
             let (keys, vals) = (values(len * stride, D + G), values(len * stride, 7));
@@ -372,7 +372,7 @@ mod tests {
     /// `weighted_sums` (or, `wide`, the AVX-512 one) against the portable loop's arithmetic:
     /// one `mul_add` per position, in position order, for f32 and binary16 values.
     fn check_sums<const D: usize, const G: usize>(half: bool, wide: bool) {
-        use crate::attend_avx512::weighted_sums as sums512;
+        use crate::attend::avx512::weighted_sums as sums512;
         let stride = 2 * D + 8;
         for len in [1, 7, 37] {
             let vals = values(len * stride, D * G + len);

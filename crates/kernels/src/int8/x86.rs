@@ -1,6 +1,6 @@
-//! The x86-64 kernels: AVX-512 VNNI and AVX2. Each computes, per block, the exact integer
+//! The int8 matrix kernels for x86-64: AVX-512 VNNI and AVX2. Each computes, per block, the exact integer
 //! dot product of every (weight row, activation row) pair and then the same f32 operations
-//! as `scalar::tile`, so the results are bit-identical to it.
+//! as `portable::tile`, so the results are bit-identical to it.
 //!
 //! Unsafe code here is of two kinds only: calls into `#[target_feature]` functions after the
 //! safe wrapper checked the CPU has the features, and vector loads and stores through raw
@@ -9,24 +9,13 @@
 
 use std::arch::x86_64::*;
 
+use crate::isa::{has_avx2, has_avx512_vnni};
 use crate::panel::{GROUPS, Panel, Tile};
 use crate::{BLOCK, PANEL};
 
 /// How many blocks (of 512 bytes) ahead the kernels prefetch weights (the VNNI kernel for
 /// tiles of 4 or more rows, both AVX2 kernels always).
 const PREFETCH_BLOCKS: usize = 8;
-
-pub(crate) fn has_avx2() -> bool {
-    is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-}
-
-pub(crate) fn has_avx512_vnni() -> bool {
-    is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512bw")
-        && is_x86_feature_detected!("avx512vnni")
-}
 
 /// Checks every length the kernels read through raw pointers; returns the block count.
 fn checked_blocks(panel: Panel<'_>, x: Tile<'_>, rows: usize) -> usize {

@@ -11,10 +11,10 @@
 use std::sync::OnceLock;
 
 /// Accumulators of a dot product: one AVX-512 vector, two AVX2 ones.
-const LANES: usize = 16;
+pub(crate) const LANES: usize = 16;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Level {
+pub(crate) enum Level {
     Base,
     #[cfg(target_arch = "x86_64")]
     Avx2,
@@ -22,7 +22,7 @@ enum Level {
     Avx512,
 }
 
-fn level() -> Level {
+pub(crate) fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -85,15 +85,15 @@ macro_rules! multiversion {
         }
     };
 }
+pub(crate) use multiversion;
 
-mod attend;
 mod half;
 mod int8;
-pub(crate) use attend::KvValue;
+pub(crate) use crate::attend::KvValue;
 #[cfg(test)]
-pub(crate) use attend::dot_fixed;
-pub use attend::{attend, attend_f16};
-use half::half_to_f32;
+pub(crate) use crate::attend::dot_fixed;
+pub use crate::attend::{attend, attend_f16};
+pub(crate) use half::half_to_f32;
 pub use half::{axpys_f16, dots_f16};
 pub use int8::{axpys_i8, dots_i8};
 
@@ -183,14 +183,14 @@ impl Prefetches {
 
 /// `a * b + c`, fused where the copy has FMA.
 #[inline(always)]
-fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }
 }
 
 /// The lanes of a dot product's accumulators summed pairwise, halves first (the order every
 /// dot product here sums its lanes in).
 #[inline(always)]
-fn tree_sum<const N: usize>(mut acc: [f32; N]) -> f32 {
+pub(crate) fn tree_sum<const N: usize>(mut acc: [f32; N]) -> f32 {
     let mut width = N;
     while width > 1 {
         width /= 2;
@@ -208,7 +208,11 @@ fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
 
 /// `a · b` with `b`'s values read by `value` (f32 as they are, or converted).
 #[inline(always)]
-fn dot_of<const FMA: bool, T: Copy>(a: &[f32], b: &[T], value: impl Fn(T) -> f32) -> f32 {
+pub(crate) fn dot_of<const FMA: bool, T: Copy>(
+    a: &[f32],
+    b: &[T],
+    value: impl Fn(T) -> f32,
+) -> f32 {
     let mut acc = [0.0f32; LANES];
     let whole = a.len() / LANES * LANES;
     for (x, y) in a[..whole]
@@ -271,7 +275,7 @@ fn axpys_body<const FMA: bool>(y: &mut [f32], coefficients: &[f32], rows: &[f32]
 }
 
 #[inline(always)]
-fn softmax_body<const FMA: bool>(x: &mut [f32]) {
+pub(crate) fn softmax_body<const FMA: bool>(x: &mut [f32]) {
     // Lane-wise max and sum (a single running value would keep the loops scalar).
     let whole = x.len() / LANES * LANES;
     let mut lanes = [f32::NEG_INFINITY; LANES];
@@ -325,7 +329,7 @@ fn gelu_tanh_mul_body<const FMA: bool>(gate: &[f32], up: &[f32], out: &mut [f32]
 
 /// `s = cap * tanh(s / cap)` for every score, when `cap > 0`.
 #[inline(always)]
-fn soft_cap<const FMA: bool>(scores: &mut [f32], cap: f32) {
+pub(crate) fn soft_cap<const FMA: bool>(scores: &mut [f32], cap: f32) {
     if cap > 0.0 {
         let inverse = 1.0 / cap;
         for s in scores {
