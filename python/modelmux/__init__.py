@@ -1,4 +1,6 @@
 """modelmux's Python side: Ray Serve's multiplexing API (`from modelmux import serve`) and
 the replica worker the modelmux server runs user code in."""
 
-__version__ = "0.1.0"
+from modelmux._version import version as _version
+
+__version__ = _version()

@@ -1,4 +1,6 @@
-"""The `modelmux` console script: runs the server binary with the same arguments."""
+"""`python -m modelmux`: runs the server binary with the same arguments, its workers on this
+Python (the wheel's `modelmux` command is the binary itself, whose workers run on
+`$MODELMUX_PYTHON`, else the `python3` on PATH)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The driver side: `serve.run` and friends against a stand-in server binary, handles over
-HTTP, and the binary look-up and console script."""
+HTTP, the binary look-up, `python -m modelmux` and the package's version."""
 
 import asyncio
 import json
@@ -9,6 +9,7 @@ import socket
 import stat
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 import unittest
@@ -172,8 +173,8 @@ class BinaryTest(unittest.TestCase):
             os.chmod(f.name, 0o755)
             self.assertEqual(find_binary(), f.name)
 
-    def test_a_package_installed_without_the_binary_names_the_fix(self):
-        # What `pip install ./python` installs: the package alone, outside any checkout.
+    def test_a_package_without_the_wheels_binary_names_the_fix(self):
+        # The package's files alone (copied, or on PYTHONPATH), outside any checkout.
         os.environ.pop("MODELMUX_BIN", None)
         package = os.path.join(os.path.dirname(__file__), "..", "modelmux")
         with tempfile.TemporaryDirectory() as d:
@@ -181,7 +182,7 @@ class BinaryTest(unittest.TestCase):
             env = {k: v for k, v in worker_env().items() if k != "MODELMUX_BIN"}
             env["PYTHONPATH"] = os.path.join(d, "site-packages")
             out = subprocess.run(
-                [sys.executable, "-c", "from modelmux._cli import main; main()", "serve"],
+                [sys.executable, "-m", "modelmux", "serve"],
                 env=env,
                 cwd=d,
                 capture_output=True,
@@ -189,25 +190,87 @@ class BinaryTest(unittest.TestCase):
                 timeout=60,
             )
         self.assertEqual(out.returncode, 127, out.stderr)
-        for fix in ("scripts/build-python-wheel", "pip install -e ./python", "MODELMUX_BIN"):
+        for fix in ("scripts/build-python-wheel", "pip install ./python", "MODELMUX_BIN"):
             self.assertIn(fix, out.stderr)
 
-    def test_console_script_execs_the_binary_with_its_arguments(self):
+    def _copied_package(self, d: str, code: str) -> subprocess.CompletedProcess[str]:
+        """Runs `code` with the package copied to `d/site/modelmux`, away from the checkout."""
+        package = os.path.join(os.path.dirname(__file__), "..", "modelmux")
+        shutil.copytree(package, os.path.join(d, "site", "modelmux"))
+        env = {k: v for k, v in worker_env().items() if k != "MODELMUX_BIN"}
+        env["PYTHONPATH"] = os.path.join(d, "site")
+        return subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=d, capture_output=True, text=True, timeout=60
+        )
+
+    def test_the_binary_a_wheel_installs_in_the_scripts_directory_is_found(self):
+        # Where pip puts a maturin wheel's binary: the environment's scripts directory
+        # (sysconfig's "scripts" path, stood in for here), or bin/ beside the package's root
+        # for `pip install --target`.
+        with tempfile.TemporaryDirectory() as d:
+            scripts = os.path.join(d, "scripts")
+            os.mkdir(scripts)
+            binary = executable(os.path.join(scripts, "modelmux"), "#!/bin/sh\n")
+            code = (
+                "import sysconfig\n"
+                "real = sysconfig.get_path\n"
+                f"sysconfig.get_path = lambda name, *a: {scripts!r} if name == 'scripts' "
+                "else real(name, *a)\n"
+                "from modelmux._binary import find_binary\n"
+                "print(find_binary())\n"
+            )
+            out = self._copied_package(d, code)
+            self.assertEqual(out.stdout.strip(), binary, out.stderr)
+        with tempfile.TemporaryDirectory() as d:
+            os.makedirs(os.path.join(d, "site", "bin"))
+            binary = executable(os.path.join(d, "site", "bin", "modelmux"), "#!/bin/sh\n")
+            out = self._copied_package(d, "from modelmux._binary import find_binary\nprint(find_binary())")
+            self.assertEqual(out.stdout.strip(), binary, out.stderr)
+
+    def test_a_checkout_prefers_its_own_build(self):
+        from modelmux._binary import candidates, checkout
+
+        repo = checkout()
+        self.assertIsNotNone(repo)
+        places = [str(p) for p in candidates()]
+        self.assertEqual(
+            places[:2],
+            [os.path.join(repo, "target", "release", "modelmux"), os.path.join(repo, "target", "debug", "modelmux")],
+        )
+        self.assertIn(os.path.join(sysconfig.get_path("scripts"), "modelmux"), places)
+
+    def test_the_version_is_the_cargo_workspaces(self):
+        import tomllib
+
+        import modelmux
+
+        with open(os.path.join(PYTHON_DIR, "..", "Cargo.toml"), "rb") as f:
+            cargo = tomllib.load(f)["workspace"]["package"]["version"]
+        self.assertEqual(modelmux.__version__, cargo)
+        # Away from the checkout, the installed distribution's metadata says it (none here).
+        with tempfile.TemporaryDirectory() as d:
+            out = self._copied_package(d, "import modelmux; print(modelmux.__version__)")
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertTrue(out.stdout.strip(), out.stderr)
+
+    def test_python_m_modelmux_execs_the_binary_with_its_arguments(self):
         with tempfile.TemporaryDirectory() as d:
             script = '#!/bin/sh\necho "$0|$*|$MODELMUX_PYTHON"\n'
             binary = executable(os.path.join(d, "modelmux"), script)
             out = subprocess.run(
-                [sys.executable, "-c", "from modelmux._cli import main; main()", "serve", "x.yaml"],
+                [sys.executable, "-m", "modelmux", "serve", "x.yaml"],
                 env=worker_env(MODELMUX_BIN=binary),
                 capture_output=True,
                 text=True,
                 timeout=30,
             )
-        self.assertEqual(out.stdout.strip(), f"{binary}|serve x.yaml|{sys.executable}")
+        run, args, python = out.stdout.strip().split("|")
+        self.assertEqual((run, args), (binary, "serve x.yaml"))
+        self.assertEqual(os.path.realpath(python), os.path.realpath(sys.executable))
 
-    def test_console_script_explains_a_missing_binary(self):
+    def test_python_m_modelmux_explains_a_missing_binary(self):
         out = subprocess.run(
-            [sys.executable, "-c", "from modelmux._cli import main; main()"],
+            [sys.executable, "-m", "modelmux"],
             env=worker_env(MODELMUX_BIN="/nonexistent/modelmux"),
             capture_output=True,
             text=True,

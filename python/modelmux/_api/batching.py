@@ -13,7 +13,8 @@ import functools
 import inspect
 import numbers
 from collections import deque
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from modelmux._api import context
 from modelmux._api.exceptions import BatchSizeMismatchError
@@ -112,7 +113,7 @@ class _BatchQueue:
                     f"@serve.batch function {self._name} returned {len(results)} results "
                     f"for a batch of {len(batch)} calls"
                 )
-            for (_, future, _, _), result in zip(batch, results):
+            for (_, future, _, _), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
         except Exception as e:

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Protocol
+from typing import Any, Protocol
 
 from modelmux._api.exceptions import RayServeException
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from modelmux._api.multiplex import find_multiplexed
 from modelmux._api.options import check_options
@@ -29,7 +30,8 @@ class Deployment:
     @property
     def name(self) -> str:
         """The `name` option, else the class name."""
-        return self._options.get("name", self._cls.__name__)
+        name: str = self._options.get("name", self._cls.__name__)
+        return name
 
     @property
     def version(self) -> str | None:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 from modelmux._api.deployment import Application
 from modelmux._api.multiplex import find_multiplexed

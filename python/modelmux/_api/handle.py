@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from typing import Any, AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator
+from typing import Any
 
 import cloudpickle
 

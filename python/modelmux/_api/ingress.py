@@ -5,7 +5,8 @@ instance, as Ray's class-based views."""
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _ATTR = "__modelmux_ingress__"
 
@@ -42,7 +43,10 @@ def _bind_class_routes(app: Any, cls: type) -> None:
             )
         this = params[0].replace(default=Depends(_servable_object))
         rest = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in params[1:]]
-        route.endpoint.__signature__ = signature.replace(parameters=[this, *rest])
+        # A function's `__signature__` is what inspect.signature (and so FastAPI) reads; typeshed
+        # types `endpoint` as a Callable, which declares no such attribute.
+        endpoint: Any = route.endpoint
+        endpoint.__signature__ = signature.replace(parameters=[this, *rest])
         routes[i] = APIRoute(
             **{name: getattr(route, name) for name in settings if hasattr(route, name)}
         )

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from modelmux._api import context
 
@@ -260,7 +261,9 @@ def _called_functions(cls: type) -> list[tuple[str, MultiplexConfig]]:
         names: list[tuple[str, Any]] = [
             (name, getattr(func, "__globals__", {}).get(name)) for name in code.co_names
         ]
-        for name, cell in zip(code.co_freevars, getattr(func, "__closure__", None) or ()):
+        for name, cell in zip(
+            code.co_freevars, getattr(func, "__closure__", None) or (), strict=False
+        ):
             try:
                 names.append((name, cell.cell_contents))
             except ValueError:  # an empty cell

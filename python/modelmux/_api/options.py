@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import numbers
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 _RAY_ONLY = frozenset(
     {

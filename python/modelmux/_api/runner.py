@@ -108,7 +108,11 @@ def run(
         try:
             # An application that runs already is replaced in place, as in Ray (its old
             # replicas shut down, their models unloaded; the other applications keep theirs).
-            if not (_server is not None and _server.serves(_apps) and _server.redeploy(dict(_apps), name)):
+            if not (
+                _server is not None
+                and _server.serves(_apps)
+                and _server.redeploy(dict(_apps), name)
+            ):
                 _restart()
         except BaseException:
             if previous is None:

@@ -17,7 +17,8 @@ def dumps(obj: Any) -> bytes:
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
-        return cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        data = cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        return data
 
 
 def dumps_exception(exc: BaseException) -> bytes:

@@ -8,14 +8,15 @@ import asyncio
 import json
 import urllib.parse
 from collections import deque
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 from starlette.responses import Response
 
 from modelmux._worker import protocol
 from modelmux._worker.connection import Connection
 
-Message = dict[str, Any]
+Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 

@@ -18,7 +18,8 @@ import contextlib
 import contextvars
 import functools
 import inspect
-from typing import Any, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from modelmux._api.exceptions import DeploymentUnavailableError
 from modelmux._worker import protocol
@@ -97,7 +98,9 @@ class PendingCall:
         self._release(not self._finished)
 
 
-def args_frames(head: dict[str, Any], payload: bytes) -> list[tuple[int, dict[str, Any] | None, bytes]]:
+def args_frames(
+    head: dict[str, Any], payload: bytes
+) -> list[tuple[int, dict[str, Any] | None, bytes]]:
     """The frames (type, head, data) that send a call's arguments, in order."""
     if len(payload) > MAX_CALL_ARGS:
         raise ValueError(
@@ -117,7 +120,9 @@ def args_frames(head: dict[str, Any], payload: bytes) -> list[tuple[int, dict[st
     return frames
 
 
-async def items(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str) -> AsyncIterator[Any]:
+async def items(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], what: str
+) -> AsyncIterator[Any]:
     """The items of `fn(*args, **kwargs)` for `stream=True`: an async generator's are awaited,
     a plain generator's are taken one by one in the thread pool (in a copy of the current
     context), so a generator that blocks does not stop the worker."""
@@ -142,7 +147,7 @@ async def items(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str,
     done = object()
     try:
         while True:
-            item = await loop.run_in_executor(None, ctx.run, next, gen, done)
+            item = await loop.run_in_executor(None, functools.partial(ctx.run, next, gen, done))
             if item is done:
                 break
             yield item

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from modelmux._worker import protocol
 from modelmux._worker.protocol import Frame

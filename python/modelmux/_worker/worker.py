@@ -15,12 +15,14 @@ import os
 import socket
 import sys
 import types
-from typing import Any, Callable, NoReturn
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from starlette.requests import Request
 
 from modelmux._api import context, records, serialization
 from modelmux._api.deployment import Application
+from modelmux._api.exceptions import ModelLoadError, NoSuchMethodError
 from modelmux._api.graph import deployments_of, replace_bound
 from modelmux._api.handle import DeploymentHandle
 from modelmux._api.ingress import ingress_app
@@ -28,7 +30,6 @@ from modelmux._api.multiplex import find_multiplexed
 from modelmux._worker import app_loader, asgi, calls, errors, protocol
 from modelmux._worker.connection import Connection
 from modelmux._worker.protocol import Frame
-from modelmux._api.exceptions import ModelLoadError, NoSuchMethodError
 
 # How long an unload waits for the work a model's `__del__` started (handle calls).
 UNLOAD_WORK_TIMEOUT_S = 10.0
@@ -115,7 +116,8 @@ class Worker:
     async def build(self) -> None:
         """Constructs the instance (bound deployments among its arguments become handles),
         applies `user_config`, and starts an ingress app's lifespan."""
-        cls = self._app.deployment.func_or_class
+        # type[object], not type[Any]: mypy resolves `__new__` of type[Any] as type.__new__.
+        cls: type[object] = self._app.deployment.func_or_class
         context.set_runtime(self)
 
         def handle(bound: Application) -> DeploymentHandle:
@@ -148,7 +150,7 @@ class Worker:
         self._ingress = ingress_app(cls)
         if self._ingress is not None:
             self._lifespan_state = await asgi.start_lifespan(self._ingress)
-        http_call = getattr(self.instance, "__call__", None)
+        http_call = self.instance.__call__ if callable(self.instance) else None
         if http_call is not None:
             self._call_takes_request = _takes_argument(http_call)
 
@@ -186,20 +188,20 @@ class Worker:
             self._requests[frame.stream] = req
             req.task = self.loop.create_task(self._serve_request(frame.stream, head, req))
         elif kind == protocol.REQUEST_BODY:
-            if (req := self._requests.get(frame.stream)) is not None:
-                req.body.feed(frame.data)
+            if (known := self._requests.get(frame.stream)) is not None:
+                known.body.feed(frame.data)
         elif kind == protocol.REQUEST_END:
-            if (req := self._requests.get(frame.stream)) is not None:
-                req.body.finish()
+            if (known := self._requests.get(frame.stream)) is not None:
+                known.body.finish()
         elif kind == protocol.CREDIT:
-            if (req := self._requests.get(frame.stream)) is not None:
-                req.sender.add_credit(int.from_bytes(frame.data, "big"))
+            if (known := self._requests.get(frame.stream)) is not None:
+                known.sender.add_credit(int.from_bytes(frame.data, "big"))
         elif kind == protocol.CANCEL:
-            if (req := self._requests.pop(frame.stream, None)) is not None:
-                req.sender.close()
-                req.body.disconnect()
-                if req.task is not None:
-                    req.task.cancel()
+            if (known := self._requests.pop(frame.stream, None)) is not None:
+                known.sender.close()
+                known.body.disconnect()
+                if known.task is not None:
+                    known.task.cancel()
         elif kind == protocol.CONTROL:
             task = self.loop.create_task(self._control(frame.stream, frame.head or {}))
             self._controls.add(task)
@@ -248,7 +250,7 @@ class Worker:
         if self._ingress is not None:
             await self._ingress(scope, body.receive, sender.send)
             return
-        http_call = getattr(self.instance, "__call__", None)
+        http_call = self.instance.__call__ if callable(self.instance) else None
         if http_call is None:
             raise TypeError(
                 f"deployment {self._app.name} has no __call__ method and no @serve.ingress app"
@@ -260,7 +262,7 @@ class Worker:
     def _method(self, name: str) -> Callable[..., Any]:
         """The instance's method `name`, which a handle call names; RayServeException, listing
         the methods there are, when it has none (as Ray answers)."""
-        fn = getattr(self.instance, name, None)
+        fn: object = getattr(self.instance, name, None)
         if callable(fn) and (name == "__call__" or not name.startswith("_")):
             return fn
         methods = sorted(
@@ -413,7 +415,7 @@ class Worker:
             await self._ready
         assert self._conn is not None
         stream = self._stream_id()
-        future = self.loop.create_future()
+        future: asyncio.Future[tuple[dict[str, Any], bytes]] = self.loop.create_future()
         self._pending[stream] = future
         try:
             self._conn.write(kind, stream, head, data)
@@ -432,7 +434,12 @@ class Worker:
     ) -> calls.PendingCall:
         """Sends a handle call (`CALL`, its arguments chunked when large); returns its answer as
         it arrives. The caller must `close()` it."""
-        head = {"deployment": deployment, "app": app, "method": method, "model_id": model_id}
+        head: dict[str, Any] = {
+            "deployment": deployment,
+            "app": app,
+            "method": method,
+            "model_id": model_id,
+        }
         if stream:
             head["stream"] = True
         frames = calls.args_frames(head, payload)
