@@ -28,7 +28,6 @@ mod matmul;
 mod model;
 mod ops;
 mod parallel;
-mod q4;
 mod runtime;
 mod sampling;
 mod tokenizer;

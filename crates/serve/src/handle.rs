@@ -6,8 +6,8 @@ use std::sync::Arc;
 use modelmux_cache::ModelId;
 use modelmux_context::{RequestContext, RequestId};
 
+use crate::dispatch::{Dispatch, Route};
 use crate::placement::Holding;
-use crate::port::{Dispatch, Route};
 use crate::{HandleCall, Request, Response, ServeError};
 
 /// The deployments of one application, by name, for [`ReplicaContext::handle`](crate::ReplicaContext::handle).

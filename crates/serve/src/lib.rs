@@ -18,6 +18,7 @@ mod body;
 mod controller;
 mod custom_metrics;
 mod deployment;
+mod deployment_router;
 mod dispatch;
 mod error;
 mod handle;
@@ -25,7 +26,6 @@ mod identity;
 mod model;
 mod model_cache;
 mod placement;
-mod port;
 mod redact;
 mod remote;
 mod replica;
@@ -40,16 +40,16 @@ pub use controller::{
 };
 pub use custom_metrics::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};
 pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};
-pub use dispatch::waiting_for_load;
+pub use deployment_router::waiting_for_load;
+pub use dispatch::{
+    Dispatch, Dispatched, HandleCall, Route, STREAM_HEADER, ServedModel, access_log_on,
+};
 pub use error::{ErrorType, ServeError, StartError};
 pub use handle::{DeploymentHandle, HandleOptions};
 pub use identity::{NONCE_HEADER, PROOF_HEADER, identity_proof, proof_matches, valid_nonce};
 pub use model::{ModelKind, model_deployment};
 pub use modelmux_cache::BoxError;
 pub use placement::{CopyReport, Holding, ReplicaLedger, ReplicaView};
-pub use port::{
-    Dispatch, Dispatched, HandleCall, Route, STREAM_HEADER, ServedModel, access_log_on,
-};
 pub use remote::{
     DeploymentState, FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_HEADER, PEER_TOKEN_HEADER,
     ReplicaState, forwarded_by_peer,

@@ -61,7 +61,7 @@ impl<K: ModelKind> Deployment for ModelDeployment<K> {
                 "this deployment serves many models: name one in the serve_multiplexed_model_id header",
             )
         })?;
-        let model = crate::dispatch::waiting_for_load(self.models.get(&id)).await?;
+        let model = crate::deployment_router::waiting_for_load(self.models.get(&id)).await?;
         self.kind.infer(&model, &id, request).await
     }
 }

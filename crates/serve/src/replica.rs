@@ -71,7 +71,7 @@ impl Replica {
         app: &Arc<str>,
         node: Option<&str>,
         handles: HandleDirectory,
-        wake: crate::port::Waker,
+        wake: crate::dispatch::Waker,
     ) -> Result<Replica, BoxError> {
         let deployment: Arc<str> = spec.config.name.as_str().into();
         let generated = RequestId::generate();
@@ -253,7 +253,7 @@ fn spawn_feed(
     source: usize,
     cache: Arc<dyn ModelCache>,
     slot: Arc<ReplicaLedger>,
-    wake: crate::port::Waker,
+    wake: crate::dispatch::Waker,
 ) -> JoinHandle<()> {
     let mut sub = cache.subscribe();
     slot.apply_snapshot(source, &sub.snapshot);
@@ -304,7 +304,7 @@ mod tests {
                 }
             });
         let slot = Arc::new(ReplicaLedger::new("r".into(), 100, 1, Some(12)));
-        let router = Arc::new(crate::dispatch::DeploymentRouter::new(
+        let router = Arc::new(crate::deployment_router::DeploymentRouter::new(
             "a".into(),
             crate::deployment::DeploymentConfig::new("d"),
             Arc::default(),

@@ -12,6 +12,7 @@ use candle_core::quantized::gguf_file::{Content, Value};
 use crate::error::{LlmError, Result};
 
 mod config;
+pub(crate) mod int4;
 mod limits;
 
 pub use config::{AttentionTemperature, LlamaConfig, RopeScaling};

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::deployment::DeploymentSpec;
-use crate::dispatch::{CallToken, DeploymentRouter};
+use crate::deployment_router::{CallToken, DeploymentRouter};
 use crate::error::StartError;
 use crate::handle::{AppDirectory, HandleDirectory};
 use crate::replica::Replica;

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::Controller;
 use crate::ServeError;
-use crate::dispatch::DeploymentRouter;
+use crate::deployment_router::DeploymentRouter;
 
 /// One replica's answer to a deployment control.
 pub type ControlAnswer = (String, Result<serde_json::Value, ServeError>);

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 
 use super::{Controller, SpecCell, drain};
 use crate::deployment::{DeploymentConfig, DeploymentSpec};
-use crate::dispatch::DeploymentRouter;
+use crate::deployment_router::DeploymentRouter;
 use crate::error::{ServeError, StartError};
 use crate::replica::Replica;
 

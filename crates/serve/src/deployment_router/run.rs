@@ -9,7 +9,7 @@ impl DeploymentRouter {
     /// Routes `request` to a replica and runs it there (or forwards it to the node that
     /// has it). Returns the response (or the error) and the replica that served it, if one was
     /// reached. With `record_model`, a response to a call that named a model carries it
-    /// ([`ServedModel`](crate::port::ServedModel)) for the access line of the HTTP request
+    /// ([`ServedModel`](crate::dispatch::ServedModel)) for the access line of the HTTP request
     /// around it; the front's own call does not need that (it knows the header's model).
     pub(crate) async fn run(
         self: &Arc<Self>,
@@ -334,7 +334,7 @@ fn with_peer_token(mut request: Request, token: Option<&String>) -> Request {
 }
 
 /// With `record_model`, marks a response to a call that named a model with it
-/// ([`ServedModel`](crate::port::ServedModel)) for the access line of the HTTP request around
+/// ([`ServedModel`](crate::dispatch::ServedModel)) for the access line of the HTTP request around
 /// it, unless the response names one already or access lines are off.
 fn record_served_model(
     result: &mut Result<Response, ServeError>,
@@ -343,14 +343,14 @@ fn record_served_model(
 ) {
     if let (Ok(response), Some(model)) = (result, model)
         && record_model
-        && crate::port::access_log_on()
+        && crate::dispatch::access_log_on()
         && response
             .extensions()
-            .get::<crate::port::ServedModel>()
+            .get::<crate::dispatch::ServedModel>()
             .is_none()
     {
         response
             .extensions_mut()
-            .insert(crate::port::ServedModel(model.clone()));
+            .insert(crate::dispatch::ServedModel(model.clone()));
     }
 }

@@ -4,7 +4,7 @@
 
 use modelmux_cache::ErrorKind;
 
-use crate::port::Dispatched;
+use crate::dispatch::Dispatched;
 use crate::{Body, HandleCall, Request, ServeError};
 
 /// A copy of a request whose body is in memory (for sending it elsewhere), if it is.

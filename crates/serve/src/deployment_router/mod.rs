@@ -20,25 +20,25 @@ use modelmux_context::{Hold, RequestContext};
 use tokio::time::Instant;
 
 use crate::deployment::DeploymentConfig;
+use crate::dispatch::{Dispatch, Dispatched, Route, Waker};
 use crate::placement::ReplicaView;
-use crate::port::{Dispatch, Dispatched, Route, Waker};
 use crate::remote::{ForwardError, RemoteReplica};
 use crate::replica::Replica;
 use crate::router::{Choice, Reason, Rng, choose_with};
 use crate::{HandleCall, Request, Response, ServeError};
 
-mod as_port;
+mod dispatch_impl;
 mod handle_call;
-mod hold;
 mod load_wait;
 mod retry;
 mod run;
+mod streamed_slot;
 mod target;
 
 pub(crate) use handle_call::CallToken;
-use hold::hold_until_sent;
 pub use load_wait::waiting_for_load;
 use retry::{Attempted, copy_request, replica_stopped};
+use streamed_slot::hold_until_sent;
 pub(crate) use target::Target;
 use target::Targets;
 

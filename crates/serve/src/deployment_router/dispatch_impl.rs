@@ -8,9 +8,9 @@ use modelmux_context::RequestContext;
 
 use super::DeploymentRouter;
 use crate::Request;
+use crate::dispatch::{Dispatch, Dispatched, Route};
 use crate::model_cache::ModelCache;
 use crate::placement::Holding;
-use crate::port::{Dispatch, Dispatched, Route};
 
 impl Dispatch for DeploymentRouter {
     fn deployment(&self) -> &str {
