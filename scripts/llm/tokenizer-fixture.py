@@ -381,7 +381,7 @@ def tokenize(tool, gguf, text, parse_special):
     if res.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}) for {text!r}:\n"
                            f"{res.stderr.decode(errors='replace')}")
-    lines = [l for l in res.stdout.decode().splitlines() if re.fullmatch(r"\[[0-9, ]*\]", l)]
+    lines = [line for line in res.stdout.decode().splitlines() if re.fullmatch(r"\[[0-9, ]*\]", line)]
     if len(lines) != 1:
         raise RuntimeError(f"unexpected llama-tokenize output for {text!r}: {res.stdout!r}")
     return json.loads(lines[0])
