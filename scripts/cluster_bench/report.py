@@ -1,6 +1,7 @@
 """What the phases measured: the lines printed as they go, the summary's rows, and the
 figures (nearest-rank percentiles, milliseconds)."""
 
+import math
 import os
 import time
 
@@ -24,7 +25,8 @@ def pct(values, q):
     if not values:
         return None
     s = sorted(values)
-    return s[min(len(s) - 1, max(0, round(q * len(s) + 0.5) - 1))]
+    # The ceil(q * n)-th smallest (q * n rounded first: 0.07 * 100 is 7.000000000000001).
+    return s[min(len(s), max(1, math.ceil(round(q * len(s), 9)))) - 1]
 
 
 def utc_now():

@@ -11,7 +11,11 @@ from cluster_bench.watch import NodeWatch
 def test_pct_is_nearest_rank():
     values = [float(v) for v in range(1, 101)]
     assert pct(values, 0.5) == 50.0
+    # The 99th of 100 values, not the largest (round(99.5) is 100: it read the maximum).
+    assert pct(values, 0.99) == 99.0
+    assert pct(values, 0.07) == 7.0
     assert pct(values, 0.995) == 100.0
+    assert pct(values, 0.0) == 1.0
     assert pct([3.0], 0.99) == 3.0
     assert pct([], 0.5) is None
 
