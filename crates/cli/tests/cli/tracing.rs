@@ -64,6 +64,23 @@ fn receiver() -> Receiver {
 
 impl Receiver {
     /// The spans of `trace`, waiting (up to 10 s) until `done` says they are all there.
+    /// Checks that no span of `trace` was exported: `sampled` sends a request that is traced
+    /// (returning its trace id) after the one that must not be, and that one's spans are
+    /// waited for first, so anything exported before them has arrived (the exporter sends
+    /// spans in the order they end). No fixed sleep: on a slow machine this waits longer.
+    fn exported_after(&self, trace: &str, sampled: impl FnOnce() -> &'static str) {
+        let later = sampled();
+        self.trace(later, |s| !named(s, "ingress").is_empty());
+        let leaked: Vec<Value> = (self.spans.lock().iter())
+            .filter(|s| s["trace_id"] == trace)
+            .cloned()
+            .collect();
+        assert!(
+            leaked.is_empty(),
+            "a request that was not sampled was traced: {leaked:#?}"
+        );
+    }
+
     fn trace(&self, trace: &str, done: impl Fn(&[Value]) -> bool) -> Vec<Value> {
         for _ in 0..200 {
             let all = self.spans.lock().clone();
@@ -193,6 +210,10 @@ fn a_forwarded_request_is_one_trace_under_the_callers_span() {
             s["start"].as_u64() >= parent["start"].as_u64(),
             "{s} starts before {parent}"
         );
+        assert!(
+            s["end"].as_u64() <= parent["end"].as_u64(),
+            "{s} ends after {parent}"
+        );
     }
     let under = |root: &Value, name: &str| {
         spans
@@ -215,15 +236,11 @@ fn a_forwarded_request_is_one_trace_under_the_callers_span() {
     let unsampled = "00-11111111111111111111111111111111-2222222222222222-00";
     let (status, header) = get_traced(&ingress.url, "cold-model", unsampled);
     assert_eq!((status, header), (200, None));
-    std::thread::sleep(Duration::from_millis(1500));
-    assert!(
-        !collector
-            .spans
-            .lock()
-            .iter()
-            .any(|s| s["trace_id"] == "11111111111111111111111111111111"),
-        "an unsampled request was traced"
-    );
+    collector.exported_after("11111111111111111111111111111111", || {
+        let later = "00-33333333333333333333333333333333-4444444444444444-01";
+        get_traced(&ingress.url, "cold-model", later);
+        "33333333333333333333333333333333"
+    });
     drop((node, ingress));
 }
 
@@ -286,4 +303,69 @@ applications:
         "{spans:#?}"
     );
     drop(server);
+}
+
+/// `tracing.sample_ratio` decides for requests that come without a `traceparent` (a caller's
+/// decision, sampled or not, is kept whatever the ratio): with 0 none of them is traced, with
+/// 1 every one is, as its own trace.
+#[test]
+fn the_sample_ratio_decides_for_requests_without_a_traceparent() {
+    let collector = receiver();
+    for ratio in ["0.0", "1.0"] {
+        let config = format!(
+            "
+http_options: {{port: 0}}
+tracing: {{otlp_endpoint: '{}', sample_ratio: {ratio}}}
+applications:
+  - name: default
+    route_prefix: /
+    deployments:
+      - name: Classifier
+        model:
+          kind: onnx
+          repository: builtin://demo
+",
+            collector.url
+        );
+        let server = common::serve(&config);
+        let request = hyper::Request::post("/").header("serve_multiplexed_model_id", "customer-1");
+        let body = br#"{"inputs": [[0.5, -1.2, 3.3, 0.1]]}"#.to_vec();
+        let (status, headers, answer) =
+            common::send_with_headers(&server.url, request, body.clone());
+        assert_eq!(status, 200, "{answer}");
+        let traceparent = headers
+            .get("traceparent")
+            .map(|v| v.to_str().unwrap().to_owned());
+        if ratio == "0.0" {
+            assert_eq!(traceparent, None, "an unsampled request says it was traced");
+            // Requests without a traceparent export nothing; a caller's sampled one still does.
+            let before: usize = collector.spans.lock().len();
+            let caller = "00-55555555555555555555555555555555-6666666666666666-01";
+            let request = hyper::Request::post("/")
+                .header("serve_multiplexed_model_id", "customer-1")
+                .header("traceparent", caller);
+            assert_eq!(common::send(&server.url, request, body).0, 200);
+            let spans = collector.trace("55555555555555555555555555555555", |s| {
+                !named(s, "ingress").is_empty() && !named(s, "inference").is_empty()
+            });
+            let all = collector.spans.lock();
+            let others: Vec<&Value> = all[..before]
+                .iter()
+                .chain(all[before..].iter().filter(|s| !spans.contains(s)))
+                .collect();
+            assert!(
+                others.is_empty(),
+                "sample_ratio 0 traced a request: {others:#?}"
+            );
+        } else {
+            let traceparent = traceparent.expect("a request sampled by the ratio says so");
+            let trace = traceparent.split('-').nth(1).unwrap().to_owned();
+            let spans = collector.trace(&trace, |s| {
+                !named(s, "ingress").is_empty() && !named(s, "inference").is_empty()
+            });
+            let root = named(&spans, "ingress")[0];
+            assert_eq!(root["parent_span_id"], "", "{root}");
+        }
+        drop(server);
+    }
 }
