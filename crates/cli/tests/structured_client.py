@@ -238,16 +238,32 @@ got = [streamed[i] for i in sorted(streamed)]
 check([(g["name"], g["arguments"]) for g in got] == [(e["name"], e["arguments"]) for e in expected], (got, expected))
 check([r for r in reasons if r] == ["tool_calls"], reasons)
 
-# A second turn with the tool's answer: the model answers in text.
+# A second turn with the tool's answer: the answer reaches the prompt. Its prompt is longer
+# than the same history without it, by more the longer the tool's answer is (a template path
+# that dropped tool messages would count the same tokens for all three).
 first = whole.choices[0].message
 history = question + [first.model_dump(exclude_none=True)]
-for call in first.tool_calls:
-    history.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"result": "sunny, 21 degrees, 14:05"})})
-r = client.chat.completions.create(model="smollm2", max_tokens=40, temperature=0, messages=history, tools=tools)
-check(r.choices[0].message.content or r.choices[0].message.tool_calls, r)
-check(r.choices[0].finish_reason in ("stop", "length", "tool_calls"), r)
 
-# tool_choice "none": text, no calls.
+
+def second_turn(result):
+    """The second turn's answer, with `result` as every call's tool message (None: none)."""
+    turn = list(history)
+    for call in first.tool_calls if result is not None else []:
+        turn.append({"role": "tool", "tool_call_id": call.id, "content": json.dumps({"result": result})})
+    return client.chat.completions.create(model="smollm2", max_tokens=40, temperature=0, messages=turn, tools=tools)
+
+
+without, short, long = (second_turn(None), second_turn("sunny"), second_turn("sunny, 21 degrees " * 20))
+lengths = [r.usage.prompt_tokens for r in (without, short, long)]
+check(lengths[0] < lengths[1] and lengths[1] + 40 <= lengths[2], "the tool's answer is not in the prompt", lengths)
+check(short.choices[0].message.content or short.choices[0].message.tool_calls, short)
+
+# tool_choice "none": no calls, and the tools do not reach the prompt: the answer is, token for
+# token, the one without tools (under "auto" this model answers this question otherwise).
 r = client.chat.completions.create(model="smollm2", max_tokens=20, temperature=0, messages=question, tools=tools, tool_choice="none")
+plain = client.chat.completions.create(model="smollm2", max_tokens=20, temperature=0, messages=question)
+auto = client.chat.completions.create(model="smollm2", max_tokens=20, temperature=0, messages=question, tools=tools, tool_choice="auto")
 check(not r.choices[0].message.tool_calls and r.choices[0].message.content, r)
+check(r.choices[0].message.content == plain.choices[0].message.content, r, plain)
+check(r.usage.prompt_tokens == plain.usage.prompt_tokens < auto.usage.prompt_tokens, r.usage, plain.usage, auto.usage)
 print("structured output and tools: every check passed")
