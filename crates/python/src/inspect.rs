@@ -15,10 +15,20 @@ use crate::replica::{self, ReplicaPlan};
 const INSPECT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The interpreter workers run on when the configuration names none: `$MODELMUX_PYTHON`
-/// (the `modelmux` command of the Python package sets it to its own interpreter), else
-/// `python3`.
+/// (`python -m modelmux` sets it to its own interpreter); else a `python3` beside this
+/// binary (the wheel installs `modelmux` into a virtualenv's `bin/`, beside the interpreter
+/// that has the package, which `venv/bin/modelmux` run without activating the virtualenv
+/// must still find); else `python3` on `PATH`.
 pub fn default_python() -> PathBuf {
-    std::env::var_os("MODELMUX_PYTHON").map_or_else(|| PathBuf::from("python3"), PathBuf::from)
+    if let Some(python) = std::env::var_os("MODELMUX_PYTHON") {
+        return PathBuf::from(python);
+    }
+    let beside = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.join("python3")));
+    beside
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("python3"))
 }
 
 /// Why an application cannot be served.
