@@ -263,10 +263,10 @@ async fn route(
             Ok(json_response(StatusCode::OK, &Value::Object(routes)))
         }
         (&Method::GET, "/metrics") => {
-            let mut r = Response::new(Body::from(crate::metrics::render(state)));
+            let mut r = Response::new(Body::from(crate::metrics::render(&state.metrics)));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                HeaderValue::from_static(crate::metrics::CONTENT_TYPE),
             );
             Ok(r)
         }

@@ -1,5 +1,5 @@
 //! What the HTTP front owns of a running server: its settings, the budget of request bodies,
-//! the open connections and the process's own metrics, beside the
+//! the open connections and the registry `/metrics` encodes, beside the
 //! controller (the applications) it serves.
 
 use std::sync::Arc;
@@ -22,8 +22,8 @@ pub(crate) struct FrontState {
     /// Open connections, and a wake-up when one closes (shutdown waits for them).
     connections: AtomicUsize,
     connection_closed: Notify,
-    /// The process's own metrics (not a replica's).
-    pub(crate) metric_sources: Vec<Arc<dyn modelmux_serve::MetricsSource>>,
+    /// What `/metrics` encodes: the controller's replicas and the process's own sources.
+    pub(crate) metrics: prometheus_client::registry::Registry,
     /// Where access lines go when not through `tracing`.
     pub(crate) access_log: Option<AccessLog>,
     /// The dashboard's ring of samples (empty until the dashboard is first read).
@@ -58,11 +58,11 @@ impl FrontState {
                 config.http.max_inflight_body_bytes,
                 config.http.inflight_body_bytes_per_client(),
             ),
+            metrics: crate::metrics::registry(controller.clone(), metric_sources),
             config,
             controller,
             connections: AtomicUsize::new(0),
             connection_closed: Notify::new(),
-            metric_sources,
             access_log,
             dashboard: crate::dashboard::Samples::default(),
             deployer,

@@ -540,43 +540,89 @@ async fn metrics_are_in_prometheus_format_with_deployment_and_replica_labels() {
     }
     tokio::time::sleep(ms(50)).await; // let `a`'s unload finish
     let page = get(addr, "/metrics", &[]).await;
-    assert!(
-        page.headers["content-type"]
-            .to_str()
-            .unwrap()
-            .starts_with("text/plain")
+    assert_eq!(
+        page.headers["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8"
     );
     let text = page.text();
-    let value = |prefix: &str| -> f64 {
-        text.lines()
-            .find(|l| l.starts_with(prefix))
-            .unwrap_or_else(|| panic!("no line starting {prefix} in:\n{text}"))
-            .rsplit(' ')
-            .next()
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
-    assert_eq!(
-        value("modelmux_requests_total{app=\"default\",deployment=\"Model\","),
-        0.0,
-        "1xx first"
-    );
-    assert!(text.contains("status=\"2xx\"} 3"), "{text}");
-    assert_eq!(value("modelmux_model_loads_total{"), 2.0);
-    assert_eq!(value("modelmux_cache_hits_total{"), 1.0);
-    assert_eq!(value("modelmux_cache_misses_total{"), 2.0);
-    assert_eq!(value("modelmux_model_unloads_total{"), 1.0);
-    assert_eq!(value("modelmux_model_evictions_total{"), 1.0);
-    assert_eq!(value("modelmux_models_loaded{"), 1.0);
-    assert_eq!(value("modelmux_request_duration_seconds_count{"), 3.0);
+    let m = modelmux_promtext::parse(&text).unwrap_or_else(|e| panic!("{e}:\n{text}"));
+    let replica = m
+        .samples("modelmux_replica_ongoing_requests")
+        .next()
+        .unwrap();
     assert!(
-        text.contains("modelmux_model_loaded{app=\"default\",deployment=\"Model\",replica=\""),
+        replica.label("replica").unwrap().starts_with("Model#"),
         "{text}"
     );
-    assert!(text.contains("model=\"b\"} 1"), "{text}");
-    assert!(text.contains("# TYPE modelmux_model_load_duration_seconds histogram"));
-    assert!(text.contains("modelmux_replica_ongoing_requests{"));
+    let ours = [("app", "default"), ("deployment", "Model")];
+    assert_eq!(
+        replica.labels[..2],
+        ours.map(|(k, v)| (k.into(), v.into())),
+        "{text}"
+    );
+    // Each series once, with the replica's labels, at exactly what three gets (a, a, b with
+    // room for one model) did: two loads, one hit, one eviction and its unload.
+    let one = |name: &str| {
+        m.value(name, &ours)
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    for (class, n) in [
+        ("1xx", 0.0),
+        ("2xx", 3.0),
+        ("3xx", 0.0),
+        ("4xx", 0.0),
+        ("5xx", 0.0),
+    ] {
+        let status = [ours[0], ours[1], ("status", class)];
+        assert_eq!(
+            m.value("modelmux_requests_total", &status),
+            Some(n),
+            "{class}"
+        );
+    }
+    for (name, n) in [
+        ("modelmux_model_loads_total", 2.0),
+        ("modelmux_cache_hits_total", 1.0),
+        ("modelmux_cache_misses_total", 2.0),
+        ("modelmux_model_unloads_total", 1.0),
+        ("modelmux_model_evictions_total", 1.0),
+        ("modelmux_model_load_failures_total", 0.0),
+        ("modelmux_model_unload_failures_total", 0.0),
+        ("modelmux_model_loads_abandoned_total", 0.0),
+        ("modelmux_models_loaded", 1.0),
+        ("modelmux_models_loading", 0.0),
+        ("modelmux_replica_ongoing_requests", 0.0),
+        ("modelmux_deployment_queued_requests", 0.0),
+    ] {
+        assert_eq!(one(name), n, "{name}:\n{text}");
+    }
+    for (name, n) in [
+        ("modelmux_request_duration_seconds", 3.0),
+        ("modelmux_model_load_duration_seconds", 2.0),
+        ("modelmux_model_unload_duration_seconds", 1.0),
+    ] {
+        let h = m.histogram(name, &ours).unwrap();
+        assert_eq!(h.count, n, "{name}");
+        assert_eq!(h.buckets.last(), Some(&(f64::INFINITY, n)), "{name}");
+        assert!(
+            h.buckets.windows(2).all(|w| w[0].1 <= w[1].1),
+            "{name}: cumulative"
+        );
+        assert!(h.sum > 0.0, "{name}");
+        assert_eq!(m.kind(name), Some("histogram"));
+    }
+    // Only `b` is loaded now, not pinned.
+    let loaded: Vec<_> = m
+        .samples("modelmux_model_loaded")
+        .map(|s| (s.label("model").unwrap(), s.value))
+        .collect();
+    assert_eq!(loaded, [("b", 1.0)]);
+    assert_eq!(
+        m.value("modelmux_model_pinned", &[("model", "b")]),
+        Some(0.0)
+    );
+    assert_eq!(m.kind("modelmux_requests_total"), Some("counter"));
+    assert_eq!(m.kind("modelmux_models_loaded"), Some("gauge"));
     server.shutdown().await;
 }
 
