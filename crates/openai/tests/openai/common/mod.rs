@@ -219,8 +219,10 @@ pub async fn control(addr: SocketAddr, name: &str) -> Reply {
 
 /// The sum of a metric's samples in Prometheus text.
 pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
+    page(text).sum(name)
+}
+
+/// A `/metrics` page, parsed (a malformed page fails the test).
+pub fn page(text: &str) -> modelmux_promtext::Page {
+    modelmux_promtext::parse(text).unwrap_or_else(|e| panic!("{e}:\n{text}"))
 }
