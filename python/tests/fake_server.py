@@ -23,13 +23,15 @@ def proof(token: str, nonce: str) -> str:
 def main() -> None:
     if os.environ.get("MODELMUX_FAKE_MODE") == "exit3":
         sys.exit(3)
-    assert sys.argv[1] == "serve", sys.argv
+    if sys.argv[1] != "serve":
+        raise SystemExit(f"the fake server serves only: {sys.argv}")
     with open(sys.argv[2]) as f:
         config = json.load(f)
     apps = {}
     for app in config["applications"]:
         kind, path = app["import_path"].split(":", 1)
-        assert kind == "pickle"
+        if kind != "pickle":
+            raise SystemExit(f"the fake server takes pickled applications, not {kind}")
         with open(path, "rb") as f:
             apps[app["name"]] = cloudpickle.load(f)
     with open(os.environ["MODELMUX_FAKE_RECORD"], "a") as f:
@@ -97,7 +99,8 @@ def main() -> None:
             parts = url.path.split("/")  # ['', '-', 'deployments', d, 'call', m]
             if not self.authorized():
                 return
-            assert self.headers["content-type"] == "application/x-python-pickle"
+            if self.headers["content-type"] != "application/x-python-pickle":
+                raise AssertionError(f"a call of content type {self.headers['content-type']}")
             args, kwargs = pickle.loads(self.rfile.read(int(self.headers["content-length"])))
             deployment, method = parts[3], parts[5]
             app = urllib.parse.parse_qs(url.query)["app"][0]

@@ -114,7 +114,8 @@ class Peer:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _recv_exact(self, n: int) -> bytes:
-        assert self.sock is not None
+        if self.sock is None:
+            raise AssertionError("the worker has not connected")
         parts = []
         while n:
             chunk = self.sock.recv(min(n, 1 << 20))
@@ -149,7 +150,8 @@ class Peer:
     def send(
         self, type_: int, stream: int, head: dict[str, Any] | None = None, data: bytes = b""
     ) -> None:
-        assert self.sock is not None
+        if self.sock is None:
+            raise AssertionError("the worker has not connected")
         with self._write_lock:
             self.sock.sendall(encode(type_, stream, head, data))
 
@@ -226,8 +228,8 @@ class Peer:
         first = self.next((START, ERROR), stream=stream, timeout=timeout)
         if first.type == ERROR:
             raise AssertionError(f"ERROR on stream {stream}: {first.head}")
-        assert first.type == START, first
-        assert first.head is not None
+        if first.type != START or first.head is None:
+            raise AssertionError(f"a response starts with START and a head, not {first}")
         frames = [first]
         body = [first.data]
         if first.head["more"]:
@@ -236,7 +238,8 @@ class Peer:
                 frames.append(f)
                 if f.type == END:
                     break
-                assert f.type == BODY, f
+                if f.type != BODY:
+                    raise AssertionError(f"BODY or END expected, not {f}")
                 body.append(f.data)
         headers = {k: v for k, v in first.head["headers"]}
         return Response(first.head["status"], headers, b"".join(body), frames)
@@ -249,7 +252,8 @@ class Peer:
         """Sends a CONTROL and returns its REPLY's head."""
         self.send(CONTROL, stream, head)
         reply = self.next(REPLY, stream, timeout=timeout)
-        assert reply.head is not None
+        if reply.head is None:
+            raise AssertionError(f"a REPLY without a head: {reply}")
         return reply.head
 
     def out_file(self, name: str) -> str:
@@ -299,7 +303,8 @@ class WorkerTestCase(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         code = cls.peer.close()
-        assert code == 0, f"worker exited with {code}"
+        if code != 0:
+            raise AssertionError(f"worker exited with {code}")
 
     def next_stream(self) -> int:
         type(self).stream += 1

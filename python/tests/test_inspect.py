@@ -22,7 +22,8 @@ def inspect(app_source: str, working_dir: str | None = APPS_DIR) -> tuple[int, d
         timeout=60,
     )
     lines = proc.stdout.splitlines()
-    assert len(lines) == 1, proc.stdout
+    if len(lines) != 1:
+        raise AssertionError(f"inspect printed {len(lines)} lines, not one: {proc.stdout!r}")
     return proc.returncode, json.loads(lines[0]), proc.stderr
 
 

@@ -215,7 +215,8 @@ class StartTest(unittest.TestCase):
         peer = Peer("import:behaviors:entry", "Behaviors")
         try:
             peer.next(READY)
-            assert peer.sock is not None
+            if peer.sock is None:
+                raise AssertionError("the worker has not connected")
             # A CONTROL whose head is the JSON array [1], not an object.
             frame = b"\x00\x00\x00\x0c" + bytes([CONTROL]) + b"\x00\x00\x00\x01"
             peer.sock.sendall(frame + b"\x00\x00\x00\x03[1]")
