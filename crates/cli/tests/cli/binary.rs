@@ -312,6 +312,17 @@ applications:
     let (status, logs) = server.terminate();
     assert!(status.success(), "{logs}");
     assert_eq!(logs.matches("Downloaded model file").count(), 8, "{logs}");
+    // A new server over the same cache directory finds every model there: it serves them all
+    // again and downloads none.
+    let mut server = serve(&config);
+    check_demo_answers(&server);
+    let (status, logs) = server.terminate();
+    assert!(status.success(), "{logs}");
+    assert_eq!(
+        logs.matches("Downloaded model file").count(),
+        0,
+        "the restarted server downloaded again what its disk cache held: {logs}"
+    );
 }
 
 /// One request on a fresh connection with plain std sockets: the status, or the I/O error
