@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use modelmux_cache::{BoxError, Failure};
-use modelmux_llm::{GenerationRequest, LlmRuntime, TextTokenizer, WeightsState};
+use modelmux_llm::{Engine, GenerationRequest, LlmRuntime, TextTokenizer, WeightsState};
 use modelmux_serve::{Deployment, Request, Response, ServeError, json_response};
 use serde_json::json;
 use tokio::time::Instant;
@@ -409,65 +409,11 @@ impl Deployment for LlmServer {
         match name {
             "pause" => engine.pause(),
             "resume" => engine.resume(),
-            "sleep" => {
-                engine.sleep().map_err(|e| serve_error(&e))?;
-                // Answer once the weights are released (between two steps: a step in flight
-                // ends first).
-                let released = engine
-                    .wait_for_weights(|w| *w != WeightsState::Loaded, Duration::from_secs(60))
-                    .await;
-                if released.is_none() {
-                    return Err(Failure::internal(if engine.is_running() {
-                        "the engine did not release its weights within 60 s"
-                    } else {
-                        "the engine has stopped"
-                    })
-                    .into());
-                }
-            }
-            "wakeup" | "wake_up" => {
-                engine.wake_up();
-                // Answer once the weights are back, or with why they are not.
-                let state = engine
-                    .wait_for_weights(|w| *w != WeightsState::Released, Duration::from_secs(600))
-                    .await;
-                match state {
-                    Some(WeightsState::Loaded) => {}
-                    Some(WeightsState::ReloadFailed(e)) => {
-                        return Err(Failure::internal(format!(
-                            "the weights could not be loaded again: {e}"
-                        ))
-                        .into());
-                    }
-                    _ if !engine.is_running() => {
-                        return Err(Failure::internal("the engine has stopped").into());
-                    }
-                    _ => return Err("the weights did not load within 10 minutes".into()),
-                }
-            }
+            "sleep" => sleep(engine).await?,
+            "wakeup" | "wake_up" => wake_up(engine).await?,
             // Ray's LLMServer's state queries: the state is in every control's answer.
             "health" | "is_paused" | "is_sleeping" => {}
-            "llm_config" => {
-                let o = self.runtime.options();
-                let e = &o.engine;
-                return Ok(json!({
-                    "model_id": o.model_id,
-                    "weight_format": format!("{:?}", o.weight_format),
-                    "max_num_adapters_per_replica": o.max_adapters,
-                    "max_adapter_bytes": o.max_adapter_bytes,
-                    "adapter_load_timeout_s": o.adapter_load_timeout.map(|t| t.as_secs_f64()),
-                    "engine_kwargs": {
-                        "max_num_seqs": e.max_num_seqs,
-                        "max_model_len": e.max_model_len,
-                        "kv_cache_bytes": e.kv_cache_bytes,
-                        "max_num_batched_tokens": e.max_batch_tokens,
-                        "max_waiting": e.max_waiting,
-                        "queue_timeout_s": e.queue_timeout.as_secs_f64(),
-                        "enable_prefix_caching": e.enable_prefix_caching,
-                        "kv_cache_dtype": format!("{:?}", engine.kv_dtype()).to_lowercase(),
-                    },
-                }));
-            }
+            "llm_config" => return Ok(self.llm_config()),
             "reset_prefix_cache" => engine
                 .reset_prefix_cache()
                 .await
@@ -488,6 +434,83 @@ impl Deployment for LlmServer {
                 .into());
             }
         }
+        Ok(self.state())
+    }
+
+    async fn check_health(&self) -> Result<(), BoxError> {
+        if self.runtime.engine().is_running() {
+            Ok(())
+        } else {
+            Err("the engine thread stopped".into())
+        }
+    }
+}
+
+/// The `sleep` control: the engine lets its weights go, and the answer waits until they are
+/// released (between two steps: a step in flight ends first).
+async fn sleep(engine: &Engine) -> Result<(), BoxError> {
+    engine.sleep().map_err(|e| serve_error(&e))?;
+    let released = engine
+        .wait_for_weights(|w| *w != WeightsState::Loaded, Duration::from_secs(60))
+        .await;
+    if released.is_none() {
+        return Err(Failure::internal(if engine.is_running() {
+            "the engine did not release its weights within 60 s"
+        } else {
+            "the engine has stopped"
+        })
+        .into());
+    }
+    Ok(())
+}
+
+/// The `wakeup` control: the engine loads its weights again, and the answer waits until they
+/// are back, or says why they are not.
+async fn wake_up(engine: &Engine) -> Result<(), BoxError> {
+    engine.wake_up();
+    let state = engine
+        .wait_for_weights(|w| *w != WeightsState::Released, Duration::from_secs(600))
+        .await;
+    match state {
+        Some(WeightsState::Loaded) => Ok(()),
+        Some(WeightsState::ReloadFailed(e)) => {
+            Err(Failure::internal(format!("the weights could not be loaded again: {e}")).into())
+        }
+        _ if !engine.is_running() => Err(Failure::internal("the engine has stopped").into()),
+        _ => Err("the weights did not load within 10 minutes".into()),
+    }
+}
+
+impl LlmServer {
+    /// The `llm_config` control's answer: the runtime's options and the engine's, named as
+    /// Ray's LLMConfig and vLLM's engine arguments name them.
+    fn llm_config(&self) -> serde_json::Value {
+        let engine = self.runtime.engine();
+        let o = self.runtime.options();
+        let e = &o.engine;
+        json!({
+            "model_id": o.model_id,
+            "weight_format": format!("{:?}", o.weight_format),
+            "max_num_adapters_per_replica": o.max_adapters,
+            "max_adapter_bytes": o.max_adapter_bytes,
+            "adapter_load_timeout_s": o.adapter_load_timeout.map(|t| t.as_secs_f64()),
+            "engine_kwargs": {
+                "max_num_seqs": e.max_num_seqs,
+                "max_model_len": e.max_model_len,
+                "kv_cache_bytes": e.kv_cache_bytes,
+                "max_num_batched_tokens": e.max_batch_tokens,
+                "max_waiting": e.max_waiting,
+                "queue_timeout_s": e.queue_timeout.as_secs_f64(),
+                "enable_prefix_caching": e.enable_prefix_caching,
+                "kv_cache_dtype": format!("{:?}", engine.kv_dtype()).to_lowercase(),
+            },
+        })
+    }
+
+    /// What every other control answers: whether the engine runs, is paused or asleep, its
+    /// sequences, its KV cache's use and the adapters it holds.
+    fn state(&self) -> serde_json::Value {
+        let engine = self.runtime.engine();
         let s = engine.snapshot();
         let adapters = self
             .runtime
@@ -499,7 +522,7 @@ impl Deployment for LlmServer {
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default();
-        Ok(json!({
+        json!({
             "running": engine.is_running(),
             "paused": engine.is_paused(),
             "asleep": engine.is_asleep(),
@@ -508,15 +531,7 @@ impl Deployment for LlmServer {
             "kv_cache_used_bytes": s.kv_reserved_bytes,
             "kv_cache_capacity_bytes": s.kv_capacity_bytes,
             "adapters": adapters,
-        }))
-    }
-
-    async fn check_health(&self) -> Result<(), BoxError> {
-        if self.runtime.engine().is_running() {
-            Ok(())
-        } else {
-            Err("the engine thread stopped".into())
-        }
+        })
     }
 }
 

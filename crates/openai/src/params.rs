@@ -3,18 +3,15 @@
 //! never makes a replica load an adapter; the replica gets the parsed call (`call.rs`) and
 //! parses again only a request that arrives without one.
 
-use modelmux_llm::{
-    ChatMessage, Constraint, MAX_LOGIT_BIAS, MAX_STOP_BYTES, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS,
-    SamplingParams,
-};
+use modelmux_llm::{ChatMessage, Constraint, SamplingParams};
 use modelmux_serve::ServeError;
 use serde::de::DeserializeOwned;
 
 use crate::limits::TemplateBytes;
 use crate::messages::messages;
 use crate::protocol::{
-    CHAT_ONLY, COMPLETION_ONLY, DetokenizeRequest, EmbeddingRequest, GenerateBody, OneOrMany,
-    PromptInput, TokenizeRequest,
+    CHAT_ONLY, COMPLETION_ONLY, DetokenizeRequest, EmbeddingRequest, GenerateBody, Message,
+    PromptInput, StreamOptions, TokenizeRequest,
 };
 use crate::tools::Tools;
 
@@ -129,85 +126,6 @@ fn token_ids(param: &str, ids: &[i64]) -> Result<Vec<u32>, ServeError> {
         .collect()
 }
 
-/// `logit_bias`: token ids (as JSON object keys) to numbers from -100 to 100. The ids are
-/// checked against the vocabulary with the rest of the sampling parameters.
-fn logit_bias(
-    map: serde_json::Map<String, serde_json::Value>,
-) -> Result<Vec<(u32, f32)>, ServeError> {
-    if map.len() > MAX_LOGIT_BIAS {
-        return Err(invalid(
-            "logit_bias",
-            format!(
-                "logit_bias may bias at most {MAX_LOGIT_BIAS} tokens, got {}",
-                map.len()
-            ),
-        ));
-    }
-    map.into_iter()
-        .map(|(key, value)| {
-            let token = key.parse::<u32>().map_err(|_| {
-                invalid(
-                    "logit_bias",
-                    format!("logit_bias: '{key}' is not a token id"),
-                )
-            })?;
-            let bias = value
-                .as_f64()
-                .filter(|b| (-100.0..=100.0).contains(b))
-                .ok_or_else(|| {
-                    invalid(
-                        "logit_bias",
-                        format!("logit_bias: the bias of token {key} must be a number from -100 to 100, got {value}"),
-                    )
-                })?;
-            Ok((token, bias as f32))
-        })
-        .collect()
-}
-
-/// How many alternatives to report with each token's log probability, or `None`: chat's
-/// `logprobs: true` with `top_logprobs: 0..=20`, completions' `logprobs: 0..=20`.
-fn logprobs(
-    endpoint: Endpoint,
-    logprobs: Option<serde_json::Value>,
-    top: Option<serde_json::Value>,
-) -> Result<Option<usize>, ServeError> {
-    let max = modelmux_llm::MAX_TOP_LOGPROBS;
-    let count = |param: &str, v: &serde_json::Value| match v.as_u64() {
-        Some(n) if n as usize <= max => Ok(n as usize),
-        _ => Err(invalid(
-            param,
-            format!("{param} must be a whole number from 0 to {max}, got {v}"),
-        )),
-    };
-    match endpoint {
-        Endpoint::Chat => {
-            let on = match &logprobs {
-                None | Some(serde_json::Value::Null) => false,
-                Some(serde_json::Value::Bool(b)) => *b,
-                Some(other) => {
-                    return Err(invalid(
-                        "logprobs",
-                        format!("logprobs must be true or false on chat completions, got {other}"),
-                    ));
-                }
-            };
-            let top = match &top {
-                None | Some(serde_json::Value::Null) => None,
-                Some(v) => Some(count("top_logprobs", v)?),
-            };
-            if top.is_some() && !on {
-                return Err(invalid("top_logprobs", "top_logprobs needs logprobs: true"));
-            }
-            Ok(on.then(|| top.unwrap_or(0)))
-        }
-        Endpoint::Completion => match &logprobs {
-            None | Some(serde_json::Value::Null) => Ok(None),
-            Some(v) => count("logprobs", v).map(Some),
-        },
-    }
-}
-
 fn unsupported(param: &str, what: &str) -> ServeError {
     invalid(
         param,
@@ -235,8 +153,83 @@ fn batch(
     Ok(prompts)
 }
 
-/// Parses and checks a chat or completion request.
+/// Parses and checks a chat or completion request. The fields are checked in a fixed order
+/// (the first at fault is the one named): the endpoint's own fields, the body's shape, the
+/// prompt, `n` and `best_of`, `suffix`, the penalties, `store`, the log probabilities,
+/// `logit_bias`, the tools and the response format, the token limit, the sampling
+/// distribution, the stop conditions, streaming, then the stop token ids' values and
+/// `cache_salt`.
 pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeError> {
+    refuse_the_other_endpoints_fields(endpoint, body)?;
+    let b: GenerateBody = parse_body(body)?;
+    let prompt = prompt(endpoint, b.messages, b.prompt)?;
+    check_prompt(&prompt, b.echo)?;
+    let n = choices(b.n.as_ref(), b.best_of.as_ref())?;
+    let echo = b.echo == Some(true);
+    if b.suffix.is_some() {
+        return Err(unsupported("suffix", "a suffix (fill-in-the-middle)"));
+    }
+    let [presence_penalty, frequency_penalty] =
+        sampling::penalties(b.presence_penalty, b.frequency_penalty)?;
+    if b.store == Some(true) {
+        return Err(unsupported("store", "storing completions"));
+    }
+    let logprobs = sampling::logprobs(endpoint, b.logprobs, b.top_logprobs)?;
+    let logit_bias = sampling::logit_bias(b.logit_bias.unwrap_or_default())?;
+    let (tools, constraint) = tools_and_constraint(
+        b.tools,
+        b.tool_choice,
+        b.parallel_tool_calls,
+        b.response_format,
+    )?;
+    // 0 only to score the prompt: `echo` with `logprobs` (what evaluation harnesses send).
+    let max_tokens = sampling::max_tokens(
+        endpoint,
+        b.max_completion_tokens.as_ref(),
+        b.max_tokens.as_ref(),
+        echo && logprobs.is_some(),
+    )?;
+    let distribution = sampling::distribution(b.temperature, b.top_p, b.top_k)?;
+    let (stop, stop_token_ids) = sampling::stops(b.stop, b.stop_token_ids)?;
+    let (stream, include_usage) = streaming(b.stream, b.stream_options)?;
+    let template_bytes = match &prompt {
+        Prompt::Chat(m) => TemplateBytes::of(m, tools.as_ref()),
+        _ => TemplateBytes::default(),
+    };
+    Ok(Job {
+        model: b.model,
+        prompt,
+        params: SamplingParams {
+            temperature: distribution.temperature,
+            top_k: distribution.top_k,
+            top_p: distribution.top_p,
+            // Negative seeds are accepted (Python clients send them) and reinterpreted.
+            seed: b.seed.map(|s| s as u64),
+            max_tokens: max_tokens.unwrap_or(1),
+            stop,
+            stop_token_ids: token_ids("stop_token_ids", &stop_token_ids)?,
+            ignore_eos: b.ignore_eos.unwrap_or(false),
+            logit_bias,
+            presence_penalty,
+            frequency_penalty,
+            logprobs,
+            prompt_logprobs: if echo { logprobs } else { None },
+            cache_salt: sampling::cache_salt(b.cache_salt)?,
+        },
+        max_tokens,
+        stream,
+        include_usage,
+        constraint,
+        tools,
+        template_bytes,
+        n,
+        echo,
+    })
+}
+
+/// Refuses a field of the other generation endpoint (a chat's `messages` sent to
+/// completions, say), naming the endpoint it belongs to.
+fn refuse_the_other_endpoints_fields(endpoint: Endpoint, body: &[u8]) -> Result<(), ServeError> {
     let other = match endpoint {
         Endpoint::Chat => COMPLETION_ONLY,
         Endpoint::Completion => CHAT_ONLY,
@@ -251,17 +244,22 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             format!("{k} is not a field of {this} requests (it belongs to {that})"),
         ));
     }
-    let b: GenerateBody = parse_body(body)?;
-    let prompt = match endpoint {
-        Endpoint::Chat => Prompt::Chat(messages(
-            b.messages
-                .ok_or_else(|| invalid("messages", "messages is required"))?,
+    Ok(())
+}
+
+/// The prompt: a chat's `messages`, or a completion's `prompt` (a text, token ids, or a batch
+/// of either; a list of one is that one).
+fn prompt(
+    endpoint: Endpoint,
+    messages: Option<Vec<Message>>,
+    prompt: Option<PromptInput>,
+) -> Result<Prompt, ServeError> {
+    Ok(match endpoint {
+        Endpoint::Chat => Prompt::Chat(crate::messages::messages(
+            messages.ok_or_else(|| invalid("messages", "messages is required"))?,
         )?),
         Endpoint::Completion => {
-            match b
-                .prompt
-                .ok_or_else(|| invalid("prompt", "prompt is required"))?
-            {
+            match prompt.ok_or_else(|| invalid("prompt", "prompt is required"))? {
                 PromptInput::Text(t) => Prompt::Text(t),
                 PromptInput::Tokens(ids) => Prompt::Tokens(token_ids("prompt", &ids)?),
                 PromptInput::Texts(mut many) if many.len() == 1 => {
@@ -279,12 +277,17 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
                 )?),
             }
         }
-    };
-    if matches!(prompt, Prompt::Batch(_)) && b.echo == Some(true) {
+    })
+}
+
+/// What a prompt must be besides well-formed: no `echo` with a batch, and no empty list of
+/// token ids, alone or in a batch.
+fn check_prompt(prompt: &Prompt, echo: Option<bool>) -> Result<(), ServeError> {
+    if matches!(prompt, Prompt::Batch(_)) && echo == Some(true) {
         return Err(unsupported("echo", "echo with a batch of prompts"));
     }
     let no_tokens = |p: &Prompt| matches!(p, Prompt::Tokens(ids) if ids.is_empty());
-    if let Prompt::Batch(many) = &prompt
+    if let Prompt::Batch(many) = prompt
         && many.iter().any(no_tokens)
     {
         return Err(invalid(
@@ -292,46 +295,47 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
             "each prompt must hold at least one token",
         ));
     }
-    if let Prompt::Tokens(ids) = &prompt
+    if let Prompt::Tokens(ids) = prompt
         && ids.is_empty()
     {
         return Err(invalid("prompt", "prompt must hold at least one token"));
     }
-    // Checked against the engine's `max_num_seqs` when it is submitted.
-    let n = match &b.n {
+    Ok(())
+}
+
+/// How many choices to generate: `n` (default 1; checked against the engine's
+/// `max_num_seqs` when it is submitted), with `best_of` at most 1.
+fn choices(
+    n: Option<&serde_json::Number>,
+    best_of: Option<&serde_json::Number>,
+) -> Result<usize, ServeError> {
+    let n = match n {
         Some(n) => whole("n", n, 1)?,
         None => 1,
     };
-    if let Some(n) = &b.best_of
+    if let Some(n) = best_of
         && whole("best_of", n, 1)? != 1
     {
         return Err(unsupported("best_of", "more than one candidate"));
     }
-    let echo = b.echo == Some(true);
-    if b.suffix.is_some() {
-        return Err(unsupported("suffix", "a suffix (fill-in-the-middle)"));
-    }
-    let mut penalties = [0.0f32; 2];
-    for (slot, (param, value)) in penalties.iter_mut().zip([
-        ("presence_penalty", b.presence_penalty),
-        ("frequency_penalty", b.frequency_penalty),
-    ]) {
-        let value = value.unwrap_or(0.0);
-        if !(-2.0..=2.0).contains(&value) {
-            return Err(invalid(
-                param,
-                format!("{param} must be between -2 and 2, got {value}"),
-            ));
-        }
-        *slot = value as f32;
-    }
-    if b.store == Some(true) {
-        return Err(unsupported("store", "storing completions"));
-    }
-    let logprobs = logprobs(endpoint, b.logprobs, b.top_logprobs)?;
-    let logit_bias = logit_bias(b.logit_bias.unwrap_or_default())?;
-    let tools = crate::tools::parse(b.tools, b.tool_choice, b.parallel_tool_calls)?;
-    let format = crate::structured::response_format(b.response_format)?;
+    Ok(n)
+}
+
+/// What the output must match, and the request field that asked for it.
+type Constrained = (Constraint, &'static str);
+
+/// The tools offered, only if any are active, and what the output must match, with the field
+/// that asked for it: a forced tool call (never with a `response_format`), a
+/// `response_format` that an answer with tool calls allowed must also match, or a
+/// `response_format` alone.
+fn tools_and_constraint(
+    tools: Option<Vec<serde_json::Value>>,
+    tool_choice: Option<serde_json::Value>,
+    parallel_tool_calls: Option<bool>,
+    response_format: Option<serde_json::Value>,
+) -> Result<(Option<Tools>, Option<Constrained>), ServeError> {
+    let tools = crate::tools::parse(tools, tool_choice, parallel_tool_calls)?;
+    let format = crate::structured::response_format(response_format)?;
     let constraint = match (&tools, format) {
         (Some(t), format) if t.active() && t.choice != crate::tools::ToolChoice::Auto => {
             if format.is_some() {
@@ -347,113 +351,23 @@ pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeErr
         }
         (_, format) => format.map(|c| (c, "response_format")),
     };
-    // 0 only to score the prompt: `echo` with `logprobs` (what evaluation harnesses send).
-    let least = i64::from(!(echo && logprobs.is_some()));
-    let max_tokens = match (&b.max_completion_tokens, &b.max_tokens) {
-        (Some(n), _) => Some(whole("max_completion_tokens", n, least)?),
-        (None, Some(n)) => Some(whole("max_tokens", n, least)?),
-        // OpenAI's default for completions; chat defaults to the rest of the context.
-        (None, None) if endpoint == Endpoint::Completion => Some(16),
-        (None, None) => None,
-    };
-    let temperature = b.temperature.unwrap_or(1.0);
-    if !(0.0..=2.0).contains(&temperature) {
-        return Err(invalid(
-            "temperature",
-            format!("temperature must be between 0 and 2, got {temperature}"),
-        ));
-    }
-    let top_p = b.top_p.unwrap_or(1.0);
-    if !(top_p > 0.0 && top_p <= 1.0) {
-        return Err(invalid(
-            "top_p",
-            format!("top_p must be greater than 0 and at most 1, got {top_p}"),
-        ));
-    }
-    let top_k = match b.top_k.unwrap_or(0) {
-        -1 | 0 => 0,
-        k if k > 0 => k as usize,
-        k => {
-            return Err(invalid(
-                "top_k",
-                format!("top_k must be -1 or 0 (all) or positive, got {k}"),
-            ));
-        }
-    };
-    let stop = match b.stop {
-        None => Vec::new(),
-        Some(OneOrMany::One(s)) => vec![s],
-        Some(OneOrMany::Many(v)) => v,
-    };
-    if stop.len() > MAX_STOP_STRINGS {
-        return Err(invalid(
-            "stop",
-            format!(
-                "at most {MAX_STOP_STRINGS} stop strings, got {}",
-                stop.len()
-            ),
-        ));
-    }
-    if stop
-        .iter()
-        .any(|s| s.is_empty() || s.len() > MAX_STOP_BYTES)
-    {
-        return Err(invalid(
-            "stop",
-            format!("stop strings must be 1 to {MAX_STOP_BYTES} bytes long"),
-        ));
-    }
-    let stop_token_ids = b.stop_token_ids.unwrap_or_default();
-    if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
-        return Err(invalid(
-            "stop_token_ids",
-            format!(
-                "stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, got {}",
-                stop_token_ids.len()
-            ),
-        ));
-    }
-    let stream = b.stream.unwrap_or(false);
-    if b.stream_options.is_some() && !stream {
+    Ok((tools.filter(Tools::active), constraint))
+}
+
+/// Whether to stream, and whether the stream ends with the usage (`stream_options`, allowed
+/// only when streaming).
+fn streaming(
+    stream: Option<bool>,
+    options: Option<StreamOptions>,
+) -> Result<(bool, bool), ServeError> {
+    let stream = stream.unwrap_or(false);
+    if options.is_some() && !stream {
         return Err(invalid(
             "stream_options",
             "stream_options is only allowed when stream is true",
         ));
     }
-    let tools = tools.filter(Tools::active);
-    let template_bytes = match &prompt {
-        Prompt::Chat(m) => TemplateBytes::of(m, tools.as_ref()),
-        _ => TemplateBytes::default(),
-    };
-    Ok(Job {
-        model: b.model,
-        prompt,
-        params: SamplingParams {
-            temperature: temperature as f32,
-            top_k,
-            top_p: top_p as f32,
-            // Negative seeds are accepted (Python clients send them) and reinterpreted.
-            seed: b.seed.map(|s| s as u64),
-            max_tokens: max_tokens.unwrap_or(1),
-            stop,
-            stop_token_ids: token_ids("stop_token_ids", &stop_token_ids)?,
-            ignore_eos: b.ignore_eos.unwrap_or(false),
-            logit_bias,
-            presence_penalty: penalties[0],
-            frequency_penalty: penalties[1],
-            logprobs,
-            prompt_logprobs: if echo { logprobs } else { None },
-            cache_salt: cache_salt(b.cache_salt)?,
-        },
-        max_tokens,
-        stream,
-        include_usage: b.stream_options.is_some_and(|o| o.include_usage),
-        constraint,
-        tools,
-        template_bytes,
-        n,
-        echo,
-    })
+    Ok((stream, options.is_some_and(|o| o.include_usage)))
 }
 
 /// What `/tokenize` tokenizes.
@@ -554,20 +468,7 @@ pub(crate) fn parse_detokenize(body: &[u8]) -> Result<(String, Vec<u32>), ServeE
     Ok((r.model, token_ids("tokens", &r.tokens)?))
 }
 
-/// The longest `cache_salt` accepted (it is kept with every cached prefix).
-const MAX_CACHE_SALT: usize = 256;
-
-/// `cache_salt`: non-empty, at most [`MAX_CACHE_SALT`] bytes.
-fn cache_salt(salt: Option<String>) -> Result<Option<String>, ServeError> {
-    match salt {
-        Some(s) if s.is_empty() || s.len() > MAX_CACHE_SALT => Err(invalid(
-            "cache_salt",
-            format!("cache_salt must be 1 to {MAX_CACHE_SALT} bytes"),
-        )),
-        salt => Ok(salt),
-    }
-}
-
 mod keys;
+mod sampling;
 #[cfg(test)]
 mod tests;

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderValue, header};
-use modelmux_llm::{GenerationEvent, GenerationStream, Usage};
+use modelmux_llm::{FinishReason, GenerationEvent, GenerationStream, TokenLogprob, Usage};
 use modelmux_serve::{Body, BodySender, BoxError, Response};
 use serde_json::Value;
 use tokio::time::Instant;
@@ -94,36 +94,20 @@ async fn feed(
     answer: &Answer,
     index: usize,
     mut stream: GenerationStream,
-    mut timing: Option<Timing>,
+    timing: Option<Timing>,
     interval: Duration,
 ) -> Result<Usage, BoxError> {
-    let event = |value: Value| event_at(value, index);
-    let mut first = true;
-    // Whether any text went out yet: the first goes at once, however it was split into tokens
-    // (a first token that decodes to no text, half a character say, does not make the next
-    // text wait for the interval).
-    let mut text_sent = false;
-    let mut pending = String::new();
-    // When the text gathered so far must go out; none while nothing waits.
-    let mut deadline: Option<Instant> = None;
-    // With tools on, text goes through the splitter, which holds back calls.
-    let mut splitter = answer.functions.as_deref().map(CallSplitter::new);
-    let mut logprobs = answer.logprobs.clone().map(Logprobs::new);
-    let mut echoed = false;
+    let mut choice = Choice::new(tx, answer, index, timing, interval);
     if answer.endpoint == Endpoint::Chat {
-        tx.send(event(answer.chunk(Some(""), true, None))).await?;
-        first = false;
+        choice.send(answer.chunk(Some(""), true, None)).await?;
+        choice.first = false;
     }
     loop {
-        let next = match deadline {
+        let next = match choice.deadline {
             Some(at) => match tokio::time::timeout_at(at, stream.next()).await {
                 Ok(next) => next,
                 Err(_) => {
-                    tx.send(event(text_chunk(answer, &pending, first, &mut logprobs)))
-                        .await?;
-                    pending.clear();
-                    first = false;
-                    deadline = None;
+                    choice.flush().await?;
                     continue;
                 }
             },
@@ -135,83 +119,13 @@ async fn feed(
                 text,
                 logprob,
                 prompt_logprobs,
-            }) => {
-                if let Some(t) = &mut timing {
-                    t.token();
-                }
-                // `echo`: the prompt goes out with the first token, in the same chunk.
-                if let Some(echo) = answer.echo.as_deref()
-                    && !echoed
-                {
-                    echoed = true;
-                    echo.start(&mut pending, logprobs.as_mut(), prompt_logprobs);
-                }
-                if let (Some(l), Some(lp)) = (&mut logprobs, logprob) {
-                    l.push(id, lp);
-                }
-                match &mut splitter {
-                    Some(s) => pending.push_str(&s.push(&text)),
-                    None => pending.push_str(&text),
-                }
-                if pending.is_empty() {
-                    continue;
-                }
-                // The first text goes out at once (time to first token is not coalesced).
-                if !text_sent || interval.is_zero() {
-                    tx.send(event(text_chunk(answer, &pending, first, &mut logprobs)))
-                        .await?;
-                    pending.clear();
-                    first = false;
-                    text_sent = true;
-                } else if deadline.is_none() {
-                    deadline = Some(Instant::now() + interval);
-                }
-            }
+            }) => choice.token(id, &text, logprob, prompt_logprobs).await?,
             Some(GenerationEvent::Finished {
                 reason,
                 rest,
                 usage,
                 prompt_logprobs,
-            }) => {
-                // `max_tokens: 0`: the prompt alone, scored, goes out with the end.
-                if let Some(echo) = answer.echo.as_deref()
-                    && !echoed
-                {
-                    echo.start(&mut pending, logprobs.as_mut(), prompt_logprobs);
-                }
-                let calls = match splitter.take() {
-                    Some(mut s) => {
-                        pending.push_str(&s.push(&rest));
-                        let (held, calls) = s.finish();
-                        pending.push_str(&held);
-                        calls
-                    }
-                    None => {
-                        pending.push_str(&rest);
-                        Vec::new()
-                    }
-                };
-                if let Some(t) = &mut timing {
-                    t.finished(reason, usage);
-                }
-                if !pending.is_empty() {
-                    tx.send(event(text_chunk(answer, &pending, first, &mut logprobs)))
-                        .await?;
-                    first = false;
-                }
-                if !calls.is_empty() {
-                    tx.send(event(answer.calls_chunk(&calls, first))).await?;
-                    first = false;
-                }
-                let reason = finish_reason(reason, &calls);
-                let mut last = answer.chunk(None, first, Some(reason));
-                // Tokens whose text was held back to the end (a final stop token, say).
-                if let Some(l) = logprobs.as_mut().filter(|l| !l.is_empty()) {
-                    last["choices"][0]["logprobs"] = l.take(answer.endpoint);
-                }
-                tx.send(event(last)).await?;
-                return Ok(usage);
-            }
+            }) => return choice.finish(reason, &rest, usage, prompt_logprobs).await,
             Some(GenerationEvent::Error(e)) => {
                 return fail(tx, answer, &serve_error(&e)).await;
             }
@@ -222,6 +136,166 @@ async fn feed(
                 return fail(tx, answer, &e).await;
             }
         }
+    }
+}
+
+/// One choice's stream as [`feed`] writes it: the text gathered and not sent yet, and what
+/// went out so far.
+struct Choice<'a> {
+    tx: &'a BodySender,
+    answer: &'a Answer,
+    index: usize,
+    /// How long text is gathered before it goes out (zero: each token's at once).
+    interval: Duration,
+    timing: Option<Timing>,
+    /// Whether the next chunk is the choice's first.
+    first: bool,
+    /// Whether any text went out yet: the first goes at once, however it was split into tokens
+    /// (a first token that decodes to no text, half a character say, does not make the next
+    /// text wait for the interval).
+    text_sent: bool,
+    pending: String,
+    /// When the text gathered so far must go out; none while nothing waits.
+    deadline: Option<Instant>,
+    /// With tools on, text goes through the splitter, which holds back calls.
+    splitter: Option<CallSplitter>,
+    logprobs: Option<Logprobs>,
+    /// Whether the prompt went out (`echo`).
+    echoed: bool,
+}
+
+impl<'a> Choice<'a> {
+    fn new(
+        tx: &'a BodySender,
+        answer: &'a Answer,
+        index: usize,
+        timing: Option<Timing>,
+        interval: Duration,
+    ) -> Self {
+        Self {
+            tx,
+            answer,
+            index,
+            interval,
+            timing,
+            first: true,
+            text_sent: false,
+            pending: String::new(),
+            deadline: None,
+            splitter: answer.functions.as_deref().map(CallSplitter::new),
+            logprobs: answer.logprobs.clone().map(Logprobs::new),
+            echoed: false,
+        }
+    }
+
+    /// Sends `value` as an event of this choice.
+    async fn send(&self, value: Value) -> Result<(), BoxError> {
+        self.tx.send(event_at(value, self.index)).await
+    }
+
+    /// Sends the text gathered so far (the interval is up).
+    async fn flush(&mut self) -> Result<(), BoxError> {
+        self.send_pending().await?;
+        self.pending.clear();
+        self.first = false;
+        self.deadline = None;
+        Ok(())
+    }
+
+    /// The gathered text as a chunk, with the log probabilities of its tokens.
+    async fn send_pending(&mut self) -> Result<(), BoxError> {
+        let chunk = text_chunk(self.answer, &self.pending, self.first, &mut self.logprobs);
+        self.send(chunk).await
+    }
+
+    /// A token: its text (and log probability) gathered, sent at once if it is the first text
+    /// or nothing is coalesced, else by the deadline it sets if none is set.
+    async fn token(
+        &mut self,
+        id: u32,
+        text: &str,
+        logprob: Option<TokenLogprob>,
+        prompt_logprobs: Option<Vec<TokenLogprob>>,
+    ) -> Result<(), BoxError> {
+        if let Some(t) = &mut self.timing {
+            t.token();
+        }
+        // `echo`: the prompt goes out with the first token, in the same chunk.
+        if let Some(echo) = self.answer.echo.as_deref()
+            && !self.echoed
+        {
+            self.echoed = true;
+            echo.start(&mut self.pending, self.logprobs.as_mut(), prompt_logprobs);
+        }
+        if let (Some(l), Some(lp)) = (&mut self.logprobs, logprob) {
+            l.push(id, lp);
+        }
+        match &mut self.splitter {
+            Some(s) => self.pending.push_str(&s.push(text)),
+            None => self.pending.push_str(text),
+        }
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        // The first text goes out at once (time to first token is not coalesced).
+        if !self.text_sent || self.interval.is_zero() {
+            self.send_pending().await?;
+            self.pending.clear();
+            self.first = false;
+            self.text_sent = true;
+        } else if self.deadline.is_none() {
+            self.deadline = Some(Instant::now() + self.interval);
+        }
+        Ok(())
+    }
+
+    /// The end: the text held back (and the prompt, if no token brought it), the tool calls,
+    /// and the last chunk with the finish reason; the choice's usage.
+    async fn finish(
+        mut self,
+        reason: FinishReason,
+        rest: &str,
+        usage: Usage,
+        prompt_logprobs: Option<Vec<TokenLogprob>>,
+    ) -> Result<Usage, BoxError> {
+        // `max_tokens: 0`: the prompt alone, scored, goes out with the end.
+        if let Some(echo) = self.answer.echo.as_deref()
+            && !self.echoed
+        {
+            echo.start(&mut self.pending, self.logprobs.as_mut(), prompt_logprobs);
+        }
+        let calls = match self.splitter.take() {
+            Some(mut s) => {
+                self.pending.push_str(&s.push(rest));
+                let (held, calls) = s.finish();
+                self.pending.push_str(&held);
+                calls
+            }
+            None => {
+                self.pending.push_str(rest);
+                Vec::new()
+            }
+        };
+        if let Some(t) = &mut self.timing {
+            t.finished(reason, usage);
+        }
+        if !self.pending.is_empty() {
+            self.send_pending().await?;
+            self.first = false;
+        }
+        if !calls.is_empty() {
+            self.send(self.answer.calls_chunk(&calls, self.first))
+                .await?;
+            self.first = false;
+        }
+        let reason = finish_reason(reason, &calls);
+        let mut last = self.answer.chunk(None, self.first, Some(reason));
+        // Tokens whose text was held back to the end (a final stop token, say).
+        if let Some(l) = self.logprobs.as_mut().filter(|l| !l.is_empty()) {
+            last["choices"][0]["logprobs"] = l.take(self.answer.endpoint);
+        }
+        self.send(last).await?;
+        Ok(usage)
     }
 }
 

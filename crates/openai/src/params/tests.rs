@@ -1,4 +1,6 @@
 //! The request checks, case by case.
+use modelmux_llm::{MAX_LOGIT_BIAS, MAX_STOP_TOKEN_IDS};
+
 use super::*;
 
 fn err(endpoint: Endpoint, body: &str) -> (String, String) {

@@ -1,7 +1,10 @@
 //! The OpenAI-compatible API over SmolLM2 and its test adapters, in process: answers equal
 //! the engine's own, streaming equals the whole answer, errors have OpenAI's shape and the
 //! right status, adapters are routed to the replicas holding them. (Streaming's timing and
-//! errors, and the engine controls, are in `streaming.rs`.)
+//! errors, and the engine controls, are in `streaming.rs`; the adapter controls in
+//! `adapter_controls.rs`.)
+
+use std::net::SocketAddr;
 
 use crate::common;
 
@@ -13,7 +16,17 @@ async fn chat_and_completion_answer_as_the_engine_does_with_and_without_an_adapt
     let server = serve(&config(json!({})), 1).await;
     let addr = server.local_addr();
     let question = "What is the capital of France?";
+    let base_text = base_chat_answers_as_the_engine(addr, question).await;
+    let pirate = adapter_chat_answers_as_the_engine(addr, question, &base_text).await;
+    streaming_gives_the_same_chat(addr, question, &pirate).await;
+    completions_answer_as_the_chat(addr, question, &base_text).await;
+    stop_strings_end_the_answer_early(addr, question, &base_text).await;
+    server.shutdown().await;
+}
 
+/// The base model's chat answer to `question`: OpenAI's shape, the engine's own text (which
+/// it returns).
+async fn base_chat_answers_as_the_engine(addr: SocketAddr, question: &str) -> String {
     let base = post(
         addr,
         "/v1/chat/completions",
@@ -34,7 +47,23 @@ async fn chat_and_completion_answer_as_the_engine_does_with_and_without_an_adapt
         .unwrap()
         .to_owned();
     assert_eq!(base_text, direct(question, None, 12).await);
+    base_text
+}
 
+/// The pirate adapter's chat answer.
+struct PirateAnswer {
+    text: String,
+    finish_reason: String,
+    usage: serde_json::Value,
+}
+
+/// The pirate adapter's chat answer to `question`, named `smollm2:pirate`, `pirate` or by the
+/// header: the engine's own text with the adapter, not the base model's.
+async fn adapter_chat_answers_as_the_engine(
+    addr: SocketAddr,
+    question: &str,
+    base_text: &str,
+) -> PirateAnswer {
     let pirate = post(
         addr,
         "/v1/chat/completions",
@@ -80,8 +109,15 @@ async fn chat_and_completion_answer_as_the_engine_does_with_and_without_an_adapt
         header.json()["choices"][0]["message"]["content"],
         pirate_text.as_str()
     );
+    PirateAnswer {
+        text: pirate_text,
+        finish_reason: pirate_reason,
+        usage: pirate.json()["usage"].clone(),
+    }
+}
 
-    // Streaming gives the same text, in chunks, ending with [DONE]; usage when asked.
+/// Streaming gives the same text, in chunks, ending with [DONE]; usage when asked.
+async fn streaming_gives_the_same_chat(addr: SocketAddr, question: &str, pirate: &PirateAnswer) {
     let mut request = chat("smollm2:pirate", question, 12, true);
     request["stream_options"] = json!({"include_usage": true});
     let streamed = post(addr, "/v1/chat/completions", request).await;
@@ -90,17 +126,19 @@ async fn chat_and_completion_answer_as_the_engine_does_with_and_without_an_adapt
     let (text, reason) = streamed_text(&streamed);
     assert_eq!(
         (text.as_str(), reason.as_str()),
-        (pirate_text.as_str(), pirate_reason.as_str())
+        (pirate.text.as_str(), pirate.finish_reason.as_str())
     );
     let events = streamed.events();
     let usage: serde_json::Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
     assert_eq!(usage["choices"], json!([]));
-    assert_eq!(usage["usage"], pirate.json()["usage"]);
+    assert_eq!(usage["usage"], pirate.usage);
     let first: serde_json::Value = serde_json::from_str(&events[0]).unwrap();
     assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
     assert_eq!(first["object"], "chat.completion.chunk");
+}
 
-    // Completions: a prompt with special tokens, answered as text_completion.
+/// Completions: a prompt with special tokens, answered as text_completion, whole and streamed.
+async fn completions_answer_as_the_chat(addr: SocketAddr, question: &str, base_text: &str) {
     // The chat's prompt as token ids (the template adds a default system turn).
     let prompt = post(
         addr,
@@ -119,8 +157,7 @@ async fn chat_and_completion_answer_as_the_engine_does_with_and_without_an_adapt
     let body = completion.json();
     assert_eq!(body["object"], "text_completion");
     assert_eq!(
-        body["choices"][0]["text"],
-        base_text.as_str(),
+        body["choices"][0]["text"], base_text,
         "same prompt as the chat"
     );
     let streamed = post(
@@ -130,8 +167,10 @@ async fn chat_and_completion_answer_as_the_engine_does_with_and_without_an_adapt
     )
     .await;
     assert_eq!(streamed_text(&streamed).0, base_text);
+}
 
-    // Stop strings end the answer early, with finish_reason stop.
+/// Stop strings end the answer early, with finish_reason stop.
+async fn stop_strings_end_the_answer_early(addr: SocketAddr, question: &str, base_text: &str) {
     let word = base_text.split_whitespace().nth(1).unwrap().to_owned();
     let mut request = chat("smollm2", question, 12, false);
     request["stop"] = json!([word]);
@@ -144,7 +183,6 @@ async fn chat_and_completion_answer_as_the_engine_does_with_and_without_an_adapt
         base_text.starts_with(cut) && !cut.contains(&word),
         "{cut:?} / {base_text:?}"
     );
-    server.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -331,145 +369,6 @@ async fn bad_requests_are_refused_with_openai_errors() {
         "{metrics}"
     );
     assert!(metric(&metrics, "modelmux_llm_kv_cache_used_bytes") == 0.0);
-    server.shutdown().await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn adapters_are_loaded_and_unloaded_with_vllms_controls_behind_the_admin_token() {
-    let config = config(json!({}));
-    let both = modelmux_openai::llm_deployments(
-        "llm",
-        &config,
-        "/",
-        None,
-        &modelmux_serve::AdminAccess::with_token("secret"),
-    )
-    .unwrap();
-    let server = modelmux_front::Server::builder()
-        .bind("127.0.0.1:0".parse().unwrap())
-        .application(
-            modelmux_serve::Application::new("llm")
-                .ingress(both.ingress)
-                .deployment(both.server),
-        )
-        .start()
-        .await
-        .unwrap();
-    let addr = server.local_addr();
-    let control = |path: &'static str, body: serde_json::Value, token: Option<&'static str>| async move {
-        let auth = token.map(|t| format!("Bearer {t}"));
-        let headers: Vec<(&str, &str)> =
-            auth.iter().map(|a| ("authorization", a.as_str())).collect();
-        send(
-            addr,
-            "POST",
-            path,
-            &headers,
-            serde_json::to_vec(&body).unwrap(),
-        )
-        .await
-    };
-    let loaded = |models: &serde_json::Value, id: &str| {
-        models["data"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|c| c["id"] == id)
-            .map(|c| !c["loaded_on"].as_array().unwrap().is_empty())
-            .unwrap()
-    };
-    let no_token = control("/v1/load_lora_adapter", json!({"lora_name": "poet"}), None).await;
-    assert_eq!(no_token.status, 401);
-    let wrong = control(
-        "/v1/load_lora_adapter",
-        json!({"lora_name": "poet"}),
-        Some("guess"),
-    )
-    .await;
-    assert_eq!(wrong.status, 401);
-    assert!(!loaded(
-        &get(addr, "/v1/models").await.json(),
-        "smollm2:poet"
-    ));
-
-    let ok = control(
-        "/v1/load_lora_adapter",
-        json!({"lora_name": "poet"}),
-        Some("secret"),
-    )
-    .await;
-    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
-    // vLLM's answer: a line of text saying it worked (the replica in a header, too).
-    let text = String::from_utf8_lossy(&ok.body);
-    assert!(
-        text.contains("success") && text.contains("'poet'"),
-        "{text}"
-    );
-    assert!(
-        ok.headers["x-modelmux-loaded-on"]
-            .to_str()
-            .unwrap()
-            .starts_with("llm#"),
-        "{:?}",
-        ok.headers
-    );
-    assert!(loaded(
-        &get(addr, "/v1/models").await.json(),
-        "smollm2:poet"
-    ));
-    let elsewhere = control(
-        "/v1/load_lora_adapter",
-        json!({"lora_name": "smollm2:chef", "lora_path": "/tmp/anything"}),
-        Some("secret"),
-    )
-    .await;
-    // Another path registers the name for it, but only below lora_config.allowed_sources
-    // (none here).
-    assert_eq!(
-        elsewhere.status,
-        403,
-        "{}",
-        String::from_utf8_lossy(&elsewhere.body)
-    );
-    assert!(
-        elsewhere.json()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("allowed_sources"),
-        "{}",
-        elsewhere.json()
-    );
-    let missing = control(
-        "/v1/load_lora_adapter",
-        json!({"lora_name": "nobody"}),
-        Some("secret"),
-    )
-    .await;
-    assert_eq!(missing.status, 404);
-
-    let gone = control(
-        "/v1/unload_lora_adapter",
-        json!({"lora_name": "poet"}),
-        Some("secret"),
-    )
-    .await;
-    assert_eq!(gone.status, 200, "{}", String::from_utf8_lossy(&gone.body));
-    let text = String::from_utf8_lossy(&gone.body);
-    assert!(
-        text.contains("success") && text.contains("from 1 replica"),
-        "{text}"
-    );
-    assert!(!loaded(
-        &get(addr, "/v1/models").await.json(),
-        "smollm2:poet"
-    ));
-    let again = control(
-        "/v1/unload_lora_adapter",
-        json!({"lora_name": "poet"}),
-        Some("secret"),
-    )
-    .await;
-    assert_eq!(again.status, 404);
     server.shutdown().await;
 }
 

@@ -3,6 +3,7 @@
 
 mod common;
 
+mod adapter_controls;
 mod adapter_sources;
 mod api;
 mod batch;
