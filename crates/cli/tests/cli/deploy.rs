@@ -5,7 +5,8 @@
 //! deployment; an invalid configuration (or one reading a remote store without a disk cache)
 //! is refused whole and the old one keeps serving; SIGHUP re-reads the file, and an invalid
 //! file is refused, logged and the old configuration kept; a Python application whose
-//! deployments changed is refused and keeps serving. The refusals that depend on the two
+//! deployments changed is refused and keeps serving; an LLM deployment scales up and down
+//! live, every completion answered. The refusals that depend on the two
 //! configurations only are unit tests in `src/config/reload.rs`.
 
 use crate::common;
@@ -435,6 +436,103 @@ fn a_python_application_whose_deployments_changed_is_refused_and_keeps_serving()
     );
     assert_eq!(ask(), (200, "bar".to_owned()));
     assert_eq!(replicas_of(&url, "Upstream"), 1);
+    let (_, logs) = server.terminate();
+    assert!(!logs.contains("panicked"), "{logs}");
+}
+
+/// An LLM deployment reloaded live: scaled from one replica to two and back while clients
+/// keep asking, every completion answered, the ONNX deployment beside it untouched (its
+/// replica and its models kept).
+#[test]
+fn an_llm_deployment_scales_live_and_answers_throughout() {
+    let gguf = std::env::var("MODELMUX_TEST_GGUF")
+        .unwrap_or_else(|_| panic!("MODELMUX_TEST_GGUF is not set: run ./scripts/test"));
+    let config = |llm_replicas: usize| {
+        format!(
+            "
+http_options:
+  host: 127.0.0.1
+  port: 0
+  admin_token: deploy-token
+applications:
+  - name: llm
+    deployments:
+      - name: LLMServer
+        num_replicas: {llm_replicas}
+        model:
+          kind: llm
+          model_loading_config: {{model_id: smollm2, model_source: '{gguf}'}}
+          engine_kwargs: {{max_num_seqs: 4, max_model_len: 256, kv_cache_bytes: 67108864}}
+  - name: a
+    route_prefix: /a
+    deployments:
+      - name: A
+        max_models_per_replica: 3
+        model:
+          kind: onnx
+          repository: builtin://demo
+"
+        )
+    };
+    let mut server = common::serve(&config(1));
+    let url = server.url.clone();
+    assert_eq!(request(&url, "/a", "customer-1"), 200);
+    let (a_ids, a_models) = (replica_ids(&url, "A"), replica_models(&url, "A"));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (answered, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let client = {
+        let (url, stop) = (url.clone(), stop.clone());
+        let (answered, failed) = (answered.clone(), failed.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                let request = hyper::Request::post("/v1/completions")
+                    .header("content-type", "application/json");
+                let body = br#"{"model": "smollm2", "prompt": "Hello", "max_tokens": 2}"#;
+                let (status, answer) = common::send(&url, request, body.to_vec());
+                if status == 200 {
+                    answered.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    eprintln!("completion failed during the reload: {status} {answer}");
+                    failed.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    for (replicas, step) in [(2, "up"), (1, "down")] {
+        let before = answered.load(Ordering::SeqCst);
+        let (ok, said) = deploy(&url, &config(replicas));
+        assert!(ok, "scaling {step}: {said}");
+        assert_eq!(replicas_of(&url, "LLMServer"), replicas, "scaling {step}");
+        // Answers keep coming after the deploy (not only before it).
+        for tries in 0.. {
+            if answered.load(Ordering::SeqCst) >= before + 3 {
+                break;
+            }
+            assert!(
+                tries < 600,
+                "no completion answered within 60 s of scaling {step}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    client.join().unwrap();
+    assert_eq!(
+        failed.load(Ordering::SeqCst),
+        0,
+        "completions failed during the reloads"
+    );
+    assert_eq!(
+        replica_ids(&url, "A"),
+        a_ids,
+        "the ONNX deployment's replica changed"
+    );
+    assert_eq!(
+        replica_models(&url, "A"),
+        a_models,
+        "the ONNX deployment lost models"
+    );
     let (_, logs) = server.terminate();
     assert!(!logs.contains("panicked"), "{logs}");
 }
