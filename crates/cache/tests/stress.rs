@@ -102,7 +102,7 @@ fn many_tasks_keep_every_invariant() {
                             _ => match mux.get(&id).await {
                                 Ok(guard) => {
                                     let held = Held::new(guard);
-                                    if rng.next() % 4 == 0 {
+                                    if rng.next().is_multiple_of(4) {
                                         tokio::time::sleep(Duration::from_micros(200)).await;
                                     } else {
                                         tokio::task::yield_now().await;

@@ -53,19 +53,17 @@ pub(crate) fn redact(message: &str) -> String {
             previous = token.chars().last();
             continue;
         }
-        if starts_path(previous) {
-            if let Some(scheme_end) = token.find("://") {
-                if token[..scheme_end]
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
-                    && scheme_end > 0
-                {
-                    out.push_str(&redact_url(token, scheme_end));
-                    rest = &rest[token_len..];
-                    previous = token.chars().last();
-                    continue;
-                }
-            }
+        if starts_path(previous)
+            && let Some(scheme_end) = token.find("://")
+            && token[..scheme_end]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+            && scheme_end > 0
+        {
+            out.push_str(&redact_url(token, scheme_end));
+            rest = &rest[token_len..];
+            previous = token.chars().last();
+            continue;
         }
         out.push(c);
         previous = Some(c);

@@ -630,10 +630,10 @@ fn a_worker_that_stops_answering_health_checks_is_replaced_and_none_outlives_a_k
         let url = server.url.clone();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || tx.send(request(&url, "/", "", "")));
-        if let Ok((200, body)) = rx.recv_timeout(Duration::from_secs(5)) {
-            if json(&body)["pid"] != hung {
-                break;
-            }
+        if let Ok((200, body)) = rx.recv_timeout(Duration::from_secs(5))
+            && json(&body)["pid"] != hung
+        {
+            break;
         }
     }
     // Hang the new worker too, then kill the server outright: no worker may stay behind, not

@@ -217,10 +217,10 @@ impl DeploymentRouter {
                 return Err(self.none_here());
             }
         }
-        if self.queued.load(Ordering::SeqCst) == 0 {
-            if let Some(found) = self.try_acquire(model, route) {
-                return Ok(found);
-            }
+        if self.queued.load(Ordering::SeqCst) == 0
+            && let Some(found) = self.try_acquire(model, route)
+        {
+            return Ok(found);
         }
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let ticket = {
