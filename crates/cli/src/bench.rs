@@ -230,26 +230,11 @@ async fn send(
     Ok((status, response.into_body().collect().await?.to_bytes()))
 }
 
-/// Sums every series of each named metric in a Prometheus text page.
-fn metric_sums(page: &str, names: &[&str]) -> Vec<f64> {
-    names
-        .iter()
-        .map(|name| {
-            page.lines()
-                .filter(|l| !l.starts_with('#'))
-                .filter_map(|l| {
-                    let rest = l.strip_prefix(name)?;
-                    // The value is the first field after the labels (a timestamp may follow).
-                    let after_labels = match rest.strip_prefix('{') {
-                        Some(labels) => &labels[labels.rfind('}')? + 1..],
-                        None if rest.starts_with(' ') => rest,
-                        None => return None,
-                    };
-                    after_labels.split_whitespace().next()?.parse::<f64>().ok()
-                })
-                .sum()
-        })
-        .collect()
+/// Sums every series of each named metric in a Prometheus text page; `None` if the page is not
+/// of the text format.
+fn metric_sums(page: &str, names: &[&str]) -> Option<Vec<f64>> {
+    let page = modelmux_promtext::parse(page).ok()?;
+    Some(names.iter().map(|name| page.sum(name)).collect())
 }
 
 const SERVER_METRICS: [&str; 4] = [
@@ -267,7 +252,7 @@ async fn scrape(urls: &[String]) -> Option<Vec<f64>> {
         if status != 200 {
             return None;
         }
-        let page = metric_sums(&String::from_utf8_lossy(&body), &SERVER_METRICS);
+        let page = metric_sums(&String::from_utf8_lossy(&body), &SERVER_METRICS)?;
         for (sum, value) in sums.iter_mut().zip(page) {
             *sum += value;
         }
@@ -375,9 +360,8 @@ async fn worker(
     totals
 }
 
-/// Runs the benchmark and prints its report.
-pub async fn run(args: BenchArgs) -> Result<(), CliError> {
-    let addr = parse_url(&args.url)?;
+/// Refuses arguments the run cannot use, before any request is sent.
+fn check_args(args: &BenchArgs) -> Result<(), CliError> {
     if args.concurrency == 0 || !(args.duration.is_finite() && args.duration > 0.0) {
         return Err("--concurrency and --duration must be positive".into());
     }
@@ -392,8 +376,93 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     }
     // A request that cannot be built (a path with a space, a prefix with a control character)
     // is refused here, not in a loop in every worker.
-    request_for(&args, "check", (args.models > 0).then_some(0))
+    request_for(args, "check", (args.models > 0).then_some(0))
         .map_err(|e| format!("cannot build a request from --path and --model-prefix: {e}"))?;
+    Ok(())
+}
+
+/// Waits for the workers until `deadline` (one still stuck after it is abandoned, its
+/// in-flight request counted as a transport error): their latencies merged, failures and
+/// transport errors summed.
+async fn join_workers(
+    workers: Vec<tokio::task::JoinHandle<Totals>>,
+    deadline: Instant,
+) -> Result<(Histogram<u64>, u64, u64), CliError> {
+    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+    let (mut failed, mut transport_errors) = (0, 0);
+    for w in workers {
+        let abort = w.abort_handle();
+        match tokio::time::timeout_at(deadline, w).await {
+            Ok(t) => {
+                let t = t?;
+                latency
+                    .add(&t.latency)
+                    .map_err(|e| format!("merging histograms: {e}"))?;
+                failed += t.failed;
+                transport_errors += t.transport_errors;
+            }
+            Err(_) => {
+                abort.abort();
+                transport_errors += 1;
+            }
+        }
+    }
+    Ok((latency, failed, transport_errors))
+}
+
+/// The report as text: requests, latency, the server's cache counters, the offline LRU and
+/// optimal figures.
+fn print_report(report: &serde_json::Value, latency: &Histogram<u64>, elapsed: f64) {
+    let ms = |q: f64| latency.value_at_quantile(q) as f64 / 1000.0;
+    let (completed, failed, transport_errors) = (
+        latency.len(),
+        report["failed"].as_u64().unwrap_or(0),
+        report["transport_errors"].as_u64().unwrap_or(0),
+    );
+    out!(
+        "requests    {completed} answered ({failed} not 2xx), {transport_errors} connection errors or timeouts, {elapsed:.1} s, {:.0} req/s",
+        completed as f64 / elapsed
+    );
+    out!(
+        "latency ms  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
+        ms(0.5),
+        ms(0.9),
+        ms(0.99),
+        ms(0.999),
+        latency.max() as f64 / 1000.0
+    );
+    if let Some(s) = &report["server"].as_object() {
+        out!(
+            "server      loads {}  evictions {}  hits {}  misses {}  hit ratio {:.2}%  loads/10k requests {:.1}",
+            s["loads"],
+            s["evictions"],
+            s["hits"],
+            s["misses"],
+            s["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+            s["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
+        );
+    }
+    for (key, name) in [
+        ("global_lru", "global LRU"),
+        ("global_optimal", "optimal   "),
+    ] {
+        if let Some(g) = &report[key].as_object() {
+            out!(
+                "{name}  {} slots, same {} requests offline: loads {}  hit ratio {:.2}%  loads/10k requests {:.1}",
+                g["slots"],
+                g["requests"],
+                g["loads"],
+                g["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
+                g["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
+            );
+        }
+    }
+}
+
+/// Runs the benchmark and prints its report.
+pub async fn run(args: BenchArgs) -> Result<(), CliError> {
+    let addr = parse_url(&args.url)?;
+    check_args(&args)?;
     let popularity = Arc::new(Popularity::new(args.models.max(1), args.zipf, args.seed));
     let metrics_urls = if args.metrics_urls.is_empty() {
         vec![args.url.clone()]
@@ -421,25 +490,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
     // Requests in flight get their timeout to finish; a worker still stuck after that is
     // abandoned (and its in-flight request counted as a transport error).
     let deadline = Instant::now() + Duration::from_secs_f64(args.timeout) + CONNECT_TIMEOUT;
-    let mut latency = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
-    let (mut failed, mut transport_errors) = (0, 0);
-    for w in workers {
-        let abort = w.abort_handle();
-        match tokio::time::timeout_at(deadline, w).await {
-            Ok(t) => {
-                let t = t?;
-                latency
-                    .add(&t.latency)
-                    .map_err(|e| format!("merging histograms: {e}"))?;
-                failed += t.failed;
-                transport_errors += t.transport_errors;
-            }
-            Err(_) => {
-                abort.abort();
-                transport_errors += 1;
-            }
-        }
-    }
+    let (latency, failed, transport_errors) = join_workers(workers, deadline).await?;
     let elapsed = start.elapsed().as_secs_f64();
     let after = scrape(&metrics_urls).await;
     let sent = next.load(Ordering::Relaxed);
@@ -495,44 +546,7 @@ pub async fn run(args: BenchArgs) -> Result<(), CliError> {
         crate::say(format_args!("{report}\n"));
         return Ok(());
     }
-    out!(
-        "requests    {completed} answered ({failed} not 2xx), {transport_errors} connection errors or timeouts, {elapsed:.1} s, {:.0} req/s",
-        completed as f64 / elapsed
-    );
-    out!(
-        "latency ms  p50 {:.3}  p90 {:.3}  p99 {:.3}  p99.9 {:.3}  max {:.3}",
-        ms(0.5),
-        ms(0.9),
-        ms(0.99),
-        ms(0.999),
-        latency.max() as f64 / 1000.0
-    );
-    if let Some(s) = &report["server"].as_object() {
-        out!(
-            "server      loads {}  evictions {}  hits {}  misses {}  hit ratio {:.2}%  loads/10k requests {:.1}",
-            s["loads"],
-            s["evictions"],
-            s["hits"],
-            s["misses"],
-            s["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
-            s["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
-        );
-    }
-    for (key, name) in [
-        ("global_lru", "global LRU"),
-        ("global_optimal", "optimal   "),
-    ] {
-        if let Some(g) = &report[key].as_object() {
-            out!(
-                "{name}  {} slots, same {} requests offline: loads {}  hit ratio {:.2}%  loads/10k requests {:.1}",
-                g["slots"],
-                g["requests"],
-                g["loads"],
-                g["hit_ratio"].as_f64().unwrap_or(0.0) * 100.0,
-                g["loads_per_10k_requests"].as_f64().unwrap_or(0.0)
-            );
-        }
-    }
+    print_report(&report, &latency, elapsed);
     Ok(())
 }
 
@@ -587,6 +601,7 @@ mod tests {
     #[test]
     fn metric_sums_add_every_series_of_a_name_only() {
         let page = "# HELP a x\na_total{r=\"1\"} 2\na_total{r=\"2 } x\"} 3 1700000000\na_total_other 100\nb 1\n";
-        assert_eq!(metric_sums(page, &["a_total", "b"]), vec![5.0, 1.0]);
+        assert_eq!(metric_sums(page, &["a_total", "b"]), Some(vec![5.0, 1.0]));
+        assert_eq!(metric_sums("a_total{r=\"1\" 2\n", &["a_total"]), None);
     }
 }
