@@ -3,7 +3,8 @@
 //! real `modelmux serve` (synthetic models and SmolLM2 with adapters) under traffic; every
 //! query of every panel of `deploy/grafana/*.json`, and the signal of every alert rule, returns
 //! data through Prometheus' HTTP API, and the rules load (`promtool check rules`) and evaluate
-//! without error. Without Prometheus the test fails, saying so.
+//! without error; the alerts whose conditions the traffic (and a second target that is down)
+//! makes true go active, and the others stay quiet. Without Prometheus the test fails, saying so.
 
 use crate::common;
 
@@ -27,7 +28,14 @@ fn env(name: &str) -> String {
     })
 }
 
-/// Prometheus scraping `target` every 200 ms with the repository's alert rules; killed on drop.
+/// A loopback address nothing listens on: a node that is down.
+fn closed_port() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().to_string()
+}
+
+/// Prometheus scraping `target` (and a node that is down) every 200 ms with the repository's
+/// alert rules; killed on drop.
 struct Prometheus {
     child: Child,
     url: String,
@@ -52,9 +60,10 @@ impl Prometheus {
             format!(
                 "global: {{scrape_interval: 200ms, scrape_timeout: 200ms, evaluation_interval: 200ms}}\n\
                  rule_files: ['{}']\n\
-                 scrape_configs:\n  - job_name: modelmux\n    static_configs: [{{targets: ['{}']}}]\n",
+                 scrape_configs:\n  - job_name: modelmux\n    static_configs: [{{targets: ['{}', '{}']}}]\n",
                 deploy("prometheus/alerts.yml").display(),
-                target.trim_start_matches("http://")
+                target.trim_start_matches("http://"),
+                closed_port(),
             ),
         )
         .unwrap();
@@ -87,6 +96,23 @@ impl Prometheus {
         };
         p.wait_ready();
         p
+    }
+
+    /// The alerts pending or firing: (name, the `instance` label, if any).
+    fn active_alerts(&self) -> std::collections::BTreeSet<(String, String)> {
+        let (status, body) = self.get("/api/v1/alerts");
+        assert_eq!(status, 200, "{body}");
+        let body: Value = serde_json::from_str(&body).unwrap();
+        body["data"]["alerts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|a| a["state"] == "pending" || a["state"] == "firing")
+            .map(|a| {
+                let label = |k: &str| a["labels"][k].as_str().unwrap_or_default().to_owned();
+                (label("alertname"), label("instance"))
+            })
+            .collect()
     }
 
     fn get(&self, path: &str) -> (u16, String) {
@@ -297,6 +323,49 @@ fn every_dashboard_query_and_alert_signal_returns_data_from_a_real_prometheus() 
             "rules never all evaluated: {body}"
         );
         std::thread::sleep(Duration::from_millis(200));
+    }
+    // The alerts whose conditions the traffic makes true go pending (their `for` not yet
+    // passed), thresholds and directions included: the down node, the failing load of
+    // `broken`, its 5xx share of the synthetic deployment's answers. Those whose conditions
+    // it never makes true (a queue of 20, a KV cache 90% full, 8 sequences waiting) stay
+    // quiet.
+    let want = [
+        "ModelmuxNodeDown",
+        "ModelmuxModelLoadsFailing",
+        "ModelmuxErrorRatioHigh",
+    ];
+    let quiet = [
+        "ModelmuxQueueGrowing",
+        "ModelmuxLlmKvCacheNearlyFull",
+        "ModelmuxLlmRequestsWaiting",
+    ];
+    let live = server.url.trim_start_matches("http://").to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        traffic(&server.url, round);
+        round += 1;
+        let active = prometheus.active_alerts();
+        for (name, instance) in &active {
+            assert!(
+                !quiet.contains(&name.as_str()),
+                "{name} is active: {active:?}"
+            );
+            assert!(
+                !(name == "ModelmuxNodeDown" && *instance == live),
+                "the node that answers is said to be down: {active:?}"
+            );
+        }
+        if want
+            .iter()
+            .all(|w| active.iter().any(|(name, _)| name == w))
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "alerts never active within 60 s: want {want:?}, active {active:?}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
     }
     let (exit, logs) = server.terminate();
     assert!(exit.success(), "{logs}");
