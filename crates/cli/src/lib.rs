@@ -6,7 +6,6 @@
 pub mod admin_client;
 pub mod bench;
 pub mod config;
-pub mod demo_models;
 pub mod hello;
 pub mod local_admin;
 pub mod logging;

@@ -16,9 +16,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use modelmux_cli::admin_client::TokenFlags;
+use modelmux_cli::config::cluster::{self, Role};
 use modelmux_cli::config::{self, ClusterFlags, Config, LogFormat};
 use modelmux_cli::{CliError, admin_client, bench, hello, local_admin, logging, status};
-use modelmux_cluster::{ClusterNode, Role};
 
 #[derive(Parser)]
 #[command(
@@ -55,7 +55,7 @@ enum Command {
         #[arg(long, env = "MODELMUX_ADVERTISE")]
         advertise: Option<String>,
         /// `both` (route and run replicas), `ingress` (route only) or `node` (replicas only).
-        #[arg(long, env = "MODELMUX_ROLE", value_parser = parse_role)]
+        #[arg(long, env = "MODELMUX_ROLE", value_parser = cluster::parse_role)]
         role: Option<Role>,
     },
     /// Serve a Python application, as Ray's `serve run module:app`: its deployments'
@@ -215,7 +215,7 @@ fn main() -> ExitCode {
                 cluster: Some(etcd),
                 cluster_name,
                 ..
-            } => deploy_to_cluster(&config, &etcd, cluster_name).await,
+            } => cluster::deploy(&config, &etcd, cluster_name).await,
             Command::Deploy {
                 config, url, token, ..
             } => status::deploy(&url, token.resolve(&url)?.as_ref(), &config).await,
@@ -229,15 +229,6 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-fn parse_role(value: &str) -> Result<Role, String> {
-    match value {
-        "both" => Ok(Role::Both),
-        "ingress" => Ok(Role::Ingress),
-        "node" => Ok(Role::Node),
-        other => Err(format!("{other:?}: expected both, ingress or node")),
     }
 }
 
@@ -326,11 +317,8 @@ async fn serve(
         config.http_options.admin(),
     ));
     builder = builder.deployer(reloader.clone());
-    if let Some(cluster) = &cluster {
-        builder = builder.node_id(&cluster.node_id);
-        if !cluster.role.runs_replicas() {
-            builder = builder.router_only();
-        }
+    if let Some(options) = &cluster {
+        builder = cluster::node_settings(options, builder);
     }
     let log = logging::init(
         log_format.unwrap_or(config.logging.format),
@@ -355,49 +343,13 @@ async fn serve(
     }
     let addr = server.local_addr();
     let member = match cluster {
-        Some(mut options) => {
-            // Every node applies what `modelmux deploy --cluster` writes to etcd.
-            let (endpoints, prefix) = (options.endpoints.clone(), options.prefix.clone());
-            let security = options.etcd_security.clone();
-            let follower = reloader.clone();
-            tokio::spawn(async move {
-                let client = match modelmux_cluster::connect_with(&endpoints, &security).await {
-                    Ok(client) => client,
-                    Err(e) => return tracing::error!("following the cluster's configuration: {e}"),
-                };
-                let applied = modelmux_cluster::follow_config(client, &prefix, |text| {
-                    let follower = follower.clone();
-                    async move {
-                        match follower.apply_applications(&text).await {
-                            Ok(answer) => {
-                                tracing::info!(%answer, "applied the cluster's configuration")
-                            }
-                            Err(e) => tracing::error!("the cluster's configuration: {e}"),
-                        }
-                    }
-                })
-                .await;
-                if let Err(e) = applied {
-                    tracing::error!("following the cluster's configuration: {e}");
-                }
-            });
-            // Advertised as the address it listens on: now with the port it really got.
-            if options.advertise == format!("http://{listen}") {
-                options.advertise = format!("http://{addr}");
+        Some(options) => match cluster::join(options, &server, reloader.clone(), listen).await {
+            Ok(member) => Some(member),
+            Err(e) => {
+                server.shutdown().await;
+                return Err(e.into());
             }
-            let (node, role) = (options.node_id.clone(), options.role);
-            let joined = ClusterNode::join(options, server.node_handle()).await;
-            match joined {
-                Ok(member) => {
-                    tracing::info!(%node, ?role, "joined the cluster");
-                    Some(member)
-                }
-                Err(e) => {
-                    server.shutdown().await;
-                    return Err(format!("joining the cluster: {e}").into());
-                }
-            }
-        }
+        },
         None => None,
     };
     say(format_args!("modelmux serving {source} on http://{addr}"));
@@ -421,9 +373,7 @@ async fn serve(
     // stop sending it requests); in-flight work finishes; then its records leave etcd.
     server.shutdown().await;
     if let Some(member) = member {
-        if let Err(e) = member.leave().await {
-            tracing::warn!("leaving the cluster: {e}");
-        }
+        cluster::leave(member).await;
     }
     let dropped = log.dropped_lines();
     if dropped > 0 {
@@ -439,40 +389,6 @@ async fn serve(
 /// Prints a line for the operator, never panicking on a closed stdout.
 fn say(line: std::fmt::Arguments<'_>) {
     modelmux_cli::say(format_args!("{line}\n"));
-}
-
-/// Registers for SIGTERM (what Kubernetes and systemd send) and SIGINT (Ctrl-C) now, so no
-/// signal is missed; the returned future completes at the first of them.
-/// `modelmux deploy FILE --cluster ETCD`: writes the configuration where every node of the
-/// cluster follows it.
-async fn deploy_to_cluster(
-    path: &std::path::Path,
-    etcd: &str,
-    name: Option<String>,
-) -> Result<(), CliError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    let mut config = Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    let name = name
-        .or(config.cluster.name.clone())
-        .unwrap_or_else(|| "default".into());
-    let endpoints = modelmux_cluster::parse_endpoints(etcd)?;
-    let prefix = format!("modelmux/{name}");
-    // etcd is reached as the file's `cluster.etcd_tls` and `etcd_auth` say.
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    config.resolve_paths(dir.unwrap_or(std::path::Path::new(".")));
-    let security = config
-        .cluster
-        .etcd_security()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    modelmux_cluster::publish_config(&endpoints, &security, &prefix, &text)
-        .await
-        .map_err(|e| format!("writing to etcd at {etcd}: {e}"))?;
-    say(format_args!(
-        "deployed {} to cluster '{name}': every node applies it",
-        path.display()
-    ));
-    Ok(())
 }
 
 /// Re-reads `path` and applies it on every SIGHUP (as `modelmux deploy` would).
@@ -499,6 +415,8 @@ async fn reload_on_hangup(path: PathBuf, reloader: std::sync::Arc<config::Reload
     }
 }
 
+/// Registers for SIGTERM (what Kubernetes and systemd send) and SIGINT (Ctrl-C) now, so no
+/// signal is missed; the returned future completes at the first of them.
 fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
     {

@@ -6,6 +6,8 @@ use modelmux_store::{
 };
 use serde::Deserialize;
 
+use crate::demo::BUILTIN_DEMO_REPOSITORY;
+
 /// `model: {kind: onnx, ...}`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -39,8 +41,26 @@ impl OnnxConfig {
     }
 
     /// Opens the repository: a malformed location or option is an error now, not at the first
-    /// request. Remote repositories download through `disk_cache`.
-    pub fn open(&self, disk_cache: Option<&DiskCache>) -> Result<ModelRepository, StoreError> {
+    /// request. Remote repositories download through `disk_cache`; `builtin://demo` is the
+    /// demo models compiled into this kind (and takes no options).
+    pub async fn repository(
+        &self,
+        disk_cache: Option<&DiskCache>,
+    ) -> Result<ModelRepository, StoreError> {
+        if self.repository != BUILTIN_DEMO_REPOSITORY {
+            return self.open(disk_cache);
+        }
+        if !self.options.is_empty() {
+            return Err(StoreError::Config(format!(
+                "{BUILTIN_DEMO_REPOSITORY} takes no options"
+            )));
+        }
+        crate::demo::repository().await
+    }
+
+    /// Opens a repository at a location `object_store` knows (not `builtin://demo`: see
+    /// [`repository`](Self::repository)).
+    fn open(&self, disk_cache: Option<&DiskCache>) -> Result<ModelRepository, StoreError> {
         ModelRepository::open(
             &self.repository,
             RepositoryOptions {

@@ -24,6 +24,7 @@
 //! route requests.
 
 mod config;
+pub mod demo;
 mod signature;
 
 use std::sync::Arc;
@@ -35,6 +36,7 @@ use modelmux_store::{ModelRepository, StoreError};
 use tract_onnx::prelude::*;
 
 pub use config::OnnxConfig;
+pub use demo::BUILTIN_DEMO_REPOSITORY;
 pub use signature::{InputSpec, Signature};
 /// The tract crate this kind runs on, for callers that need its types.
 pub use tract_onnx;

@@ -260,3 +260,46 @@ async fn a_remote_file_that_is_not_onnx_leaves_nothing_in_the_disk_cache() {
     assert_eq!(cache.stats().downloads, 2);
     assert!(run(&model, "m", "[[1,2,3,4]]").is_ok());
 }
+
+/// `builtin://demo` is the ONNX kind's own: every model of `examples/models/`, compiled in,
+/// answering as the files on disk do; it takes no options, and a model it lacks is named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builtin_demo_repository_is_the_examples_compiled_in() {
+    let config = |json: &str| -> modelmux_onnx::OnnxConfig { serde_json::from_str(json).unwrap() };
+    let builtin = config(r#"{"repository": "builtin://demo"}"#)
+        .repository(None)
+        .await
+        .unwrap();
+    let compiled: Vec<&str> = modelmux_onnx::demo::DEMO_MODELS
+        .iter()
+        .map(|(id, _, _)| *id)
+        .collect();
+    assert_eq!(compiled, demo_ids());
+    let (on_disk, compiled_in) = (kind(), Onnx::new(builtin));
+    let body = r#"{"inputs": [[0.5, -1.2, 3.3, 0.1]]}"#;
+    for name in demo_ids() {
+        let id = ModelId::new(&name).unwrap();
+        let (a, b) = (
+            on_disk.load(&id).await.unwrap(),
+            compiled_in.load(&id).await.unwrap(),
+        );
+        assert_eq!(run(&a, &name, body).unwrap(), run(&b, &name, body).unwrap());
+    }
+    let missing = compiled_in
+        .load(&ModelId::new("customer-99").unwrap())
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(
+        missing.contains("model 'customer-99' not found in builtin://demo"),
+        "{missing}"
+    );
+    let err = config(r#"{"repository": "builtin://demo", "options": {"region": "x"}}"#)
+        .repository(None)
+        .await
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(err.contains("builtin://demo takes no options"), "{err}");
+}

@@ -1,14 +1,19 @@
 //! `cluster`: how `modelmux serve` joins a cluster (also set by `--cluster`, `--node-id`,
 //! `--advertise` and `--role`, which win over the file), and how it reaches etcd (`etcd_tls`,
-//! `etcd_auth`: only in the file, so no secret is ever on a command line).
+//! `etcd_auth`: only in the file, so no secret is ever on a command line); then joining it,
+//! following the configuration `modelmux deploy --cluster` writes, and writing it. The CLI's
+//! `cluster` feature (without it, `no_cluster.rs` stands in).
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use modelmux_cluster::{ClusterOptions, Credentials, EtcdSecurity, Role, TlsOptions};
+pub use modelmux_cluster::{ClusterNode, ClusterOptions, Role};
+use modelmux_cluster::{Credentials, EtcdSecurity, TlsOptions};
+use modelmux_front::{Server, ServerBuilder};
 use serde::Deserialize;
 
-use super::{ConfigError, Seconds};
+use super::{ClusterFlags, Config, ConfigError, Reloader, Seconds};
 
 /// The `cluster` section.
 #[derive(Debug, Default, Deserialize)]
@@ -82,20 +87,24 @@ pub struct EtcdAuthConfig {
     pub password_env: Option<String>,
 }
 
-/// What the command line says about the cluster.
-#[derive(Debug, Default, Clone)]
-pub struct ClusterFlags {
-    /// `--cluster`.
-    pub etcd: Option<String>,
-    /// `--node-id`.
-    pub node_id: Option<String>,
-    /// `--advertise`.
-    pub advertise: Option<String>,
-    /// `--role`.
-    pub role: Option<Role>,
-}
-
 impl ClusterConfig {
+    /// The files it names (`etcd_tls`'s, `etcd_auth.password_file`), which may be relative
+    /// to the configuration file.
+    pub(super) fn files(&mut self) -> impl Iterator<Item = &mut PathBuf> {
+        let tls = self.etcd_tls.as_mut();
+        let auth = self.etcd_auth.as_mut();
+        tls.into_iter()
+            .flat_map(|t| {
+                [
+                    Some(&mut t.ca_file),
+                    t.cert_file.as_mut(),
+                    t.key_file.as_mut(),
+                ]
+            })
+            .chain(auth.map(|a| a.password_file.as_mut()))
+            .flatten()
+    }
+
     /// How to reach etcd besides its endpoints: TLS and the user, with every file read and
     /// checked now (a missing or unreadable one is an error naming its key).
     pub fn etcd_security(&self) -> Result<EtcdSecurity, ConfigError> {
@@ -232,4 +241,105 @@ impl ClusterConfig {
         }
         Ok(Some(options))
     }
+}
+
+/// `--role`'s value.
+pub fn parse_role(value: &str) -> Result<Role, String> {
+    match value {
+        "both" => Ok(Role::Both),
+        "ingress" => Ok(Role::Ingress),
+        "node" => Ok(Role::Node),
+        other => Err(format!("{other:?}: expected both, ingress or node")),
+    }
+}
+
+/// `builder` as this node of the cluster: its id, and routing only when it runs no replicas.
+pub fn node_settings(options: &ClusterOptions, builder: ServerBuilder) -> ServerBuilder {
+    let builder = builder.node_id(&options.node_id);
+    if options.role.runs_replicas() {
+        builder
+    } else {
+        builder.router_only()
+    }
+}
+
+/// Joins the cluster with `server`, started listening on `listen`: this node then applies
+/// what `modelmux deploy --cluster` writes to etcd (through `reloader`), and its records are
+/// published.
+pub async fn join(
+    mut options: ClusterOptions,
+    server: &Server,
+    reloader: Arc<Reloader>,
+    listen: std::net::SocketAddr,
+) -> Result<ClusterNode, String> {
+    let (endpoints, prefix) = (options.endpoints.clone(), options.prefix.clone());
+    let security = options.etcd_security.clone();
+    tokio::spawn(async move {
+        let client = match modelmux_cluster::connect_with(&endpoints, &security).await {
+            Ok(client) => client,
+            Err(e) => return tracing::error!("following the cluster's configuration: {e}"),
+        };
+        let applied = modelmux_cluster::follow_config(client, &prefix, |text| {
+            let reloader = reloader.clone();
+            async move {
+                match reloader.apply_applications(&text).await {
+                    Ok(answer) => tracing::info!(%answer, "applied the cluster's configuration"),
+                    Err(e) => tracing::error!("the cluster's configuration: {e}"),
+                }
+            }
+        })
+        .await;
+        if let Err(e) = applied {
+            tracing::error!("following the cluster's configuration: {e}");
+        }
+    });
+    // Advertised as the address it listens on: now with the port it really got.
+    if options.advertise == format!("http://{listen}") {
+        options.advertise = format!("http://{}", server.local_addr());
+    }
+    let (node, role) = (options.node_id.clone(), options.role);
+    let member = ClusterNode::join(options, server.node_handle())
+        .await
+        .map_err(|e| format!("joining the cluster: {e}"))?;
+    tracing::info!(%node, ?role, "joined the cluster");
+    Ok(member)
+}
+
+/// Takes this node's records out of etcd.
+pub async fn leave(member: ClusterNode) {
+    if let Err(e) = member.leave().await {
+        tracing::warn!("leaving the cluster: {e}");
+    }
+}
+
+/// `modelmux deploy FILE --cluster ETCD`: writes the configuration where every node of the
+/// cluster follows it.
+pub async fn deploy(
+    path: &std::path::Path,
+    etcd: &str,
+    name: Option<String>,
+) -> Result<(), crate::CliError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut config = Config::parse(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let name = name
+        .or(config.cluster.name.clone())
+        .unwrap_or_else(|| "default".into());
+    let endpoints = modelmux_cluster::parse_endpoints(etcd)?;
+    let prefix = format!("modelmux/{name}");
+    // etcd is reached as the file's `cluster.etcd_tls` and `etcd_auth` say.
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    config.resolve_paths(dir.unwrap_or(std::path::Path::new(".")));
+    let security = config
+        .cluster
+        .etcd_security()
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    modelmux_cluster::publish_config(&endpoints, &security, &prefix, &text)
+        .await
+        .map_err(|e| format!("writing to etcd at {etcd}: {e}"))?;
+    crate::say(format_args!(
+        "deployed {} to cluster '{name}': every node applies it\n",
+        path.display()
+    ));
+    Ok(())
 }

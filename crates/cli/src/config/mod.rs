@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use modelmux_cache::{EvictionPolicy, Multiplexer, MultiplexerBuilder};
 
-mod cluster;
+/// The `cluster` section and joining a cluster: the `cluster` feature's, or its stand-in.
+#[cfg_attr(not(feature = "cluster"), path = "no_cluster.rs")]
+pub mod cluster;
 mod explain;
 mod http;
 mod kinds;
@@ -20,11 +22,10 @@ mod tests;
 mod trace_export;
 mod values;
 
-pub use crate::demo_models::BUILTIN_DEMO_REPOSITORY;
-pub use cluster::{ClusterConfig, ClusterFlags};
+pub use cluster::ClusterConfig;
 pub use http::HttpOptions;
 use kinds::BuildContext;
-pub use kinds::ModelSpec;
+pub use kinds::{FEATURES, ModelSpec, NotBuilt, not_built};
 use modelmux_front::ServerBuilder;
 use modelmux_serve::{Application, DeploymentSpec};
 use modelmux_store::DiskCache;
@@ -37,6 +38,19 @@ pub use values::*;
 /// per-customer classifiers, compiled into the binary) on two replicas of three models each, so
 /// a newcomer sees routing, loading, caching and eviction without writing anything.
 pub const DEMO: &str = include_str!("../demo.yaml");
+
+/// What the command line says about the cluster.
+#[derive(Debug, Default, Clone)]
+pub struct ClusterFlags {
+    /// `--cluster`.
+    pub etcd: Option<String>,
+    /// `--node-id`.
+    pub node_id: Option<String>,
+    /// `--advertise`.
+    pub advertise: Option<String>,
+    /// `--role`.
+    pub role: Option<cluster::Role>,
+}
 
 /// A whole configuration file.
 #[derive(Debug, Deserialize)]
@@ -279,8 +293,8 @@ impl Config {
                         d.name
                     )));
                 }
-                if let Some(ModelSpec::Onnx(onnx)) = &d.model
-                    && let Err(e) = onnx.validate()
+                if let Some(model) = &d.model
+                    && let Err(e) = model.validate()
                 {
                     return Err(ConfigError::Invalid(format!(
                         "applications[{i}].deployments[{j}].model.{e}"

@@ -21,20 +21,7 @@ impl Config {
         {
             *path = dir.join(&*path);
         }
-        let tls = self.cluster.etcd_tls.as_mut();
-        let auth = self.cluster.etcd_auth.as_mut();
-        for path in tls
-            .into_iter()
-            .flat_map(|t| {
-                [
-                    Some(&mut t.ca_file),
-                    t.cert_file.as_mut(),
-                    t.key_file.as_mut(),
-                ]
-            })
-            .chain(auth.map(|a| a.password_file.as_mut()))
-            .flatten()
-        {
+        for path in self.cluster.files() {
             if path.is_relative() {
                 *path = dir.join(&*path);
             }
@@ -58,15 +45,8 @@ impl Config {
             .iter_mut()
             .flat_map(|a| &mut a.deployments)
         {
-            match &mut deployment.model {
-                None | Some(ModelSpec::Synthetic(_)) => {}
-                Some(ModelSpec::Onnx(onnx)) => resolve(&dir, &mut onnx.repository),
-                Some(ModelSpec::Llm(llm)) => {
-                    resolve(&dir, &mut llm.model_loading_config.model_source);
-                    if let Some(lora) = &mut llm.lora_config {
-                        resolve(&dir, &mut lora.dynamic_lora_loading_path);
-                    }
-                }
+            for location in deployment.model.iter_mut().flat_map(ModelSpec::locations) {
+                resolve(&dir, location);
             }
         }
     }
@@ -88,6 +68,7 @@ fn path_text(path: PathBuf) -> String {
 mod tests {
     use super::*;
 
+    #[cfg(all(feature = "onnx", feature = "llm"))]
     const YAML: &str = "\
 disk_cache: {path: cache}
 applications:
@@ -108,22 +89,21 @@ applications:
           lora_config: {dynamic_lora_loading_path: adapters}
 ";
 
-    fn repositories(c: &Config) -> Vec<String> {
+    /// Each deployment's locations, space-separated.
+    #[cfg(all(feature = "onnx", feature = "llm"))]
+    fn locations(c: &mut Config) -> Vec<String> {
         c.applications[0]
             .deployments
-            .iter()
-            .map(|d| match d.model.as_ref().unwrap() {
-                ModelSpec::Onnx(o) => o.repository.clone(),
-                ModelSpec::Llm(l) => format!(
-                    "{} {}",
-                    l.model_loading_config.model_source,
-                    l.lora_config.as_ref().unwrap().dynamic_lora_loading_path
-                ),
-                ModelSpec::Synthetic(_) => String::new(),
+            .iter_mut()
+            .map(|d| {
+                let paths = d.model.as_mut().unwrap().locations();
+                let paths: Vec<&str> = paths.iter().map(|l| l.as_str()).collect();
+                paths.join(" ")
             })
             .collect()
     }
 
+    #[cfg(all(feature = "onnx", feature = "llm"))]
     #[test]
     fn relative_paths_are_read_from_the_config_files_directory() {
         let dir = tempfile::tempdir().unwrap();
@@ -132,7 +112,7 @@ applications:
         c.resolve_paths(dir.path());
         let at = |p: &str| path_text(base.join(p));
         assert_eq!(
-            repositories(&c),
+            locations(&mut c),
             [
                 at("models"),
                 "s3://bucket/models".into(),
@@ -146,6 +126,7 @@ applications:
 
     /// The user's case: `repository: models` beside the config file, the server started from
     /// elsewhere.
+    #[cfg(feature = "onnx")]
     #[tokio::test]
     async fn a_repository_beside_the_config_file_opens_from_any_working_directory() {
         let dir = tempfile::tempdir().unwrap();

@@ -3,10 +3,11 @@
 //! while building, and served as deployments whose settings come from their decorators,
 //! overridden by the file's `deployments` entries.
 
-use modelmux_python::{PythonApp, default_python};
 use modelmux_serve::Application;
 
-use super::{AppConfig, ConfigError, DeploymentConfig, ModelCap, cache_settings};
+use super::{AppConfig, ConfigError};
+#[cfg(feature = "python")]
+use super::{DeploymentConfig, ModelCap, cache_settings};
 
 /// Checks what parsing can: a Python application's entries only override settings, and only a
 /// Python application takes Python's keys.
@@ -14,6 +15,12 @@ pub(super) fn validate(i: usize, app: &AppConfig) -> Result<(), ConfigError> {
     let at =
         |what: String| ConfigError::Invalid(format!("applications[{i}] ('{}'): {what}", app.name));
     if let Some(path) = &app.import_path {
+        if !cfg!(feature = "python") {
+            return Err(at(format!(
+                "import_path: {}",
+                super::not_built("python", "a Python application")
+            )));
+        }
         if path.trim().is_empty() {
             return Err(at("import_path: must name `module:attribute`".into()));
         }
@@ -54,8 +61,21 @@ pub(super) fn validate(i: usize, app: &AppConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// Imports application `app` (the `i`th) and builds its deployments.
+/// A Python application, in a modelmux built without the `python` feature: [`validate`]
+/// refuses it before it gets here.
+#[cfg(not(feature = "python"))]
 pub(super) async fn build(i: usize, app: &AppConfig) -> Result<Application, ConfigError> {
+    Err(ConfigError::Invalid(format!(
+        "applications[{i}] ('{}'): import_path: {}",
+        app.name,
+        super::not_built("python", "a Python application")
+    )))
+}
+
+/// Imports application `app` (the `i`th) and builds its deployments.
+#[cfg(feature = "python")]
+pub(super) async fn build(i: usize, app: &AppConfig) -> Result<Application, ConfigError> {
+    use modelmux_python::{PythonApp, default_python};
     let at =
         |what: String| ConfigError::Invalid(format!("applications[{i}] ('{}'): {what}", app.name));
     let import_path = app.import_path.as_deref().expect("a Python application");
@@ -139,6 +159,7 @@ pub(super) async fn build(i: usize, app: &AppConfig) -> Result<Application, Conf
     Ok(application)
 }
 
+#[cfg(feature = "python")]
 impl DeploymentConfig {
     /// The settings of a Python deployment the file does not mention.
     fn python_default(name: &str) -> Self {

@@ -13,21 +13,35 @@ async fn build_error(yaml: &str) -> String {
         .to_string()
 }
 
+/// Whether this build has `feature` (one of [`FEATURES`]).
+fn built(feature: &str) -> bool {
+    FEATURES
+        .iter()
+        .find(|(name, _)| *name == feature)
+        .unwrap_or_else(|| panic!("no feature {feature}"))
+        .1
+}
+
 #[tokio::test]
 async fn the_demo_and_the_examples_parse() {
-    let c = Config::parse(DEMO).unwrap();
-    assert_eq!(
-        c.applications[0].deployments[0].num_replicas.unwrap().get(),
-        2
-    );
-    assert!(c.server().await.is_ok());
+    if built("onnx") {
+        let c = Config::parse(DEMO).unwrap();
+        assert_eq!(
+            c.applications[0].deployments[0].num_replicas.unwrap().get(),
+            2
+        );
+        assert!(c.server().await.is_ok());
+    }
     let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../../");
-    for example in [
-        "synthetic.yaml",
-        "onnx-local.yaml",
-        "onnx-s3.yaml",
-        "llm.yaml",
+    for (example, feature) in [
+        ("synthetic.yaml", None),
+        ("onnx-local.yaml", Some("onnx")),
+        ("onnx-s3.yaml", Some("onnx")),
+        ("llm.yaml", Some("llm")),
     ] {
+        if feature.is_some_and(|f| !built(f)) {
+            continue;
+        }
         let text = std::fs::read_to_string(format!("{root}examples/{example}")).unwrap();
         Config::parse(&text).unwrap_or_else(|e| panic!("{example}: {e}"));
     }
@@ -194,6 +208,7 @@ fn minus_one_means_unbounded() {
     );
 }
 
+#[cfg(feature = "llm")]
 #[tokio::test]
 async fn llm_settings_are_checked_with_their_path() {
     let yaml = |model: &str| {
@@ -234,6 +249,7 @@ async fn llm_settings_are_checked_with_their_path() {
     );
 }
 
+#[cfg(feature = "cluster")]
 #[test]
 fn cluster_settings_are_read_and_checked() {
     let listen: std::net::SocketAddr = "127.0.0.1:8000".parse().unwrap();
@@ -263,6 +279,7 @@ fn cluster_settings_are_read_and_checked() {
     assert!(err.contains("name"), "{err}");
 }
 
+#[cfg(feature = "cluster")]
 #[test]
 fn etcd_tls_and_auth_settings_are_read_from_files_and_checked_by_key() {
     let dir = tempfile::tempdir().unwrap();
@@ -344,6 +361,7 @@ fn a_deployment_without_cache_settings_gets_the_documented_defaults() {
     }
 }
 
+#[cfg(feature = "python")]
 #[test]
 fn python_applications_take_overrides_and_only_they_take_python_keys() {
     let ok = "applications:\n  - name: a\n    import_path: app:entry\n    runtime_env: {working_dir: src}\n    deployments:\n      - name: Model\n        num_replicas: 2\n        user_config: {threshold: 0.5}\n";
@@ -383,5 +401,94 @@ fn python_applications_take_overrides_and_only_they_take_python_keys() {
     refused(
         "applications:\n  - name: a\n    import_path: ' '\n",
         "import_path",
+    );
+}
+
+/// A configuration that needs a part this binary was built without (the CLI's features) is
+/// refused, the error naming the feature and where the configuration asks for it; one that
+/// the build has parses. Run with every feature and with `--no-default-features --features
+/// onnx`, it sees both sides.
+#[test]
+fn a_part_left_out_of_the_build_is_named_where_the_configuration_asks_for_it() {
+    let app = |model: &str| {
+        format!(
+            "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {model}\n"
+        )
+    };
+    let cases = [
+        (
+            "onnx",
+            app("{kind: onnx, repository: models}"),
+            "deployments[0]: this modelmux",
+        ),
+        (
+            "llm",
+            app("{kind: llm, model_loading_config: {model_id: m, model_source: m.gguf}}"),
+            "applications[0].deployments[0]: this modelmux",
+        ),
+        (
+            "python",
+            "applications:\n  - name: a\n    import_path: app:entry\n".into(),
+            "applications[0] ('a'): import_path",
+        ),
+        (
+            "cluster",
+            format!(
+                "cluster: {{etcd: 'etcd://127.0.0.1:2379', node_id: n1}}\n{}",
+                app("{kind: synthetic}")
+            ),
+            "the `cluster` section",
+        ),
+    ];
+    for (feature, yaml, place) in cases {
+        match Config::parse(&yaml) {
+            Ok(_) => assert!(built(feature), "{feature}: parsed without it"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!built(feature), "{feature}: {e}");
+                assert!(
+                    e.contains(&format!(
+                        "this modelmux was built without the `{feature}` feature"
+                    )) && e.contains(&format!("--features {feature}"))
+                        && e.contains(place),
+                    "{feature}: {e}"
+                );
+            }
+        }
+    }
+}
+
+/// Without the `cluster` feature, the cluster's flags, `--role` and `deploy --cluster` are
+/// refused with the same words.
+#[cfg(not(feature = "cluster"))]
+#[tokio::test]
+async fn without_the_cluster_feature_its_flags_and_deploy_are_refused() {
+    let c = Config::parse(
+        "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {kind: synthetic}\n",
+    )
+    .unwrap();
+    let listen = "127.0.0.1:0".parse().unwrap();
+    assert!(
+        c.cluster
+            .options(&ClusterFlags::default(), listen)
+            .unwrap()
+            .is_none()
+    );
+    let flags = ClusterFlags {
+        etcd: Some("etcd://127.0.0.1:2379".into()),
+        ..ClusterFlags::default()
+    };
+    let words = "this modelmux was built without the `cluster` feature";
+    let err = c.cluster.options(&flags, listen).unwrap_err().to_string();
+    assert!(err.contains(words) && err.contains("--cluster"), "{err}");
+    let err = cluster::parse_role("both").unwrap_err();
+    assert!(err.contains(words) && err.contains("--role"), "{err}");
+    let err = cluster::deploy(std::path::Path::new("x.yaml"), "etcd://h:2379", None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(words) && err.contains("deploy --cluster"),
+        "{err}"
     );
 }

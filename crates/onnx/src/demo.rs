@@ -1,6 +1,9 @@
-//! The demo model repository, compiled into the binary so `modelmux serve` works anywhere with
+//! The demo model repository, compiled into this kind so `modelmux serve` works anywhere with
 //! no files around: the eight classifiers of `examples/models/` (see its `generate.py`), served
-//! from an in-memory object store as `builtin://demo`.
+//! from an in-memory object store as `builtin://demo` (what [`OnnxConfig::repository`]
+//! opens for that location).
+//!
+//! [`OnnxConfig::repository`]: crate::OnnxConfig::repository
 
 use std::sync::Arc;
 
