@@ -85,4 +85,28 @@ impl MetricFamily {
 pub trait MetricsSource: Send + Sync + 'static {
     /// The replica's families now.
     fn collect(&self) -> Vec<MetricFamily>;
+
+    /// Which of its families the dashboard charts (none by default).
+    fn dashboard(&self) -> Option<DashboardSeries> {
+        None
+    }
+}
+
+/// The families of a [`MetricsSource`] that the dashboard charts, each named as the source
+/// collects it: a kind that generates tokens (an LLM engine) marks its own series here, and
+/// the dashboard reads them by this mark, whatever the kind calls them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DashboardSeries {
+    /// Tokens generated (a counter).
+    pub generation_tokens: &'static str,
+    /// Prompt tokens processed (a counter).
+    pub prompt_tokens: &'static str,
+    /// Requests running in the batch (a gauge, summed over replicas).
+    pub running: &'static str,
+    /// Requests waiting for room (a gauge, summed over replicas).
+    pub waiting: &'static str,
+    /// The share of its cache in use, 1 being full (a gauge, averaged over replicas).
+    pub cache_usage: &'static str,
+    /// Time to the first token (a histogram, in seconds).
+    pub time_to_first_token: &'static str,
 }

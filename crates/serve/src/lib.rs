@@ -38,7 +38,9 @@ pub use controller::{
     LoadedModel, MetricsReport, ModelsReport, NodeHandle, QueueReport, ReplicaMetrics,
     ReplicaModels,
 };
-pub use custom_metrics::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};
+pub use custom_metrics::{
+    DashboardSeries, MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource,
+};
 pub use deployment::{Deployment, DeploymentConfig, DeploymentSpec, ReplicaContext};
 pub use deployment_router::waiting_for_load;
 pub use dispatch::{

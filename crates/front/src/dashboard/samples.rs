@@ -1,6 +1,7 @@
 //! The dashboard's memory: once a second, each deployment's counters summed over this
 //! node's replicas (requests by outcome, latency buckets, cache lookups, loads, evictions,
-//! and an LLM engine's token counts and gauges), kept for the last five minutes in a ring,
+//! and the token counts and gauges of a kind that marks them, [`DashboardSeries`], as an LLM
+//! engine does), kept for the last five minutes in a ring,
 //! and turned into rates and percentiles over each second when the page asks. The page works
 //! without Prometheus; sampling starts when the dashboard is first read, so a server nobody
 //! watches pays nothing.
@@ -10,7 +11,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use modelmux_cache::HistogramSnapshot;
-use modelmux_serve::{MetricFamily, MetricValue, MetricsReport};
+use modelmux_serve::{DashboardSeries, MetricFamily, MetricValue, MetricsReport};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 
@@ -68,7 +69,8 @@ impl Buckets {
     }
 }
 
-/// An LLM engine's counters and gauges (the `vllm:*` families), summed over replicas.
+/// The counters and gauges of a kind that generates tokens (the families its
+/// [`DashboardSeries`] marks), summed over replicas.
 #[derive(Clone, Default)]
 struct LlmPoint {
     generation_tokens: f64,
@@ -122,9 +124,13 @@ impl Samples {
         });
     }
 
-    /// Adds a sample of every deployment in `report`.
+    /// Adds a sample of every deployment in `report`, taken now.
     fn record(&self, report: &MetricsReport) {
-        let at = unix_seconds();
+        self.record_at(report, unix_seconds());
+    }
+
+    /// Adds a sample of every deployment in `report`, taken at `at` (Unix seconds).
+    fn record_at(&self, report: &MetricsReport, at: f64) {
         let mut points: HashMap<(String, String), Point> = HashMap::new();
         for q in &report.queues {
             let point = points
@@ -146,7 +152,9 @@ impl Samples {
                 point.evictions += cache.evictions;
                 point.loaded += cache.gauges.loaded;
             }
-            add_llm(point, &r.families);
+            if let Some(series) = r.dashboard {
+                add_marked(point, &r.families, series);
+            }
         }
         let mut rings = self.rings.lock();
         rings.retain(|key, _| points.contains_key(key));
@@ -171,39 +179,33 @@ impl Samples {
     }
 }
 
-/// Adds a replica's `vllm:*` families (an LLM engine's) to `point`.
-fn add_llm(point: &mut Point, families: &[MetricFamily]) {
-    if !families.iter().any(|f| f.name.starts_with("vllm:")) {
-        return;
-    }
-    let number = |f: &MetricFamily| -> f64 {
-        f.samples
-            .iter()
-            .map(|s| match &s.value {
-                MetricValue::Number(n) => *n,
-                MetricValue::Histogram(_) => 0.0,
-            })
-            .sum()
+/// Adds the families of a replica that `series` marks (an LLM engine's) to `point`.
+fn add_marked(point: &mut Point, families: &[MetricFamily], series: DashboardSeries) {
+    let family = |name: &str| families.iter().find(|f| f.name == name);
+    // A number family's samples summed (none: 0).
+    let number = |name: &str| -> f64 {
+        family(name).map_or(0.0, |f| {
+            f.samples
+                .iter()
+                .map(|s| match &s.value {
+                    MetricValue::Number(n) => *n,
+                    MetricValue::Histogram(_) => 0.0,
+                })
+                .sum()
+        })
     };
     let llm = point.llm.get_or_insert_with(LlmPoint::default);
-    for family in families {
-        match family.name {
-            "vllm:generation_tokens_total" => llm.generation_tokens += number(family),
-            "vllm:prompt_tokens_total" => llm.prompt_tokens += number(family),
-            "vllm:num_requests_running" => llm.running += number(family),
-            "vllm:num_requests_waiting" => llm.waiting += number(family),
-            "vllm:kv_cache_usage_perc" => {
-                llm.kv_usage_sum += number(family);
-                llm.kv_replicas += 1;
-            }
-            "vllm:time_to_first_token_seconds" => {
-                for s in &family.samples {
-                    if let MetricValue::Histogram(h) = &s.value {
-                        llm.ttft.add(h);
-                    }
-                }
-            }
-            _ => {}
+    llm.generation_tokens += number(series.generation_tokens);
+    llm.prompt_tokens += number(series.prompt_tokens);
+    llm.running += number(series.running);
+    llm.waiting += number(series.waiting);
+    if family(series.cache_usage).is_some() {
+        llm.kv_usage_sum += number(series.cache_usage);
+        llm.kv_replicas += 1;
+    }
+    for s in family(series.time_to_first_token).map_or(&[][..], |f| &f.samples) {
+        if let MetricValue::Histogram(h) = &s.value {
+            llm.ttft.add(h);
         }
     }
 }
@@ -310,5 +312,147 @@ mod tests {
         two.add(&histogram(&[(0.01, 0), (0.1, 3), (1.0, 3)]));
         assert_eq!(two.bounds, vec![(0.01, 1), (0.1, 4), (1.0, 4)]);
         assert_eq!(two.count, 4);
+    }
+
+    /// The series a kind marks, under names of its own.
+    const MARKED: DashboardSeries = DashboardSeries {
+        generation_tokens: "x_generated",
+        prompt_tokens: "x_prompt",
+        running: "x_running",
+        waiting: "x_waiting",
+        cache_usage: "x_cache_usage",
+        time_to_first_token: "x_ttft",
+    };
+
+    /// One replica's report: `numbers` as families of one sample each, `ttft` as the
+    /// histogram `x_ttft`.
+    fn replica(
+        deployment: &str,
+        id: &str,
+        by_class: [u64; 5],
+        numbers: &[(&'static str, f64)],
+        ttft: &[(f64, u64)],
+        dashboard: Option<DashboardSeries>,
+    ) -> modelmux_serve::ReplicaMetrics {
+        use modelmux_serve::{MetricKind, MetricSample};
+        let sample = |value| MetricSample {
+            labels: Vec::new(),
+            value,
+        };
+        let mut families: Vec<MetricFamily> = numbers
+            .iter()
+            .map(|&(name, n)| MetricFamily {
+                name,
+                help: "",
+                kind: MetricKind::Gauge,
+                samples: vec![sample(MetricValue::Number(n))],
+            })
+            .collect();
+        families.push(MetricFamily {
+            name: "x_ttft",
+            help: "",
+            kind: MetricKind::Histogram,
+            samples: vec![sample(MetricValue::Histogram(histogram(ttft)))],
+        });
+        modelmux_serve::ReplicaMetrics {
+            app: "a".into(),
+            deployment: deployment.into(),
+            replica: id.into(),
+            node: None,
+            requests_by_class: by_class,
+            duration: histogram(&[(0.1, 0)]),
+            ongoing: 0,
+            cache: None,
+            loaded_models: Vec::new(),
+            families,
+            dashboard,
+        }
+    }
+
+    /// The token section comes from the families the kind marked, whatever their names, summed
+    /// (gauges) or averaged (cache use) over replicas, as rates over the exact interval; a
+    /// replica whose families are not marked has none, even under vLLM's names.
+    #[test]
+    fn the_token_series_are_the_ones_the_kind_marks() {
+        let numbers = |generated, prompt, running, waiting, usage| {
+            vec![
+                ("x_generated", generated),
+                ("x_prompt", prompt),
+                ("x_running", running),
+                ("x_waiting", waiting),
+                ("x_cache_usage", usage),
+            ]
+        };
+        let zero = [(0.01, 0), (0.1, 0), (1.0, 0)];
+        let unmarked = |generated| {
+            let vllm = [("vllm:generation_tokens_total", generated)];
+            replica("plain", "p", [0; 5], &vllm, &zero, None)
+        };
+        let marked = Some(MARKED);
+        let at_100 = MetricsReport {
+            replicas: vec![
+                replica(
+                    "llm",
+                    "r1",
+                    [0; 5],
+                    &numbers(10.0, 100.0, 1.0, 0.0, 0.5),
+                    &zero,
+                    marked,
+                ),
+                replica(
+                    "llm",
+                    "r2",
+                    [0; 5],
+                    &numbers(0.0, 0.0, 0.0, 0.0, 0.25),
+                    &zero,
+                    marked,
+                ),
+                unmarked(0.0),
+            ],
+            queues: Vec::new(),
+        };
+        let four_fast = [(0.01, 4), (0.1, 4), (1.0, 4)];
+        let at_102 = MetricsReport {
+            replicas: vec![
+                replica(
+                    "llm",
+                    "r1",
+                    [0, 10, 0, 0, 2],
+                    &numbers(30.0, 140.0, 2.0, 1.0, 0.5),
+                    &four_fast,
+                    marked,
+                ),
+                replica(
+                    "llm",
+                    "r2",
+                    [0, 4, 0, 0, 0],
+                    &numbers(20.0, 60.0, 1.0, 2.0, 0.25),
+                    &zero,
+                    marked,
+                ),
+                unmarked(1000.0),
+            ],
+            queues: Vec::new(),
+        };
+        let samples = Samples::default();
+        samples.record_at(&at_100, 100.0);
+        samples.record_at(&at_102, 102.0);
+        let series = samples.series();
+        assert_eq!(series.len(), 2);
+        let (llm, plain) = (&series[0], &series[1]);
+        assert_eq!(llm["deployment"], "llm");
+        assert_eq!(llm["t"], json!([102.0]));
+        assert_eq!(llm["requests_per_second"], json!([8.0]));
+        assert_eq!(llm["error_ratio"], json!([0.125]));
+        let tokens = &llm["llm"];
+        assert_eq!(tokens["generation_tokens_per_second"], json!([20.0]));
+        assert_eq!(tokens["prompt_tokens_per_second"], json!([50.0]));
+        assert_eq!(tokens["running"], json!([3.0]));
+        assert_eq!(tokens["waiting"], json!([3.0]));
+        assert_eq!(tokens["kv_usage"], json!([0.375]));
+        // Four first tokens within 10 ms: the median is halfway into that bucket.
+        assert_eq!(tokens["ttft_ms_p50"], json!([5.0]));
+        assert_eq!(plain["deployment"], "plain");
+        assert_eq!(plain["llm"], Value::Null);
     }
 }

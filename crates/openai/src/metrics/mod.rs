@@ -3,7 +3,8 @@
 //! the adapters held are the multiplexing metrics the serve layer already exports for the
 //! replica's adapter cache (`modelmux_model_loads_total`, `modelmux_model_load_duration_seconds`,
 //! `modelmux_models_loaded`, `modelmux_model_loaded{model=...}`, `modelmux_model_pinned`,
-//! `modelmux_model_resident_bytes`).
+//! `modelmux_model_resident_bytes`). The dashboard charts the vLLM-named families this
+//! source marks for it (`vllm::DASHBOARD`).
 
 mod vllm;
 
@@ -13,7 +14,9 @@ use std::time::Duration;
 
 use modelmux_cache::DurationHistogram;
 use modelmux_llm::Engine;
-use modelmux_serve::{MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource};
+use modelmux_serve::{
+    DashboardSeries, MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource,
+};
 use parking_lot::Mutex;
 
 /// Time to first token: from 10 ms to 2 minutes.
@@ -106,6 +109,10 @@ fn number(name: &'static str, help: &'static str, kind: MetricKind, v: u64) -> M
 }
 
 impl MetricsSource for LlmMetrics {
+    fn dashboard(&self) -> Option<DashboardSeries> {
+        Some(vllm::DASHBOARD)
+    }
+
     fn collect(&self) -> Vec<MetricFamily> {
         let s = self.engine.snapshot();
         let mut families = self.vllm(&s);

@@ -13,9 +13,19 @@
 //! replica's own labels (`app`, `deployment`, `replica`).
 
 use modelmux_llm::EngineSnapshot;
-use modelmux_serve::{MetricFamily, MetricKind, MetricSample, MetricValue};
+use modelmux_serve::{DashboardSeries, MetricFamily, MetricKind, MetricSample, MetricValue};
 
 use super::LlmMetrics;
+
+/// The families the dashboard charts for an LLM replica: vLLM's names, as below.
+pub(super) const DASHBOARD: DashboardSeries = DashboardSeries {
+    generation_tokens: "vllm:generation_tokens_total",
+    prompt_tokens: "vllm:prompt_tokens_total",
+    running: "vllm:num_requests_running",
+    waiting: "vllm:num_requests_waiting",
+    cache_usage: "vllm:kv_cache_usage_perc",
+    time_to_first_token: "vllm:time_to_first_token_seconds",
+};
 
 impl LlmMetrics {
     /// The vLLM-named families, from `s` and this replica's histograms and counters.
@@ -50,25 +60,25 @@ impl LlmMetrics {
             .map_or(0.0, |d| d.as_secs_f64());
         vec![
             one(
-                "vllm:num_requests_running",
+                DASHBOARD.running,
                 "Requests in the engine's batch (vLLM's name).",
                 MetricKind::Gauge,
                 s.running as f64,
             ),
             one(
-                "vllm:num_requests_waiting",
+                DASHBOARD.waiting,
                 "Requests waiting for room in the engine (vLLM's name).",
                 MetricKind::Gauge,
                 s.waiting as f64,
             ),
             one(
-                "vllm:kv_cache_usage_perc",
+                DASHBOARD.cache_usage,
                 "Share of the KV cache budget in use, 1 being full (vLLM's name).",
                 MetricKind::Gauge,
                 usage,
             ),
             one(
-                "vllm:prompt_tokens_total",
+                DASHBOARD.prompt_tokens,
                 "Prompt tokens prefilled (vLLM's name).",
                 MetricKind::Counter,
                 s.prompt_tokens as f64,
@@ -86,13 +96,13 @@ impl LlmMetrics {
                 s.prefix_cache_hits as f64,
             ),
             one(
-                "vllm:generation_tokens_total",
+                DASHBOARD.generation_tokens,
                 "Tokens generated (vLLM's name).",
                 MetricKind::Counter,
                 s.generated_tokens as f64,
             ),
             histogram(
-                "vllm:time_to_first_token_seconds",
+                DASHBOARD.time_to_first_token,
                 "Time from a request reaching its replica to its first token (vLLM's name).",
                 &self.ttft,
             ),

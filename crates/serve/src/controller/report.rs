@@ -11,7 +11,7 @@ use modelmux_cache::{HistogramSnapshot, MetricsSnapshot, ModelStatus};
 use serde::Serialize;
 
 use super::Controller;
-use crate::custom_metrics::MetricFamily;
+use crate::custom_metrics::{DashboardSeries, MetricFamily};
 use crate::placement::{Holding, ReplicaView};
 use crate::remote::RemoteReplica;
 use crate::replica::Replica;
@@ -155,6 +155,8 @@ pub struct ReplicaMetrics {
     pub loaded_models: Vec<modelmux_cache::ModelInfo>,
     /// The families its deployment adds (an LLM engine's token counts, say).
     pub families: Vec<MetricFamily>,
+    /// Which of them the dashboard charts, as the deployment marked them.
+    pub dashboard: Option<DashboardSeries>,
 }
 
 impl Controller {
@@ -326,6 +328,7 @@ fn replica_metrics(r: &Replica) -> ReplicaMetrics {
         cache: cache_metrics(r),
         loaded_models,
         families: r.metric_sources.iter().flat_map(|s| s.collect()).collect(),
+        dashboard: r.metric_sources.iter().find_map(|s| s.dashboard()),
     }
 }
 
