@@ -281,7 +281,7 @@ pub fn json_response<T: serde::Serialize + ?Sized>(value: &T) -> crate::Response
 /// Whether `headers` carry `Authorization: Bearer <token>` (the scheme in any case). The
 /// comparison takes a time that depends only on the length of what was sent: not on where it
 /// differs from `token`, nor on `token`'s length. An empty `token` matches nothing.
-pub fn bearer_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
+pub(crate) fn bearer_token_matches(headers: &http::HeaderMap, token: &str) -> bool {
     let given = headers
         .get(http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())

@@ -19,7 +19,7 @@ pub const PROOF_HEADER: &str = "x-modelmux-proof";
 const CONTEXT: &[u8] = b"modelmux-proof-v1\n";
 
 /// Whether `nonce` is one a client may send: 16 to 128 characters of `A-Z a-z 0-9 - _`.
-pub fn valid_nonce(nonce: &[u8]) -> bool {
+pub(crate) fn valid_nonce(nonce: &[u8]) -> bool {
     (16..=128).contains(&nonce.len())
         && nonce
             .iter()

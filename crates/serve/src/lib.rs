@@ -32,7 +32,8 @@ mod replica;
 mod router;
 
 pub use access::{AdminAccess, is_admin_path, is_reserved_route_prefix};
-pub use body::{Body, BodyError, BodySender, bearer_token_matches, json_response};
+pub(crate) use body::bearer_token_matches;
+pub use body::{Body, BodySender, json_response};
 pub use controller::{
     AppModels, AppState, Application, ControlAnswer, Controller, DeploymentModels, Health,
     LoadedModel, MetricsReport, ModelsReport, NodeHandle, QueueReport, ReplicaMetrics,
@@ -47,16 +48,17 @@ pub use dispatch::{
     Dispatch, Dispatched, HandleCall, Route, STREAM_HEADER, ServedModel, access_log_on,
 };
 pub use error::{ErrorType, ServeError, StartError};
-pub use handle::{DeploymentHandle, HandleOptions};
-pub use identity::{NONCE_HEADER, PROOF_HEADER, identity_proof, proof_matches, valid_nonce};
+pub use handle::DeploymentHandle;
+pub use identity::{NONCE_HEADER, PROOF_HEADER, identity_proof, proof_matches};
 pub use model::{ModelKind, model_deployment};
 pub use modelmux_cache::BoxError;
-pub use placement::{CopyReport, Holding, ReplicaLedger, ReplicaView};
+pub(crate) use placement::ReplicaView;
+pub use placement::{CopyReport, Holding};
 pub use remote::{
     DeploymentState, FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_HEADER, PEER_TOKEN_HEADER,
     ReplicaState, forwarded_by_peer,
 };
-pub use router::{Choice, Reason, Rng, choose, choose_with, place, rendezvous_score};
+pub use router::{Choice, Reason, Rng, choose, place};
 
 /// A request as deployments see it.
 pub type Request = http::Request<Body>;

@@ -37,7 +37,7 @@ pub enum Holding {
 
 /// One replica's routing state, shared by the router (reads) and the replica's event feeds
 /// (writes).
-pub struct ReplicaLedger {
+pub(crate) struct ReplicaLedger {
     id: Arc<str>,
     ongoing: AtomicUsize,
     max_ongoing: usize,
@@ -344,7 +344,7 @@ impl ReplicaLedger {
     }
 
     /// The models held now (for admin views and tests).
-    pub fn holdings(&self) -> HashMap<ModelId, Holding> {
+    pub(crate) fn holdings(&self) -> HashMap<ModelId, Holding> {
         self.models
             .load()
             .iter()
@@ -485,4 +485,4 @@ mod tests;
 mod view;
 
 pub use remote::CopyReport;
-pub use view::ReplicaView;
+pub(crate) use view::ReplicaView;

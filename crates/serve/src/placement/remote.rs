@@ -76,7 +76,7 @@ impl ReplicaLedger {
 
     /// What the replica holds, as reports (loaded and loading copies; pending placements are
     /// this router's own and left out): what a node publishes of its local replicas.
-    pub fn copies(&self) -> Vec<CopyReport> {
+    pub(crate) fn copies(&self) -> Vec<CopyReport> {
         let mut copies: Vec<CopyReport> = self
             .models
             .load()
@@ -101,7 +101,7 @@ impl ReplicaLedger {
     }
 
     /// Its model-count cap and byte cap (summed over its caches), if any.
-    pub fn capacity(&self) -> (Option<usize>, Option<u64>) {
+    pub(crate) fn capacity(&self) -> (Option<usize>, Option<u64>) {
         (self.model_capacity(), self.byte_capacity())
     }
 }

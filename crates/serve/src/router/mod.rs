@@ -80,7 +80,7 @@ impl Rng {
 /// A stable 64-bit hash of `(model, replica)` for rendezvous placement: FNV-1a, then a
 /// finaliser so that similar replica names score independently. Stable across processes and
 /// Rust versions (std's hasher is neither promised).
-pub fn rendezvous_score(model: &str, replica: &str) -> u64 {
+pub(crate) fn rendezvous_score(model: &str, replica: &str) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in model.bytes().chain([0xff]).chain(replica.bytes()) {
         h ^= u64::from(b);
@@ -210,7 +210,7 @@ fn copy_pays<R: ReplicaView>(
 type Indices = smallvec::SmallVec<[usize; 16]>;
 
 /// Applies the rules above, with `waiting` requests already queued in front of this one.
-pub fn choose_with<R: ReplicaView>(
+pub(crate) fn choose_with<R: ReplicaView>(
     replicas: &[R],
     model: Option<&ModelId>,
     now: Instant,
