@@ -45,7 +45,10 @@ impl Matrix {
     /// matrix's share of `arena`, where its memory comes from, is then left unused).
     pub(crate) fn int4(parts: &[&QTensor], arena: &mut WeightArena) -> Result<Option<Self>> {
         let (out_dim, in_dim) = stacked_dims(parts)?;
-        if !in_dim.is_multiple_of(BLOCK) || !parts.iter().all(|p| crate::gguf::int4::is_four_bit(p.dtype()))
+        if !in_dim.is_multiple_of(BLOCK)
+            || !parts
+                .iter()
+                .all(|p| crate::gguf::int4::is_four_bit(p.dtype()))
         {
             return Ok(None);
         }
