@@ -471,12 +471,10 @@ fn a_log_nobody_reads_drops_lines_instead_of_stopping_requests() {
     // Far more requests than the pipe holds lines, none failed.
     assert!(report["requests"].as_u64().unwrap() > 2000, "{report}");
     assert_eq!(report["errors"], 0, "{report}");
-    let dropped: f64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("modelmux_log_lines_dropped_total "))
-        .unwrap_or_else(|| panic!("no dropped-lines counter in {metrics}"))
-        .parse()
-        .unwrap();
+    let dropped = modelmux_promtext::parse(&metrics)
+        .unwrap()
+        .value("modelmux_log_lines_dropped_total", &[])
+        .unwrap_or_else(|| panic!("no dropped-lines counter in {metrics}"));
     assert!(dropped > 0.0, "{metrics}");
 }
 

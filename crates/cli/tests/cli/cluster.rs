@@ -100,7 +100,13 @@ async fn a_model_is_loaded_once_cluster_wide_and_then_served_by_its_holder() {
         .await
         .unwrap()
         .body;
-    assert!(metrics.contains("node=\"n1\""), "{metrics}");
+    let page = modelmux_promtext::parse(&metrics).unwrap();
+    let series: Vec<_> = page.samples("modelmux_replica_ongoing_requests").collect();
+    assert!(!series.is_empty(), "{metrics}");
+    assert!(
+        series.iter().all(|s| s.label("node") == Some("n1")),
+        "{metrics}"
+    );
 
     // `modelmux status` through an ingress: a row per replica, each node's.
     let status = std::process::Command::new(common::BIN)

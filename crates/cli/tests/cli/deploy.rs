@@ -61,13 +61,9 @@ fn request(url: &str, prefix: &str, model: &str) -> u16 {
 fn loads(url: &str, deployment: &str) -> f64 {
     let request = hyper::Request::builder().uri("/metrics");
     let (_, page) = common::send(url, request, Vec::new());
-    page.lines()
-        .filter(|l| {
-            l.starts_with("modelmux_model_loads_total{")
-                && l.contains(&format!("deployment=\"{deployment}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    modelmux_promtext::parse(&page)
+        .unwrap()
+        .sum_where("modelmux_model_loads_total", &[("deployment", deployment)])
 }
 
 /// `modelmux deploy` of `text` (written to a file); its exit status and output.
@@ -130,19 +126,10 @@ fn replica_models(url: &str, deployment: &str) -> BTreeMap<String, BTreeSet<Stri
 fn counter_by_replica(url: &str, deployment: &str, family: &str) -> BTreeMap<String, f64> {
     let request = hyper::Request::builder().uri("/metrics");
     let (_, page) = common::send(url, request, Vec::new());
-    page.lines()
-        .filter(|l| {
-            l.starts_with(&format!("{family}{{"))
-                && l.contains(&format!("deployment=\"{deployment}\""))
-        })
-        .map(|l| {
-            let replica = l.split("replica=\"").nth(1).unwrap();
-            let replica = replica.split('"').next().unwrap().to_owned();
-            (
-                replica,
-                l.rsplit(' ').next().unwrap().parse::<f64>().unwrap(),
-            )
-        })
+    modelmux_promtext::parse(&page)
+        .unwrap()
+        .matching(family, &[("deployment", deployment)])
+        .map(|s| (s.label("replica").unwrap().to_owned(), s.value))
         .collect()
 }
 

@@ -206,10 +206,7 @@ fn the_official_openai_client_works_against_modelmux_serve() {
 }
 
 fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
-        .sum()
+    modelmux_promtext::parse(text).unwrap().sum(name)
 }
 
 fn chat(url: &str, model: &str) -> (u16, String) {

@@ -261,13 +261,7 @@ impl Client {
     /// The sum of a counter's samples in a node's `/metrics`.
     async fn counter(&self, url: &str, name: &str) -> u64 {
         let reply = self.http.get(url, "/metrics", "").await.unwrap();
-        let prefix = format!("{name}{{");
-        reply
-            .body
-            .lines()
-            .filter(|l| l.starts_with(&prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+        modelmux_promtext::parse(&reply.body).unwrap().sum(name) as u64
     }
 
     /// Waits (bounded) until the node at `url` sees, through etcd, a remote replica holding
