@@ -242,17 +242,21 @@ enum Source {
     Text(String, String),
 }
 
-async fn serve(
-    source: Source,
-    ServerFlags {
-        host,
-        port,
-        log_format,
-        log_level,
-    }: ServerFlags,
-    flags: ClusterFlags,
-    check: bool,
-) -> Result<(), CliError> {
+/// The configuration `serve` runs, and where it came from.
+struct Loaded {
+    config: Config,
+    /// Its text, which live reloads start from.
+    text: String,
+    /// What to call it in messages.
+    source: String,
+    /// Its file, if it has one.
+    path: Option<PathBuf>,
+    demo: bool,
+}
+
+/// Reads and parses `source`, resolves its paths against its file's folder, and applies the
+/// command line's `host` and `port` and `MODELMUX_ADMIN_TOKEN`.
+fn load(source: Source, host: Option<String>, port: Option<u16>) -> Result<Loaded, CliError> {
     let path = match &source {
         Source::File(p) => Some(p.clone()),
         _ => None,
@@ -282,6 +286,33 @@ async fn serve(
             .ok()
             .filter(|t| !t.is_empty());
     }
+    Ok(Loaded {
+        config,
+        text,
+        source,
+        path,
+        demo,
+    })
+}
+
+async fn serve(
+    source: Source,
+    ServerFlags {
+        host,
+        port,
+        log_format,
+        log_level,
+    }: ServerFlags,
+    flags: ClusterFlags,
+    check: bool,
+) -> Result<(), CliError> {
+    let Loaded {
+        mut config,
+        text,
+        source,
+        path,
+        demo,
+    } = load(source, host, port)?;
     let listen = config
         .bind_address()
         .map_err(|e| format!("{source}: {e}"))?;

@@ -324,6 +324,14 @@ fn every_dashboard_query_and_alert_signal_returns_data_from_a_real_prometheus() 
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    alerts_go_active(&prometheus, &server.url, round);
+    let (exit, logs) = server.terminate();
+    assert!(exit.success(), "{logs}");
+}
+
+/// Waits (bounded) until the alerts whose conditions the traffic makes true go active, and
+/// checks that the others stay quiet meanwhile.
+fn alerts_go_active(prometheus: &Prometheus, url: &str, mut round: usize) {
     // The alerts whose conditions the traffic makes true go pending (their `for` not yet
     // passed), thresholds and directions included: the down node, the failing load of
     // `broken`, its 5xx share of the synthetic deployment's answers. Those whose conditions
@@ -339,10 +347,10 @@ fn every_dashboard_query_and_alert_signal_returns_data_from_a_real_prometheus() 
         "ModelmuxLlmKvCacheNearlyFull",
         "ModelmuxLlmRequestsWaiting",
     ];
-    let live = server.url.trim_start_matches("http://").to_owned();
+    let live = url.trim_start_matches("http://").to_owned();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        traffic(&server.url, round);
+        traffic(url, round);
         round += 1;
         let active = prometheus.active_alerts();
         for (name, instance) in &active {
@@ -367,6 +375,4 @@ fn every_dashboard_query_and_alert_signal_returns_data_from_a_real_prometheus() 
         );
         std::thread::sleep(Duration::from_millis(300));
     }
-    let (exit, logs) = server.terminate();
-    assert!(exit.success(), "{logs}");
 }
