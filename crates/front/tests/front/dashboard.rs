@@ -1,6 +1,7 @@
 //! The dashboard's server side: the page and its files with headers that keep other origins
 //! out, and `/-/dashboard/state` behind the admin token, whose series come from the ring
-//! of samples (requests/s, hit ratio, loads/s, latency percentiles) and whose models are
+//! of samples (requests/s, hit ratio, loads/s, latency percentiles, checked against the
+//! exact counts of the traffic sent) and whose models are
 //! `/-/models`'. (The page itself is checked in a real browser by `crates/cli/tests`.)
 
 use crate::common;
@@ -67,6 +68,25 @@ async fn the_page_and_its_files_are_served_and_may_not_be_framed() {
     server.shutdown().await;
 }
 
+/// The same document without its idle times (which move between two reads).
+fn without_idle(mut v: serde_json::Value) -> serde_json::Value {
+    match &mut v {
+        serde_json::Value::Object(m) => {
+            m.remove("idle_seconds");
+            for value in m.values_mut() {
+                *value = without_idle(value.take());
+            }
+        }
+        serde_json::Value::Array(items) => {
+            for item in items {
+                *item = without_idle(item.take());
+            }
+        }
+        _ => {}
+    }
+    v
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn state_is_behind_the_token_and_reports_rates_from_the_ring() {
     let server = start().await;
@@ -78,10 +98,38 @@ async fn state_is_behind_the_token_and_reports_rates_from_the_ring() {
         "{}",
         refused.text()
     );
-    // The first read starts the sampling.
+    // The first read starts the sampling; traffic starts once the ring has two points, so
+    // every request falls in an interval the series report.
     let first = get(addr, "/-/dashboard/state", &AUTH).await;
     assert_eq!(first.status, StatusCode::OK, "{}", first.text());
-    // Traffic over three models (two fit: loads and evictions) for a few samples.
+    let times = |state: &serde_json::Value| -> Vec<f64> {
+        (state["deployments"][0]["t"].as_array())
+            .map(|t| t.iter().filter_map(serde_json::Value::as_f64).collect())
+            .unwrap_or_default()
+    };
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let until_sampled_after = |after: f64| async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let state = get(addr, "/-/dashboard/state", &AUTH).await.json();
+            if times(&state).last().is_some_and(|t| *t > after) {
+                return state;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no sample after {after}: {state}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    until_sampled_after(0.0).await;
+    // Traffic over three models in turn with room for two: every request misses (a least
+    // recently used cache cycled through one more model than it holds), loads and evicts.
     let deadline = tokio::time::Instant::now() + Duration::from_millis(3500);
     let mut sent = 0;
     while tokio::time::Instant::now() < deadline {
@@ -91,25 +139,7 @@ async fn state_is_behind_the_token_and_reports_rates_from_the_ring() {
         sent += 1;
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let state = get(addr, "/-/dashboard/state", &AUTH).await.json();
-    // The same document, but for the idle times, which move between the two reads.
-    fn without_idle(mut v: serde_json::Value) -> serde_json::Value {
-        match &mut v {
-            serde_json::Value::Object(m) => {
-                m.remove("idle_seconds");
-                for value in m.values_mut() {
-                    *value = without_idle(value.take());
-                }
-            }
-            serde_json::Value::Array(items) => {
-                for item in items {
-                    *item = without_idle(item.take());
-                }
-            }
-            _ => {}
-        }
-        v
-    }
+    let state = until_sampled_after(unix()).await;
     assert_eq!(
         without_idle(state["models"].clone()),
         without_idle(get(addr, "/-/models", &AUTH).await.json()),
@@ -118,7 +148,8 @@ async fn state_is_behind_the_token_and_reports_rates_from_the_ring() {
     let series = &state["deployments"][0];
     assert_eq!(series["app"], "default");
     assert_eq!(series["deployment"], "Model");
-    let numbers = |key: &str| -> Vec<f64> {
+    // Each entry, null where an interval had nothing to divide by.
+    let values = |key: &str| -> Vec<Option<f64>> {
         let pointer = format!("/{}", key.replace('.', "/"));
         series
             .pointer(&pointer)
@@ -126,34 +157,52 @@ async fn state_is_behind_the_token_and_reports_rates_from_the_ring() {
             .as_array()
             .unwrap()
             .iter()
-            .filter_map(serde_json::Value::as_f64)
+            .map(serde_json::Value::as_f64)
             .collect()
     };
-    let t = numbers("t");
-    assert!(t.len() >= 2, "{series}");
+    let t = times(&state);
+    assert!(t.len() >= 3, "{series}");
     assert!(t.windows(2).all(|w| w[1] > w[0]));
-    let rps = numbers("requests_per_second");
-    assert_eq!(rps.len(), t.len());
-    // Every request was counted once: the rates times their intervals add up to what was
-    // sent in the sampled span (at most all of it).
-    let counted: f64 = rps.iter().sum::<f64>(); // one-second intervals
-    assert!(
-        counted > 0.0 && counted <= sent as f64 + 1.0,
-        "{counted} of {sent}"
+    // A rate over each interval times its length, summed: every request counted once (the
+    // first interval, before the traffic, has none; the times are rounded to the ms).
+    let total = |key: &str| -> f64 {
+        let rates = values(key);
+        assert_eq!(rates.len(), t.len(), "{key}");
+        assert_eq!(rates[0], Some(0.0), "{key} before the traffic");
+        (1..t.len())
+            .map(|i| rates[i].unwrap() * (t[i] - t[i - 1]))
+            .sum()
+    };
+    let close = |got: f64, want: usize, what: &str| {
+        assert!((got - want as f64).abs() < 0.5, "{what}: {got} for {want}");
+    };
+    close(total("requests_per_second"), sent, "requests");
+    close(
+        total("loads_per_second"),
+        sent,
+        "loads (every request missed)",
     );
-    assert!(numbers("loads_per_second").iter().any(|l| *l > 0.0));
-    assert!(numbers("evictions_per_second").iter().any(|e| *e > 0.0));
-    let hits = numbers("hit_ratio");
-    assert!(hits.iter().all(|h| (0.0..=1.0).contains(h)) && !hits.is_empty());
-    let p50 = numbers("latency_ms.p50");
-    let p99 = numbers("latency_ms.p99");
+    close(total("evictions_per_second"), sent - 2, "evictions");
+    // Every interval with lookups had no hit; one without any has none to report.
+    let hits: Vec<f64> = values("hit_ratio").into_iter().flatten().collect();
     assert!(
-        !p50.is_empty() && p50.iter().all(|p| *p > 0.0 && *p < 1000.0),
+        !hits.is_empty() && hits.iter().all(|h| *h == 0.0),
+        "{hits:?}"
+    );
+    let errors: Vec<f64> = values("error_ratio").into_iter().flatten().collect();
+    assert!(
+        !errors.is_empty() && errors.iter().all(|e| *e == 0.0),
+        "{errors:?}"
+    );
+    // In milliseconds: each request loads (5 ms) and infers (2 ms), so its bucket is 5-10 ms.
+    let p50: Vec<f64> = values("latency_ms.p50").into_iter().flatten().collect();
+    let p99: Vec<f64> = values("latency_ms.p99").into_iter().flatten().collect();
+    assert!(
+        !p50.is_empty() && p50.iter().all(|p| *p >= 5.0 && *p < 1000.0),
         "{p50:?}"
     );
     assert!(p50.iter().zip(&p99).all(|(a, b)| a <= b));
     assert!(series["llm"].is_null());
-    assert!(numbers("error_ratio").iter().all(|e| *e == 0.0));
     server.shutdown().await;
 }
 
