@@ -5,9 +5,9 @@
 //! deployment; an invalid configuration (or one reading a remote store without a disk cache)
 //! is refused whole and the old one keeps serving; SIGHUP re-reads the file, and an invalid
 //! file is refused, logged and the old configuration kept; a Python application whose
-//! deployments changed is refused and keeps serving; an LLM deployment scales up and down
-//! live, every completion answered. The refusals that depend on the two
-//! configurations only are unit tests in `src/config/reload.rs`.
+//! deployments changed is refused and keeps serving, one given new code takes it live; an LLM
+//! deployment scales up and down live, every completion answered. The refusals that depend on
+//! the two configurations only are unit tests in `src/config/reload.rs`.
 
 use crate::common;
 
@@ -520,6 +520,88 @@ applications:
         a_models,
         "the ONNX deployment lost models"
     );
+    let (_, logs) = server.terminate();
+    assert!(!logs.contains("panicked"), "{logs}");
+}
+
+/// A Python application reloaded live: new code (another working directory) and a deployment
+/// setting its entry overrides (two replicas), applied while a client keeps asking; every
+/// request is answered, and once the deploy has answered, only by the new code.
+#[test]
+fn a_python_application_takes_new_code_live_and_answers_throughout() {
+    let version = |v: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("versioned.py"),
+            format!(
+                "from modelmux import serve\n\n\n@serve.deployment\nclass Versioned:\n    def __call__(self):\n        return \"{v}\"\n\n\napp = Versioned.bind()\n"
+            ),
+        )
+        .unwrap();
+        dir
+    };
+    let (one, two) = (version("v1"), version("v2"));
+    let config = |dir: &tempfile::TempDir, replicas: usize| {
+        format!(
+            "http_options:\n  port: 0\n  admin_token: deploy-token\napplications:\n  - name: default\n    route_prefix: /\n    import_path: versioned:app\n    runtime_env: {{working_dir: {}}}\n    deployments:\n      - name: Versioned\n        num_replicas: {replicas}\n",
+            dir.path().display()
+        )
+    };
+    let wrapper = [
+        "env".to_owned(),
+        format!("MODELMUX_PYTHON={}", common::test_python()),
+        format!("PYTHONPATH={}", common::python_package_dir().display()),
+    ];
+    let wrapper: Vec<&str> = wrapper.iter().map(String::as_str).collect();
+    let mut server = common::serve_in(&wrapper, &config(&one, 1), &[]);
+    let url = server.url.clone();
+    let ask = |url: &str| common::send(url, hyper::Request::builder().uri("/"), Vec::new());
+    assert_eq!(ask(&url), (200, "v1".to_owned()));
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let answers = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let client = {
+        let (url, stop, answers) = (url.clone(), stop.clone(), answers.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::SeqCst) {
+                answers.lock().push(ask(&url));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let (ok, said) = deploy(&url, &config(&two, 2));
+    assert!(ok, "{said}");
+    // The deploy answers once the old replicas are gone: from then on, only the new code.
+    let after = answers.lock().len();
+    for tries in 0.. {
+        if answers.lock().len() >= after + 20 {
+            break;
+        }
+        assert!(tries < 500, "no answers after the deploy");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    stop.store(true, Ordering::SeqCst);
+    client.join().unwrap();
+    let answers = answers.lock();
+    let failed: Vec<&(u16, String)> = answers.iter().filter(|(s, _)| *s != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "requests failed during the reload: {failed:?}"
+    );
+    let bodies: Vec<&str> = answers.iter().map(|(_, b)| b.as_str()).collect();
+    // During the roll both may answer (new replicas take traffic before the old drain);
+    // once the deploy has answered, only the new code does.
+    assert!(
+        bodies.iter().all(|b| *b == "v1" || *b == "v2"),
+        "{bodies:?}"
+    );
+    // (The one answer that may have been in flight as the deploy answered aside.)
+    assert!(
+        bodies[after + 1..].iter().all(|b| *b == "v2"),
+        "the old code answered after the deploy: {:?}",
+        &bodies[after..]
+    );
+    assert_eq!(replicas_of(&url, "Versioned"), 2);
     let (_, logs) = server.terminate();
     assert!(!logs.contains("panicked"), "{logs}");
 }
