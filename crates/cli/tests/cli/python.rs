@@ -429,6 +429,38 @@ fn a_streaming_response_streams_and_user_config_reaches_reconfigure() {
     assert_eq!((status, body.as_str()), (200, "bonjour"));
 }
 
+/// The reconfigure control reaches every replica: with two replicas of one slot each, two
+/// requests at once are served by both, and both answer with the new `user_config`.
+#[test]
+fn reconfigure_reaches_every_replica() {
+    let replicas = "    deployments:\n      - name: Streamer\n        num_replicas: 2\n        max_ongoing_requests: 1\n";
+    let server = serve(&app_config("streaming:app", replicas), &[]);
+    let reconfigure = http::Request::post("/-/deployments/Streamer/controls/reconfigure")
+        .header("content-type", "application/json");
+    let reconfigure = common::as_local_admin(&server.url, reconfigure);
+    let (status, body) = common::send(
+        &server.url,
+        reconfigure,
+        br#"{"greeting": "bonjour"}"#.to_vec(),
+    );
+    assert_eq!(status, 200, "{body}");
+    for round in 0..3 {
+        let both: Vec<_> = (0..2)
+            .map(|_| {
+                let url = server.url.clone();
+                std::thread::spawn(move || request(&url, "/slow-greeting", "", ""))
+            })
+            .collect();
+        for answer in both {
+            assert_eq!(
+                answer.join().unwrap(),
+                (200, "bonjour".to_owned()),
+                "round {round}: a replica kept the old user_config"
+            );
+        }
+    }
+}
+
 #[test]
 fn a_client_that_stops_reading_a_stream_stalls_only_its_own_stream() {
     let server = serve(&app_config("streaming:app", ""), &[]);

@@ -1,4 +1,5 @@
-"""A StreamingResponse and `reconfigure(user_config)`; `/flood` streams 256 MiB as fast as it
+"""A StreamingResponse and `reconfigure(user_config)` (`/greeting` says it; `/slow-greeting` after
+half a second); `/flood` streams 256 MiB as fast as it
 can, for a client that never reads it."""
 
 import asyncio
@@ -17,6 +18,10 @@ class Streamer:
         self.greeting = config["greeting"]
 
     async def __call__(self, request):
+        if request.url.path.endswith("/slow-greeting"):
+            # Held a while, so that requests at once go to different replicas.
+            await asyncio.sleep(0.5)
+            return self.greeting
         if request.url.path.endswith("/greeting"):
             return self.greeting
         if request.url.path.endswith("/flood"):
