@@ -36,9 +36,16 @@ fn get(url: &str, path: &str) -> (u16, String) {
 #[test]
 fn user_code_never_sees_the_admin_token() {
     let server = serve_with(&["MODELMUX_ADMIN_TOKEN=worker-must-not-see-this"]);
+    let (status, body) = get(
+        &server.url,
+        "/sees-admin-token?value=worker-must-not-see-this",
+    );
+    assert_eq!(status, 200, "{body}");
+    let seen: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(
-        get(&server.url, "/sees-admin-token"),
-        (200, "false".to_string())
+        seen,
+        serde_json::json!({"named": false, "anywhere": false}),
+        "the worker sees the admin token"
     );
 }
 

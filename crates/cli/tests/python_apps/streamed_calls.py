@@ -48,7 +48,15 @@ class Relay:
         if path == "/closed":
             return await self._producer.closed_count.remote()
         if path == "/sees-admin-token":
-            return "MODELMUX_ADMIN_TOKEN" in os.environ
+            # Whether the token reaches this worker at all: under its own name, under another
+            # one, or on its command line (the test passes its value).
+            value = request.query_params["value"]
+            with open("/proc/self/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            return {
+                "named": "MODELMUX_ADMIN_TOKEN" in os.environ,
+                "anywhere": any(value in v for v in os.environ.values()) or value in cmdline,
+            }
         n = int(request.query_params.get("n", "5"))
         items = self._producer.options(stream=True).ticks.remote(n, 0.25)
         return StreamingResponse(items, media_type="text/plain")
