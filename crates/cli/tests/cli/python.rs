@@ -262,8 +262,30 @@ fn two_replicas(more: &str) -> Running {
     serve(&app_config("inferencer:entry", &deployments), &[])
 }
 
-/// Loads model 5, sends `path` for it, and kills the worker serving it (SIGKILL) half a second
-/// later; returns the killed worker's pid and the request's thread.
+/// Requests in progress on the server's replicas (its `/metrics`).
+fn ongoing(url: &str) -> f64 {
+    let (status, page) = common::send(url, http::Request::get("/metrics"), Vec::new());
+    assert_eq!(status, 200, "{page}");
+    modelmux_promtext::parse(&page)
+        .unwrap()
+        .sum("modelmux_replica_ongoing_requests")
+}
+
+/// Waits (bounded) until more than `before` requests are in progress, instead of guessing how
+/// long one takes to get there.
+fn until_in_flight(url: &str, before: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while ongoing(url) <= before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no new request in flight within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Loads model 5, sends `path` for it, and kills the worker serving it (SIGKILL) once the
+/// request is in flight; returns the killed worker's pid and the request's thread.
 fn kill_mid_request(
     server: &Running,
     path: &'static str,
@@ -272,8 +294,9 @@ fn kill_mid_request(
     assert_eq!(status, 200, "{body}");
     let pid = json(&body)["pid"].as_i64().unwrap();
     let url = server.url.clone();
+    let before = ongoing(&url);
     let in_flight = std::thread::spawn(move || request(&url, path, "5", ""));
-    std::thread::sleep(Duration::from_millis(500));
+    until_in_flight(&server.url, before);
     let killed = std::process::Command::new("kill")
         .args(["-KILL", &pid.to_string()])
         .status()
@@ -670,8 +693,9 @@ fn a_worker_that_stops_answering_health_checks_is_replaced_and_none_outlives_a_k
     }
     // Hang the new worker too, then kill the server outright: no worker may stay behind, not
     // even one stuck in user code that never reads its socket's end.
+    let before = ongoing(&server.url);
     send_and_forget(&server.url, "/hang");
-    std::thread::sleep(Duration::from_millis(300));
+    until_in_flight(&server.url, before);
     drop(server);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
