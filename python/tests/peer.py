@@ -181,6 +181,18 @@ class Peer:
     def frames_for(self, stream: int, wait: float) -> list[Frame]:
         """Waits `wait` seconds and takes the frames of `stream` received meanwhile."""
         time.sleep(wait)
+        return self._take(stream)
+
+    def frames_after_barrier(self, stream: int, barrier: int) -> list[Frame]:
+        """The frames of `stream` received by the time a request sent now on stream `barrier`
+        is answered: whatever the worker sent for `stream` in answer to the frames before it
+        has come by then (a negative check that waits for the worker, not for a clock)."""
+        reply = self.get(barrier, "/")
+        if reply.status != 200:
+            raise AssertionError(f"the barrier request got {reply.status}")
+        return self._take(stream)
+
+    def _take(self, stream: int) -> list[Frame]:
         with self._cond:
             mine = [f for f in self._frames if f.stream == stream]
             self._frames = [f for f in self._frames if f.stream != stream]
