@@ -292,19 +292,6 @@ fn serve_python(import_path: &str, deployments: &str, env: &[String]) -> Running
     common::serve_in(&wrapper, &config, &[])
 }
 
-/// The command lines of the processes whose environment has `variable` (`NAME=value`).
-fn command_lines_with(variable: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if environ.split(|b| *b == 0).any(|v| v == variable.as_bytes()) {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
-        }
-    }
-    found
-}
-
 #[test]
 fn a_python_workers_command_line_holds_no_user_config() {
     let secret = "a-user-config-secret-4242";
@@ -319,7 +306,7 @@ fn a_python_workers_command_line_holds_no_user_config() {
         (200, secret),
         "user_config reached reconfigure"
     );
-    let workers: Vec<String> = command_lines_with(&marker)
+    let workers: Vec<String> = common::processes_with(&marker)
         .into_iter()
         .filter(|c| c.contains("modelmux._worker"))
         .collect();

@@ -403,6 +403,15 @@ fn batches_form_under_concurrent_traffic_and_never_mix_model_ids() {
     assert!(largest > 1, "no batch held more than one request");
 }
 
+/// The admin API's reconfigure control of the Streamer deployment, with `user_config`.
+fn reconfigure_streamer(url: &str, user_config: &str) {
+    let reconfigure = http::Request::post("/-/deployments/Streamer/controls/reconfigure")
+        .header("content-type", "application/json");
+    let reconfigure = common::as_local_admin(url, reconfigure);
+    let (status, body) = common::send(url, reconfigure, user_config.as_bytes().to_vec());
+    assert_eq!(status, 200, "{body}");
+}
+
 #[test]
 fn a_streaming_response_streams_and_user_config_reaches_reconfigure() {
     let server = serve(&app_config("streaming:app", ""), &[]);
@@ -439,15 +448,7 @@ fn a_streaming_response_streams_and_user_config_reaches_reconfigure() {
         );
     });
     // The admin API's reconfigure control passes a new user_config to every replica.
-    let reconfigure = http::Request::post("/-/deployments/Streamer/controls/reconfigure")
-        .header("content-type", "application/json");
-    let reconfigure = common::as_local_admin(&server.url, reconfigure);
-    let (status, body) = common::send(
-        &server.url,
-        reconfigure,
-        br#"{"greeting": "bonjour"}"#.to_vec(),
-    );
-    assert_eq!(status, 200, "{body}");
+    reconfigure_streamer(&server.url, r#"{"greeting": "bonjour"}"#);
     let (status, body) = request(&server.url, "/greeting", "", "");
     assert_eq!((status, body.as_str()), (200, "bonjour"));
 }
@@ -458,15 +459,7 @@ fn a_streaming_response_streams_and_user_config_reaches_reconfigure() {
 fn reconfigure_reaches_every_replica() {
     let replicas = "    deployments:\n      - name: Streamer\n        num_replicas: 2\n        max_ongoing_requests: 1\n";
     let server = serve(&app_config("streaming:app", replicas), &[]);
-    let reconfigure = http::Request::post("/-/deployments/Streamer/controls/reconfigure")
-        .header("content-type", "application/json");
-    let reconfigure = common::as_local_admin(&server.url, reconfigure);
-    let (status, body) = common::send(
-        &server.url,
-        reconfigure,
-        br#"{"greeting": "bonjour"}"#.to_vec(),
-    );
-    assert_eq!(status, 200, "{body}");
+    reconfigure_streamer(&server.url, r#"{"greeting": "bonjour"}"#);
     for round in 0..3 {
         let both: Vec<_> = (0..2)
             .map(|_| {
@@ -585,7 +578,7 @@ fn a_script_that_runs_two_applications_in_turn_gets_their_answers_and_leaves_no_
         serde_json::json!({"composed": "bar", "status": "RUNNING", "http": "adder", "handle": 42}),
         "{stderr}"
     );
-    let left = processes_with(&marker);
+    let left = common::processes_with(&marker);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -595,19 +588,6 @@ fn send_and_forget(url: &str, path: &str) {
     let mut stream = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
     write!(stream, "GET {path} HTTP/1.1\r\nhost: localhost\r\n\r\n").unwrap();
     std::mem::forget(stream);
-}
-
-/// The command lines of the processes whose environment has `variable` (`NAME=value`).
-fn processes_with(variable: &str) -> Vec<String> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-        let environ = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        if environ.split(|b| *b == 0).any(|v| v == variable.as_bytes()) {
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            found.push(String::from_utf8_lossy(&cmdline).replace('\0', " "));
-        }
-    }
-    found
 }
 
 #[test]
@@ -699,7 +679,7 @@ fn a_worker_that_stops_answering_health_checks_is_replaced_and_none_outlives_a_k
     drop(server);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     loop {
-        let left = processes_with(&marker);
+        let left = common::processes_with(&marker);
         if left.is_empty() {
             break;
         }
@@ -736,7 +716,7 @@ fn sigterm_lets_python_requests_in_flight_finish_then_stops_the_workers() {
     assert_eq!(status, 200, "{body}\n{logs}");
     assert_eq!(json(&body)["model"], "3");
     assert!(exit.success(), "{exit:?}\n{logs}");
-    let left = processes_with(&marker);
+    let left = common::processes_with(&marker);
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 

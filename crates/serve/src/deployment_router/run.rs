@@ -150,15 +150,8 @@ impl DeploymentRouter {
         // Kept out of line (and off this future's size, which every local request pays for
         // in copies): only cluster mode forwards.
         let mut request = request;
-        let span = context.trace().map(|t| {
-            // The other node's spans hang under this node's root span.
-            if let Ok(v) = http::HeaderValue::from_str(&t.traceparent()) {
-                request.headers_mut().insert("traceparent", v);
-            }
-            let mut span = self.span(t, "forward");
-            span.attribute("replica", remote.slot.id());
-            span
-        });
+        // The other node's spans hang under this node's root span.
+        let span = self.child_span(context, &mut request, "forward", &remote.slot.id());
         let forwarded =
             Box::pin(self.forward(remote, guard, request, context, attempt, timed)).await;
         if let Some(span) = span {
@@ -194,6 +187,25 @@ impl DeploymentRouter {
     }
 
     /// A span of `trace` named `name`, with this deployment's attributes.
+    /// The span `name` of this call on `replica`, if the request is traced; its
+    /// `traceparent` goes on `request`, so whoever handles it continues the trace under it.
+    fn child_span(
+        &self,
+        context: &RequestContext,
+        request: &mut Request,
+        name: &'static str,
+        replica: &dyn std::fmt::Display,
+    ) -> Option<modelmux_context::Span> {
+        context.trace().map(|t| {
+            if let Ok(v) = http::HeaderValue::from_str(&t.traceparent()) {
+                request.headers_mut().insert("traceparent", v);
+            }
+            let mut span = self.span(t, name);
+            span.attribute("replica", replica.to_string());
+            span
+        })
+    }
+
     pub(super) fn span(
         &self,
         trace: &modelmux_context::RequestTrace,
@@ -288,16 +300,9 @@ impl DeploymentRouter {
         let hold = Hold::new(guard);
         let began = Instant::now();
         let mut request = request;
-        let span = context.trace().map(|t| {
-            // The deployment's code (a Python worker's too) sees this process's span as the
-            // caller's, to continue the trace in its own spans.
-            if let Ok(v) = http::HeaderValue::from_str(&t.traceparent()) {
-                request.headers_mut().insert("traceparent", v);
-            }
-            let mut span = self.span(t, "inference");
-            span.attribute("replica", replica.id.to_string());
-            span
-        });
+        // The deployment's code (a Python worker's too) sees this process's span as the
+        // caller's, to continue the trace in its own spans.
+        let span = self.child_span(context, &mut request, "inference", &replica.id);
         let result = replica
             .call(request, context.clone().with_hold(hold.clone()))
             .await;
