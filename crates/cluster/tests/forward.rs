@@ -18,8 +18,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use modelmux_cluster::H2Forwarder;
 use modelmux_serve::{
     Application, Body, BoxError, Controller, Deployment, DeploymentSpec, Dispatched,
-    FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_HEADER, NodeHandle, ReplicaState, Request,
-    Response, Route,
+    FORWARDED_HEADER, ForwardError, Forwarder, NOT_HERE_HEADER, ReplicaState, Request, Response,
+    Route,
 };
 use parking_lot::Mutex;
 use tokio::net::TcpListener;
@@ -213,7 +213,7 @@ impl Router {
                 .await
                 .unwrap(),
         );
-        controller.set_call_token(token);
+        controller.node().set_call_token(token);
         let forwarder = Arc::new(H2Forwarder::new());
         forwarder.set_peers(
             peers
@@ -236,7 +236,8 @@ impl Router {
             })
             .collect();
         let as_dyn: Arc<dyn Forwarder> = forwarder.clone();
-        NodeHandle::new(controller.clone())
+        controller
+            .node()
             .set_remote_replicas("default", "Model", &replicas, &as_dyn);
         Self {
             controller,
@@ -492,6 +493,7 @@ async fn handle_call(
     let body = bytes_of("pickled");
     router
         .controller
+        .operations()
         .call(
             Some("default"),
             "Model",

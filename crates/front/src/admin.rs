@@ -157,6 +157,7 @@ async fn call(
     let body = read_body(state, request).await?;
     let result = state
         .controller
+        .operations()
         .call(app.as_deref(), &deployment, call, context, route, body)
         .await;
     if let Some(span) = root {
@@ -216,9 +217,13 @@ async fn control(
     name: &str,
 ) -> Result<Response, ServeError> {
     state.config.admin.authorize(request.headers(), true)?;
-    state.controller.check_deployment(deployment)?;
+    state.controller.operations().check_deployment(deployment)?;
     let body = read_body(state, request).await?;
-    let results = state.controller.control(deployment, name, body).await?;
+    let results = state
+        .controller
+        .operations()
+        .control(deployment, name, body)
+        .await?;
     let mut answers = serde_json::Map::new();
     let mut failure = None;
     for (replica, result) in results {
@@ -343,19 +348,19 @@ async fn models(
         }
     };
     let id = ModelId::new(percent_decode(id)?)?;
-    let controller = &state.controller;
+    let operations = state.controller.operations();
     let answer = match action {
         Action::Load => {
             let pin = query_flag(query, "pin");
-            let replica = controller.load_model(deployment, &id, pin).await?;
+            let replica = operations.load_model(deployment, &id, pin).await?;
             json!({"model_id": id.as_str(), "deployment": deployment, "replica": replica, "pinned": pin})
         }
         Action::Evict => {
-            let evicted = controller.evict_model(deployment, &id)?;
+            let evicted = operations.evict_model(deployment, &id)?;
             json!({"model_id": id.as_str(), "evicted_from": evicted})
         }
         Action::Unpin => {
-            let unpinned = controller.unpin_model(deployment, &id)?;
+            let unpinned = operations.unpin_model(deployment, &id)?;
             json!({"model_id": id.as_str(), "unpinned_on": unpinned})
         }
     };

@@ -203,7 +203,9 @@ impl Server {
         // In a cluster, handle calls go to other nodes with this node's admin token (which
         // every node shares, and their call endpoints check); without one (or with one made
         // for this node's local users alone) they stay here.
-        controller.set_call_token(config.admin.shared_token());
+        controller
+            .node()
+            .set_call_token(config.admin.shared_token());
         let listener = TcpListener::bind(config.bind)
             .await
             .map_err(|source| StartError::Bind {
@@ -261,7 +263,7 @@ impl Server {
 
     /// A handle for the cluster layer.
     pub fn node_handle(&self) -> modelmux_serve::NodeHandle {
-        modelmux_serve::NodeHandle::new(self.state.controller.clone())
+        self.state.controller.node().clone()
     }
 
     /// The address it listens on.

@@ -36,8 +36,8 @@ pub(crate) use body::bearer_token_matches;
 pub use body::{Body, BodySender, json_response};
 pub use controller::{
     AppModels, AppState, Application, ControlAnswer, Controller, DeploymentModels, Health,
-    LoadedModel, MetricsReport, ModelsReport, NodeHandle, QueueReport, ReplicaMetrics,
-    ReplicaModels,
+    LoadedModel, MetricsReport, ModelsReport, NodeHandle, Operations, QueueReport, Reconfiguration,
+    ReplicaMetrics, ReplicaModels,
 };
 pub use custom_metrics::{
     DashboardSeries, MetricFamily, MetricKind, MetricSample, MetricValue, MetricsSource,

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
 use modelmux_front::Deployer;
-use modelmux_serve::{AdminAccess, Controller, DeploymentSpec, ServeError};
+use modelmux_serve::{AdminAccess, Controller, DeploymentSpec, Reconfiguration, ServeError};
 use modelmux_store::DiskCache;
 use serde_json::{Value as Json, json};
 use serde_yaml_ng::Value;
@@ -155,43 +155,7 @@ impl Reloader {
                 plan.push((app.name.clone(), d.name.clone(), change));
             }
         }
-        let mut report = Vec::new();
-        for (app, deployment, change) in plan {
-            let what = match change {
-                Change::Keep => json!("kept"),
-                Change::Scale(n) => {
-                    controller.scale(&app, &deployment, n).await?;
-                    json!(format!("scaled to {n}"))
-                }
-                Change::Caps(spec, models, bytes, n) => {
-                    controller.set_caps(&app, *spec, models, bytes)?;
-                    let show = |c: Option<String>| c.unwrap_or_else(|| "unbounded".into());
-                    let mut what = format!(
-                        "caps changed in place (max_models {}, max_bytes {})",
-                        show(models.map(|m| m.to_string())),
-                        show(bytes.map(|b| b.to_string()))
-                    );
-                    if replicas_differ(&old, &new, &app, &deployment) {
-                        controller.scale(&app, &deployment, n).await?;
-                        what.push_str(&format!(", scaled to {n}"));
-                    }
-                    json!(what)
-                }
-                Change::Roll(specs) => {
-                    let (served, front) = *specs;
-                    controller.roll(&app, served).await?;
-                    if let Some(front) = front {
-                        controller.roll(&app, front).await?;
-                    }
-                    json!("rolled")
-                }
-                Change::Replace(spec) => {
-                    controller.roll_and_retire(&app, *spec).await?;
-                    json!("replaced")
-                }
-            };
-            report.push(json!({"application": app, "deployment": deployment, "change": what}));
-        }
+        let report = carry_out(controller.reconfiguration(), plan, &old, &new).await?;
         *running = text.to_owned();
         Ok(json!({
             "deployments": report,
@@ -214,7 +178,8 @@ impl Reloader {
             .map_err(|e| e.to_string())?
             .into_deployments();
         let mut running: Vec<String> = controller
-            .deployment_names()
+            .node()
+            .deployments()
             .into_iter()
             .filter(|(a, _)| *a == app.name)
             .map(|(_, d)| d)
@@ -263,6 +228,54 @@ impl Deployer for Reloader {
     ) -> std::pin::Pin<Box<dyn Future<Output = Result<Json, ServeError>> + Send>> {
         Box::pin(async move { self.apply(&config).await })
     }
+}
+
+/// Carries out `plan`, a configuration's changes per deployment (`old` and `new` the running
+/// and the new configuration), in order; answers what each did.
+async fn carry_out(
+    r: &Reconfiguration,
+    plan: Vec<(String, String, Change)>,
+    old: &Value,
+    new: &Value,
+) -> Result<Vec<Json>, ServeError> {
+    let mut report = Vec::new();
+    for (app, deployment, change) in plan {
+        let what = match change {
+            Change::Keep => json!("kept"),
+            Change::Scale(n) => {
+                r.scale(&app, &deployment, n).await?;
+                json!(format!("scaled to {n}"))
+            }
+            Change::Caps(spec, models, bytes, n) => {
+                r.set_caps(&app, *spec, models, bytes)?;
+                let show = |c: Option<String>| c.unwrap_or_else(|| "unbounded".into());
+                let mut what = format!(
+                    "caps changed in place (max_models {}, max_bytes {})",
+                    show(models.map(|m| m.to_string())),
+                    show(bytes.map(|b| b.to_string()))
+                );
+                if replicas_differ(old, new, &app, &deployment) {
+                    r.scale(&app, &deployment, n).await?;
+                    what.push_str(&format!(", scaled to {n}"));
+                }
+                json!(what)
+            }
+            Change::Roll(specs) => {
+                let (served, front) = *specs;
+                r.roll(&app, served).await?;
+                if let Some(front) = front {
+                    r.roll(&app, front).await?;
+                }
+                json!("rolled")
+            }
+            Change::Replace(spec) => {
+                r.roll_and_retire(&app, *spec).await?;
+                json!("replaced")
+            }
+        };
+        report.push(json!({"application": app, "deployment": deployment, "change": what}));
+    }
+    Ok(report)
 }
 
 fn yaml(text: &str) -> Result<Value, ServeError> {

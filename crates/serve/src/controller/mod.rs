@@ -2,149 +2,58 @@
 //! them, checks their health and replaces those that fail, and drains and stops them in order.
 //! It knows nothing of HTTP: the front (the `modelmux-front` crate) reads it and sends requests
 //! to its deployments through the [`Dispatch`](crate::Dispatch) port.
+//!
+//! Its parts, each a type that owns its state: [`Applications`](applications) (the
+//! applications, their routers and specs), [`Readiness`](readiness), [`Operations`] (what an
+//! operator does to models), [`Reconfiguration`] (changing running deployments, and the
+//! replicas it retires), [`NodeHandle`] (the cluster layer's port), and the reports.
 
-use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::deployment::DeploymentSpec;
 use crate::deployment_router::{CallToken, DeploymentRouter};
 use crate::error::StartError;
-use crate::handle::{AppDirectory, HandleDirectory};
 use crate::replica::Replica;
 
-mod cluster;
+mod applications;
 mod node;
-mod operate;
+mod operations;
+mod readiness;
 mod reconfigure;
 mod report;
 
+pub use applications::{AppState, Application};
 pub use node::NodeHandle;
-pub use operate::ControlAnswer;
+pub use operations::{ControlAnswer, Operations};
+pub use readiness::Health;
+pub use reconfigure::Reconfiguration;
 pub use report::{
-    AppModels, DeploymentModels, Health, LoadedModel, MetricsReport, ModelsReport, QueueReport,
+    AppModels, DeploymentModels, LoadedModel, MetricsReport, ModelsReport, QueueReport,
     ReplicaMetrics, ReplicaModels,
 };
 
-/// A set of deployments served under one route prefix; requests under the prefix go to its
-/// ingress deployment, which may call the others through handles.
-#[derive(Clone)]
-pub struct Application {
-    pub(crate) name: String,
-    pub(crate) route_prefix: String,
-    pub(crate) deployments: Vec<DeploymentSpec>,
-    pub(crate) ingress: Option<String>,
-}
-
-impl Application {
-    /// An application named `name`, served at `/` until [`route_prefix`](Self::route_prefix)
-    /// says otherwise.
-    pub fn new(name: &str) -> Self {
-        Self {
-            name: name.to_string(),
-            route_prefix: "/".to_string(),
-            deployments: Vec::new(),
-            ingress: None,
-        }
-    }
-
-    /// The path prefix it serves (`/` by default). Requests go to the application with the
-    /// longest matching prefix.
-    pub fn route_prefix(mut self, prefix: &str) -> Self {
-        self.route_prefix = prefix.to_string();
-        self
-    }
-
-    /// Adds a deployment that other deployments call through handles.
-    pub fn deployment(mut self, spec: DeploymentSpec) -> Self {
-        self.deployments.push(spec);
-        self
-    }
-
-    /// The application's deployments, in the order they were added (to roll them one by one
-    /// into a running application of the same name).
-    pub fn into_deployments(self) -> Vec<DeploymentSpec> {
-        self.deployments
-    }
-
-    /// Adds the deployment that receives the application's HTTP requests. Without one, the
-    /// first deployment added is the ingress.
-    pub fn ingress(mut self, spec: DeploymentSpec) -> Self {
-        self.ingress = Some(spec.config.name.clone());
-        self.deployments.push(spec);
-        self
-    }
-}
-
-/// One running application.
-pub struct AppState {
-    pub(crate) name: Arc<str>,
-    pub(crate) route_prefix: String,
-    pub(crate) ingress: Arc<DeploymentRouter>,
-    /// Each deployment's router and spec (swapped when a reconfiguration rolls it).
-    pub(crate) deployments: Vec<(Arc<DeploymentRouter>, SpecCell)>,
-    handles: HandleDirectory,
-}
-
-/// A deployment's current spec: what new replicas (scaling up, replacing a sick one) are
-/// built from.
-pub(crate) type SpecCell = Arc<parking_lot::RwLock<DeploymentSpec>>;
+use applications::{Applications, SpecCell};
+use readiness::Readiness;
 
 /// The applications of a process, running: what the HTTP front serves and the cluster layer
 /// publishes. Every request reaches them through [`Dispatch`](crate::Dispatch).
 pub struct Controller {
-    pub(crate) apps: Vec<AppState>,
-    /// This node's id in a cluster (part of every replica id).
-    pub(crate) node_id: Option<String>,
-    /// Set when shutdown begins: readiness fails from then on.
-    draining: AtomicBool,
-    /// Replicas replaced after failing a health check, still draining (shutdown awaits them).
-    retiring: parking_lot::Mutex<Vec<JoinHandle<()>>>,
-    /// Notified whenever a local replica's models or the replica set change.
-    pub(crate) changes: Arc<Notify>,
-    /// An extra readiness condition (the cluster layer's: etcd reachable lately).
-    readiness: parking_lot::RwLock<Option<Readiness>>,
+    apps: Arc<Applications>,
+    readiness: Arc<Readiness>,
+    reconfiguration: Reconfiguration,
+    node: NodeHandle,
     /// Whether this node runs replicas (a router-only node forwards everything).
     run_replicas: bool,
-    /// Deployments (`app/deployment`) whose first replicas are still starting: readiness
-    /// fails, naming them, until [`start_replicas`](Controller::start_replicas) ends.
-    starting: parking_lot::Mutex<Vec<String>>,
-    /// The token handle calls carry to other nodes (every router shares it).
-    call_token: Arc<CallToken>,
-}
-
-/// An extra condition for readiness: `Err(reason)` makes the applications not ready.
-pub(crate) type Readiness = Arc<dyn Fn() -> Result<(), String> + Send + Sync>;
-
-impl AppState {
-    /// Its name.
-    pub fn name(&self) -> &Arc<str> {
-        &self.name
-    }
-
-    /// Sends `request` to its ingress deployment: what [`Dispatch::dispatch`](crate::Dispatch)
-    /// on that deployment does, without boxing the call's future or cloning the
-    /// port (the HTTP front's path, once per request). The response does not carry the
-    /// request's model as a [`ServedModel`](crate::ServedModel): the caller named it.
-    pub fn dispatch(
-        &self,
-        request: crate::Request,
-        context: modelmux_context::RequestContext,
-        route: crate::Route,
-    ) -> impl Future<Output = crate::Dispatched> + Send + '_ {
-        self.ingress.run(request, context, route, false)
-    }
 }
 
 impl Controller {
     /// This node's id in a cluster.
     pub fn node_id(&self) -> Option<&str> {
-        self.node_id.as_deref()
+        self.node.node_id()
     }
 
     /// Starts every replica of every application (none when `run_replicas` is false: a
@@ -168,99 +77,41 @@ impl Controller {
         node_id: Option<String>,
         run_replicas: bool,
     ) -> Result<Self, StartError> {
-        validate(&apps)?;
         let changes = Arc::new(Notify::new());
         let call_token = Arc::new(CallToken::default());
-        let mut states = Vec::new();
-        // Every application's routers first: a replica may hold handles to any of them.
-        let routers: Vec<HashMap<String, Arc<DeploymentRouter>>> = apps
-            .iter()
-            .map(|app| {
-                let name: Arc<str> = app.name.as_str().into();
-                app.deployments
-                    .iter()
-                    .map(|d| {
-                        let router = DeploymentRouter::new(
-                            name.clone(),
-                            d.config.clone(),
-                            changes.clone(),
-                            call_token.clone(),
-                        );
-                        (d.config.name.clone(), Arc::new(router))
-                    })
-                    .collect()
-            })
-            .collect();
-        let directory: Arc<HashMap<String, AppDirectory>> = Arc::new(
-            apps.iter()
-                .zip(&routers)
-                .map(|(app, routers)| {
-                    let deployments = routers
-                        .iter()
-                        .map(|(name, r)| (name.clone(), r.clone() as Arc<dyn crate::Dispatch>))
-                        .collect();
-                    let ingress = app
-                        .ingress
-                        .clone()
-                        .unwrap_or_else(|| app.deployments[0].config.name.clone());
-                    let app_directory = AppDirectory {
-                        ingress,
-                        deployments: Arc::new(deployments),
-                    };
-                    (app.name.clone(), app_directory)
-                })
-                .collect(),
-        );
-        let mut starting = Vec::new();
-        for (app, routers) in apps.into_iter().zip(routers) {
-            let name: Arc<str> = app.name.as_str().into();
-            let handles = HandleDirectory::new(&app.name, directory.clone());
-            let ingress_name = app
-                .ingress
-                .clone()
-                .unwrap_or_else(|| app.deployments[0].config.name.clone());
-            let mut deployments = Vec::new();
-            for spec in app.deployments {
-                let router = routers[&spec.config.name].clone();
-                if run_replicas && spec.config.num_replicas > 0 {
-                    starting.push(format!("{name}/{}", spec.config.name));
-                    router.set_starting(true);
-                }
-                deployments.push((router, Arc::new(parking_lot::RwLock::new(spec))));
-            }
-            states.push(AppState {
-                ingress: routers[&ingress_name].clone(),
-                name,
-                route_prefix: app.route_prefix,
-                deployments,
-                handles,
-            });
-        }
-        Ok(Self {
-            apps: states,
-            node_id,
-            draining: AtomicBool::new(false),
-            retiring: parking_lot::Mutex::default(),
-            changes,
-            readiness: parking_lot::RwLock::default(),
-            run_replicas,
-            starting: parking_lot::Mutex::new(starting),
+        let (apps, starting) = Applications::build(apps, run_replicas, &changes, &call_token)?;
+        let apps = Arc::new(apps);
+        let readiness = Arc::new(Readiness::new(starting));
+        let node = NodeHandle::new(
+            apps.clone(),
+            readiness.clone(),
+            node_id.as_deref(),
+            changes.clone(),
             call_token,
+        );
+        let reconfiguration = Reconfiguration::new(apps.clone(), node_id, run_replicas, changes);
+        Ok(Self {
+            apps,
+            readiness,
+            reconfiguration,
+            node,
+            run_replicas,
         })
     }
 
-    /// Lets handle calls go to replicas on other nodes of the cluster, carrying `token` (this
-    /// node's admin token, which the other nodes' call endpoints check: every node of a
-    /// cluster must have the same one). Without a token (the default, or `None`, or an empty
-    /// one), handle calls stay on this node. The server sets it from its admin token when it
-    /// starts.
-    pub fn set_call_token(&self, token: Option<&str>) {
-        self.call_token.set(token);
+    /// The cluster layer's port on these applications.
+    pub fn node(&self) -> &NodeHandle {
+        &self.node
     }
 
-    /// Whether handle calls may go to other nodes: a member of a cluster with a call token.
-    pub fn forwards_handle_calls(&self) -> bool {
-        self.node_id.is_some() && self.call_token.is_set()
+    /// What an operator can do to the applications' models.
+    pub fn operations(&self) -> Operations<'_> {
+        Operations::new(&self.apps)
+    }
+
+    /// Changes to running deployments: scale, roll, caps.
+    pub fn reconfiguration(&self) -> &Reconfiguration {
+        &self.reconfiguration
     }
 
     /// Starts each deployment's replicas (`num_replicas` of them, at once; none on a
@@ -273,24 +124,16 @@ impl Controller {
         if !self.run_replicas {
             return Ok(());
         }
-        let node_id = self.node_id.as_deref();
-        for app in &self.apps {
+        for app in self.apps.iter() {
             for (router, spec) in &app.deployments {
                 let spec = spec.read().clone();
-                let starts = (0..spec.config.num_replicas).map(|_| {
-                    Replica::start(
-                        &spec,
-                        &app.name,
-                        node_id,
-                        app.handles.clone(),
-                        router.waker(),
-                    )
-                });
+                let starts = (0..spec.config.num_replicas)
+                    .map(|_| self.reconfiguration.start_one(&spec, app, router));
                 let replicas = match futures_util::future::try_join_all(starts).await {
                     Ok(replicas) => replicas,
                     Err(source) => {
                         // Nothing more starts: whoever waits for a replica here is told so.
-                        for (router, _) in self.apps.iter().flat_map(|a| &a.deployments) {
+                        for router in self.apps.routers() {
                             router.set_starting(false);
                         }
                         return Err(StartError::Replica {
@@ -300,8 +143,8 @@ impl Controller {
                     }
                 };
                 router.set_replicas(replicas.into_iter().map(Arc::new).collect());
-                let name = format!("{}/{}", app.name, spec.config.name);
-                self.starting.lock().retain(|d| *d != name);
+                self.readiness
+                    .started(&format!("{}/{}", app.name, spec.config.name));
             }
         }
         Ok(())
@@ -309,70 +152,69 @@ impl Controller {
 
     /// Deployments whose first replicas are still starting (`app/deployment`).
     pub fn loading(&self) -> Vec<String> {
-        self.starting.lock().clone()
+        self.readiness.loading()
     }
 
     /// Starts checking every replica's health each period, until `stopped` turns true.
     pub fn watch_health(self: &Arc<Self>, stopped: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
         self.apps
             .iter()
-            .flat_map(|app| {
-                app.deployments
-                    .iter()
-                    .map(move |(router, spec)| (app, router, spec))
-            })
-            .map(|(app, router, spec)| {
-                tokio::spawn(health_loop(
-                    self.clone(),
-                    app.name.clone(),
-                    router.clone(),
-                    spec.clone(),
-                    app.handles.clone(),
-                    stopped.clone(),
-                ))
-            })
+            .enumerate()
+            .flat_map(|(a, app)| (0..app.deployments.len()).map(move |d| (a, d)))
+            .map(|(a, d)| tokio::spawn(health_loop(self.clone(), a, d, stopped.clone())))
             .collect()
     }
 
     /// The application whose prefix is the longest one matching `path`.
     pub fn app_for(&self, path: &str) -> Option<&AppState> {
-        self.apps
-            .iter()
-            .filter(|a| prefix_matches(&a.route_prefix, path))
-            .max_by_key(|a| a.route_prefix.len())
+        self.apps.for_path(path)
     }
 
     /// Every deployment's router, of every application.
     pub(crate) fn routers(&self) -> impl Iterator<Item = &Arc<DeploymentRouter>> {
-        self.apps
-            .iter()
-            .flat_map(|a| a.deployments.iter().map(|(r, _)| r))
+        self.apps.routers()
     }
 
     /// Checks that `apps` can run together (names, route prefixes, deployments), as
     /// [`start`](Self::start) does first; a server checks this before its own settings.
     pub fn validate(apps: &[Application]) -> Result<(), StartError> {
-        validate(apps)
+        applications::validate(apps)
     }
 
-    /// Adds a condition to readiness (the cluster layer's: etcd answered lately).
-    pub(crate) fn set_readiness(
-        &self,
-        check: impl Fn() -> Result<(), String> + Send + Sync + 'static,
-    ) {
-        *self.readiness.write() = Some(Arc::new(check));
+    /// Each application's route prefix and name.
+    pub fn routes(&self) -> Vec<(String, Arc<str>)> {
+        self.apps
+            .iter()
+            .map(|a| (a.route_prefix.clone(), a.name.clone()))
+            .collect()
+    }
+
+    /// Whether the applications can take requests (a deployment with a reachable replica on
+    /// another node counts as available).
+    pub fn health(&self) -> Health {
+        self.readiness.health(&self.apps)
+    }
+
+    /// The models of every replica now.
+    pub fn models(&self) -> ModelsReport {
+        ModelsReport::of(&self.apps, self.node_id())
+    }
+
+    /// Every counter of this node's replicas now.
+    pub fn metrics(&self) -> MetricsReport {
+        MetricsReport::of(&self.apps)
     }
 
     /// Whether shutdown has begun.
     pub fn is_draining(&self) -> bool {
-        self.draining.load(Ordering::SeqCst)
+        self.readiness.is_draining()
     }
 
     /// Shutdown begins: readiness fails from now on, and in a cluster the drain is published
     /// at once (other nodes stop sending requests).
     pub fn begin_drain(&self) {
-        self.draining.store(true, Ordering::SeqCst);
-        self.changes.notify_one();
+        self.readiness.begin_drain();
+        self.node.changes().notify_one();
     }
 
     /// Stops the deployments in order and unloads every model: the ingress deployments stop
@@ -396,10 +238,7 @@ impl Controller {
                 }
             }
         }
-        let retiring: Vec<_> = self.retiring.lock().drain(..).collect();
-        for task in retiring {
-            let _ = tokio::time::timeout_at(latest, task).await;
-        }
+        self.reconfiguration.retired_by(latest).await;
         for router in self.routers() {
             for replica in router.replicas().iter() {
                 replica
@@ -411,60 +250,6 @@ impl Controller {
     }
 }
 
-fn prefix_matches(prefix: &str, path: &str) -> bool {
-    prefix == "/"
-        || path == prefix
-        || (path.starts_with(prefix) && path.as_bytes().get(prefix.len()) == Some(&b'/'))
-}
-
-fn validate(apps: &[Application]) -> Result<(), StartError> {
-    let invalid = |app: &Application, message: String| StartError::InvalidApplication {
-        app: app.name.clone(),
-        message,
-    };
-    let mut names = std::collections::HashSet::new();
-    let mut prefixes = std::collections::HashSet::new();
-    for app in apps {
-        if !names.insert(&app.name) {
-            return Err(invalid(app, "two applications have this name".into()));
-        }
-        let p = &app.route_prefix;
-        if !p.starts_with('/') || (p.len() > 1 && p.ends_with('/')) {
-            return Err(invalid(
-                app,
-                format!("route_prefix '{p}' must start with '/' and not end with one"),
-            ));
-        }
-        if crate::access::is_reserved_route_prefix(p) {
-            return Err(invalid(
-                app,
-                format!(
-                    "route_prefix '{p}' is reserved for the admin API (/-/..., /metrics, /health)"
-                ),
-            ));
-        }
-        if !prefixes.insert(p) {
-            return Err(invalid(
-                app,
-                format!("route_prefix '{p}' is used by another application"),
-            ));
-        }
-        if app.deployments.is_empty() {
-            return Err(invalid(app, "it has no deployments".into()));
-        }
-        let mut deployment_names = std::collections::HashSet::new();
-        for d in &app.deployments {
-            if !deployment_names.insert(&d.config.name) {
-                return Err(invalid(
-                    app,
-                    format!("two deployments are named '{}'", d.config.name),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Waits until `replica` has no request in progress, or `deadline`.
 pub(crate) async fn drain(replica: &Replica, deadline: Instant) {
     replica.slot.set_available(false);
@@ -473,15 +258,16 @@ pub(crate) async fn drain(replica: &Replica, deadline: Instant) {
     }
 }
 
-/// Checks each replica's health every period; replaces one that fails.
+/// Checks the health of each replica of deployment `d` of application `a` every period;
+/// replaces one that fails.
 async fn health_loop(
     controller: Arc<Controller>,
-    app: Arc<str>,
-    router: Arc<DeploymentRouter>,
-    cell: SpecCell,
-    handles: HandleDirectory,
+    a: usize,
+    d: usize,
     mut stopped: watch::Receiver<bool>,
 ) {
+    let app = controller.apps.iter().nth(a).expect("an application");
+    let (router, cell): &(Arc<DeploymentRouter>, SpecCell) = &app.deployments[d];
     loop {
         let spec = cell.read().clone();
         tokio::select! {
@@ -493,55 +279,14 @@ async fn health_loop(
                 continue;
             };
             tracing::warn!(replica = %replica.id, %reason, "replica failed its health check; replacing it");
-            // The old replica keeps serving while its replacement starts: a deployment of one
-            // replica is never left with none.
-            let node = controller.node_id.as_deref();
-            match Replica::start(&spec, &app, node, handles.clone(), router.waker()).await {
-                Ok(fresh) => {
-                    let fresh = Arc::new(fresh);
-                    let next = router
-                        .replicas()
-                        .iter()
-                        .map(|r| {
-                            if Arc::ptr_eq(r, replica) {
-                                fresh.clone()
-                            } else {
-                                r.clone()
-                            }
-                        })
-                        .collect();
-                    router.set_replicas(next);
-                    let (old, deadline) = (
-                        replica.clone(),
-                        Instant::now() + spec.config.graceful_shutdown_timeout,
-                    );
-                    let retire = tokio::spawn(async move {
-                        drain(&old, deadline).await;
-                        old.shutdown(deadline.saturating_duration_since(Instant::now()))
-                            .await;
-                    });
-                    let mut retiring = controller.retiring.lock();
-                    retiring.retain(|t| !t.is_finished());
-                    retiring.push(retire);
-                }
-                Err(e) => {
-                    // Keep the old one serving and try again next period.
-                    tracing::error!(deployment = %spec.config.name, error = %e, "could not start a replacement replica; keeping the old one");
-                }
+            let replaced = controller
+                .reconfiguration
+                .replace(&spec, app, router, replica)
+                .await;
+            if let Err(e) = replaced {
+                // Keep the old one serving and try again next period.
+                tracing::error!(deployment = %spec.config.name, error = %e, "could not start a replacement replica; keeping the old one");
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prefixes_match_whole_segments() {
-        assert!(prefix_matches("/", "/anything"));
-        assert!(prefix_matches("/api", "/api"));
-        assert!(prefix_matches("/api", "/api/v1"));
-        assert!(!prefix_matches("/api", "/apis"));
     }
 }

@@ -2,7 +2,10 @@
 //! traffic once started; down: the replicas cheapest to lose leave routing at once, the
 //! models only they held that were used in the last minute are loaded on the survivors, then
 //! they drain), its caches' caps (in place) and its spec (a roll: new replicas start and take
-//! traffic before the old ones drain). Other deployments are not touched: their replicas and warm models stay.
+//! traffic before the old ones drain), and its sick replicas (replaced, the old one serving until
+//! its replacement has started). Other deployments are not touched: their replicas and warm
+//! models stay. [`Reconfiguration`] owns the replicas it has taken out of routing while they
+//! drain: shutdown waits for them.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -11,7 +14,11 @@ use std::time::Duration;
 use modelmux_cache::{ModelId, ModelStatus};
 use tokio::time::Instant;
 
-use super::{Controller, SpecCell, drain};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use super::applications::{AppState, Applications};
+use super::drain;
 use crate::deployment::{DeploymentConfig, DeploymentSpec};
 use crate::deployment_router::DeploymentRouter;
 use crate::error::{ServeError, StartError};
@@ -20,26 +27,39 @@ use crate::replica::Replica;
 /// A model used this recently on a replica that leaves is loaded on a survivor first.
 const RECENT: Duration = Duration::from_secs(60);
 
-impl Controller {
+/// Changes to running deployments ([`Controller::reconfiguration`](crate::Controller::reconfiguration)).
+pub struct Reconfiguration {
+    apps: Arc<Applications>,
+    /// This node's id in a cluster (part of every replica id).
+    node_id: Option<String>,
+    /// Whether this node runs replicas (on a router-only node only the specs change).
+    run_replicas: bool,
+    /// Notified when the replica set changes.
+    changes: Arc<Notify>,
+    /// Replicas out of routing, draining and shutting down.
+    retiring: parking_lot::Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Reconfiguration {
+    pub(crate) fn new(
+        apps: Arc<Applications>,
+        node_id: Option<String>,
+        run_replicas: bool,
+        changes: Arc<Notify>,
+    ) -> Self {
+        Self {
+            apps,
+            node_id,
+            run_replicas,
+            changes,
+            retiring: parking_lot::Mutex::default(),
+        }
+    }
+
     /// The settings deployment `deployment` of application `app` runs with.
     pub fn deployment_config(&self, app: &str, deployment: &str) -> Option<DeploymentConfig> {
-        self.spec_cell(app, deployment)
-            .map(|(_, cell)| cell.read().config.clone())
-    }
-
-    fn spec_cell(&self, app: &str, deployment: &str) -> Option<(Arc<DeploymentRouter>, SpecCell)> {
-        let found = self.apps.iter().find(|a| &*a.name == app)?;
-        found
-            .deployments
-            .iter()
-            .find(|(r, _)| r.name() == deployment)
-            .map(|(r, cell)| (r.clone(), cell.clone()))
-    }
-
-    fn unknown(app: &str, deployment: &str) -> ServeError {
-        ServeError::NotFound {
-            what: format!("no deployment '{deployment}' in application '{app}'"),
-        }
+        let (_, cell) = self.apps.deployment_of(app, deployment).ok()?;
+        Some(cell.read().config.clone())
     }
 
     /// Runs `replicas` replicas of `deployment` (at least one). Returns once the new ones
@@ -51,9 +71,7 @@ impl Controller {
         deployment: &str,
         replicas: usize,
     ) -> Result<(), ServeError> {
-        let (router, cell) = self
-            .spec_cell(app, deployment)
-            .ok_or_else(|| Self::unknown(app, deployment))?;
+        let (router, cell) = self.apps.deployment_of(app, deployment)?;
         let replicas = replicas.max(1);
         cell.write().config.num_replicas = replicas;
         if !self.run_replicas {
@@ -63,7 +81,7 @@ impl Controller {
         let running = router.replicas().to_vec();
         if replicas > running.len() {
             let fresh = self
-                .start_many(&spec, app, &router, replicas - running.len())
+                .start_many(&spec, app, router, replicas - running.len())
                 .await?;
             let mut next = router.replicas().to_vec();
             next.extend(fresh);
@@ -91,7 +109,7 @@ impl Controller {
                 .collect();
             for id in hot {
                 if let Ok(id) = ModelId::new(id)
-                    && let Err(e) = self.load_into(&router, &id).await
+                    && let Err(e) = load_into(router, &id).await
                 {
                     tracing::warn!(app, deployment, model = %id, error = %e, "could not move a model off a replica scaled away");
                 }
@@ -125,12 +143,10 @@ impl Controller {
         wait: bool,
     ) -> Result<(), ServeError> {
         let deployment = spec.config.name.clone();
-        let (router, cell) = self
-            .spec_cell(app, &deployment)
-            .ok_or_else(|| Self::unknown(app, &deployment))?;
+        let (router, cell) = self.apps.deployment_of(app, &deployment)?;
         if self.run_replicas {
             let fresh = self
-                .start_many(&spec, app, &router, spec.config.num_replicas)
+                .start_many(&spec, app, router, spec.config.num_replicas)
                 .await?;
             let old = router.replicas().to_vec();
             router.set_replicas(fresh);
@@ -161,9 +177,7 @@ impl Controller {
         max_bytes: Option<u64>,
     ) -> Result<(), ServeError> {
         let deployment = spec.config.name.clone();
-        let (router, cell) = self
-            .spec_cell(app, &deployment)
-            .ok_or_else(|| Self::unknown(app, &deployment))?;
+        let (router, cell) = self.apps.deployment_of(app, &deployment)?;
         for replica in router.replicas().iter() {
             replica.set_caps(max_models, max_bytes);
         }
@@ -186,20 +200,10 @@ impl Controller {
         router: &Arc<DeploymentRouter>,
         n: usize,
     ) -> Result<Vec<Arc<Replica>>, ServeError> {
-        let state = self
-            .apps
-            .iter()
-            .find(|a| &*a.name == app)
-            .ok_or_else(|| Self::unknown(app, &spec.config.name))?;
-        let starts = (0..n).map(|_| {
-            Replica::start(
-                spec,
-                &state.name,
-                self.node_id.as_deref(),
-                state.handles.clone(),
-                router.waker(),
-            )
-        });
+        let state = self.apps.get(app).ok_or_else(|| ServeError::NotFound {
+            what: format!("no application '{app}'"),
+        })?;
+        let starts = (0..n).map(|_| self.start_one(spec, state, router));
         let started = futures_util::future::try_join_all(starts)
             .await
             .map_err(|source| {
@@ -215,21 +219,55 @@ impl Controller {
         Ok(started.into_iter().map(Arc::new).collect())
     }
 
-    /// Loads `id` where a first request for it would go.
-    async fn load_into(&self, router: &DeploymentRouter, id: &ModelId) -> Result<(), ServeError> {
-        let replicas = router.replicas();
-        let Some(index) = crate::router::place(&replicas, id, Instant::now()) else {
-            return Ok(());
-        };
-        if let Some(cache) = replicas[index].caches.first() {
-            cache.load(id.as_str(), false).await?;
-        }
+    /// Starts one replica of `state`'s deployment `spec`, routed by `router`.
+    pub(crate) async fn start_one(
+        &self,
+        spec: &DeploymentSpec,
+        state: &AppState,
+        router: &Arc<DeploymentRouter>,
+    ) -> Result<Replica, modelmux_cache::BoxError> {
+        let node = self.node_id.as_deref();
+        Replica::start(
+            spec,
+            &state.name,
+            node,
+            state.handles.clone(),
+            router.waker(),
+        )
+        .await
+    }
+
+    /// Replaces `sick`, a replica of `state`'s deployment `spec` that failed its health
+    /// check: the old one keeps serving while its replacement starts (a deployment of one
+    /// replica is never left with none), then retires. If the replacement cannot start, the
+    /// old one stays.
+    pub(crate) async fn replace(
+        &self,
+        spec: &DeploymentSpec,
+        state: &AppState,
+        router: &Arc<DeploymentRouter>,
+        sick: &Arc<Replica>,
+    ) -> Result<(), modelmux_cache::BoxError> {
+        let fresh = Arc::new(self.start_one(spec, state, router).await?);
+        let next = router
+            .replicas()
+            .iter()
+            .map(|r| {
+                if Arc::ptr_eq(r, sick) {
+                    fresh.clone()
+                } else {
+                    r.clone()
+                }
+            })
+            .collect();
+        router.set_replicas(next);
+        self.retire(sick.clone(), spec.config.graceful_shutdown_timeout);
         Ok(())
     }
 
     /// Drains `replica` (out of routing already) and unloads its models, in the background;
     /// shutdown waits for it.
-    pub(crate) fn retire(&self, replica: Arc<Replica>, grace: Duration) {
+    fn retire(&self, replica: Arc<Replica>, grace: Duration) {
         let deadline = Instant::now() + grace;
         let task = tokio::spawn(async move { wind_down(&replica, deadline).await });
         let mut retiring = self.retiring.lock();
@@ -237,6 +275,26 @@ impl Controller {
         retiring.push(task);
         self.changes.notify_one();
     }
+
+    /// Waits until every replica retired so far has shut down, or `deadline`.
+    pub(crate) async fn retired_by(&self, deadline: Instant) {
+        let retiring: Vec<_> = self.retiring.lock().drain(..).collect();
+        for task in retiring {
+            let _ = tokio::time::timeout_at(deadline, task).await;
+        }
+    }
+}
+
+/// Loads `id` where a first request for it would go.
+async fn load_into(router: &DeploymentRouter, id: &ModelId) -> Result<(), ServeError> {
+    let replicas = router.replicas();
+    let Some(index) = crate::router::place(&replicas, id, Instant::now()) else {
+        return Ok(());
+    };
+    if let Some(cache) = replicas[index].caches.first() {
+        cache.load(id.as_str(), false).await?;
+    }
+    Ok(())
 }
 
 /// Waits for `replica`'s requests to finish (until `deadline`), then shuts it down: its

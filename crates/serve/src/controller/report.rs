@@ -1,5 +1,5 @@
-//! What the running applications report of themselves, as plain data: their routes, whether
-//! they can take requests, the models each replica holds, and every counter `/metrics` shows.
+//! What the running applications report of themselves, as plain data: the models each
+//! replica holds and every counter `/metrics` shows (readiness is readiness.rs's).
 //! The HTTP front renders these (JSON, Prometheus text); the dashboard and `modelmux status`
 //! read the same through the admin API. Reading them takes each cache's state lock briefly
 //! (as a load or an eviction does), never a router's.
@@ -10,27 +10,11 @@ use std::sync::atomic::Ordering;
 use modelmux_cache::{HistogramSnapshot, MetricsSnapshot, ModelStatus};
 use serde::Serialize;
 
-use super::Controller;
+use super::applications::Applications;
 use crate::custom_metrics::{DashboardSeries, MetricFamily};
 use crate::placement::{Holding, ReplicaView};
 use crate::remote::RemoteReplica;
 use crate::replica::Replica;
-
-/// Whether the applications can take requests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Health {
-    /// Every deployment has a replica taking requests.
-    Ready,
-    /// Shutdown has begun.
-    Draining,
-    /// These deployments (`app/deployment`) are still starting their first replicas
-    /// (loading their models); the port is open meanwhile.
-    Loading(Vec<String>),
-    /// An extra condition failed (the cluster layer's: etcd has not answered lately).
-    NotReady(String),
-    /// These deployments (`app/deployment`) have no replica taking requests.
-    Unavailable(Vec<String>),
-}
 
 /// The models of every application, deployment and replica (`GET /-/models`).
 #[derive(Debug, Clone, Serialize)]
@@ -159,50 +143,11 @@ pub struct ReplicaMetrics {
     pub dashboard: Option<DashboardSeries>,
 }
 
-impl Controller {
-    /// Each application's route prefix and name.
-    pub fn routes(&self) -> Vec<(String, Arc<str>)> {
-        self.apps
-            .iter()
-            .map(|a| (a.route_prefix.clone(), a.name.clone()))
-            .collect()
-    }
-
-    /// Whether the applications can take requests (a deployment with a reachable replica on
-    /// another node counts as available).
-    pub fn health(&self) -> Health {
-        if self.is_draining() {
-            return Health::Draining;
-        }
-        let loading = self.loading();
-        if !loading.is_empty() {
-            return Health::Loading(loading);
-        }
-        if let Some(check) = self.readiness.read().clone()
-            && let Err(reason) = check()
-        {
-            return Health::NotReady(reason);
-        }
-        let unavailable: Vec<String> = self
-            .routers()
-            .filter(|r| {
-                !r.replicas().iter().any(|rep| rep.is_available())
-                    && !r.remotes().iter().any(|rep| rep.reachable())
-            })
-            .map(|r| format!("{}/{}", r.app, r.name()))
-            .collect();
-        if unavailable.is_empty() {
-            Health::Ready
-        } else {
-            Health::Unavailable(unavailable)
-        }
-    }
-
-    /// The models of every replica now.
-    pub fn models(&self) -> ModelsReport {
-        let node = self.node_id.as_deref();
-        let applications = self
-            .apps
+impl ModelsReport {
+    /// The models of every replica of `apps` now (this node's, `node`, and those other
+    /// nodes told of).
+    pub(crate) fn of(apps: &Applications, node: Option<&str>) -> Self {
+        let applications = apps
             .iter()
             .map(|app| AppModels {
                 name: app.name.to_string(),
@@ -223,17 +168,19 @@ impl Controller {
                     .collect(),
             })
             .collect();
-        ModelsReport { applications }
+        Self { applications }
     }
+}
 
-    /// Every counter of this node's replicas now.
-    pub fn metrics(&self) -> MetricsReport {
-        let replicas = self
+impl MetricsReport {
+    /// Every counter of the replicas of `apps` on this node now.
+    pub(crate) fn of(apps: &Applications) -> Self {
+        let replicas = apps
             .routers()
             .flat_map(|r| r.replicas().to_vec())
             .map(|r| replica_metrics(&r))
             .collect();
-        let queues = self
+        let queues = apps
             .routers()
             .map(|r| QueueReport {
                 app: r.app.clone(),
@@ -241,7 +188,7 @@ impl Controller {
                 queued: r.queued(),
             })
             .collect();
-        MetricsReport { replicas, queues }
+        Self { replicas, queues }
     }
 }
 

@@ -9,14 +9,24 @@ use std::sync::Arc;
 use modelmux_cache::{ErrorKind, Failure, ModelId};
 use tokio::time::Instant;
 
-use super::Controller;
+use super::applications::Applications;
 use crate::ServeError;
-use crate::deployment_router::DeploymentRouter;
 
 /// One replica's answer to a deployment control.
 pub type ControlAnswer = (String, Result<serde_json::Value, ServeError>);
 
-impl Controller {
+/// What an operator can do to the models of running applications
+/// ([`Controller::operations`](crate::Controller::operations)).
+pub struct Operations<'a> {
+    apps: &'a Applications,
+}
+
+impl<'a> Operations<'a> {
+    /// The operations on `apps`.
+    pub(crate) fn new(apps: &'a Applications) -> Self {
+        Self { apps }
+    }
+
     /// Loads model `id` on the replica of `deployment` a first request for it would go to
     /// (and pins it there against eviction when `pin`); returns that replica's id.
     pub async fn load_model(
@@ -25,7 +35,7 @@ impl Controller {
         id: &ModelId,
         pin: bool,
     ) -> Result<String, ServeError> {
-        let router = self.deployment(deployment)?;
+        let router = self.apps.deployment_named(deployment)?;
         let replicas = router.replicas();
         let index = crate::router::place(&replicas, id, Instant::now()).ok_or_else(|| {
             ServeError::Failed(Failure::new(
@@ -48,7 +58,8 @@ impl Controller {
     /// last request is done); returns the replicas that held it, and is an error when none did.
     pub fn evict_model(&self, deployment: &str, id: &ModelId) -> Result<Vec<String>, ServeError> {
         let evicted = self
-            .deployment(deployment)?
+            .apps
+            .deployment_named(deployment)?
             .on_every_cache(|c| c.evict(id.as_str()));
         if evicted.is_empty() {
             return Err(ServeError::NotFound {
@@ -61,7 +72,8 @@ impl Controller {
     /// Unpins model `id` on every replica of `deployment`; returns those where it was pinned.
     pub fn unpin_model(&self, deployment: &str, id: &ModelId) -> Result<Vec<String>, ServeError> {
         Ok(self
-            .deployment(deployment)?
+            .apps
+            .deployment_named(deployment)?
             .on_every_cache(|c| c.unpin(id.as_str())))
     }
 
@@ -73,7 +85,7 @@ impl Controller {
         name: &str,
         body: bytes::Bytes,
     ) -> Result<Vec<ControlAnswer>, ServeError> {
-        let replicas = self.deployment(deployment)?.replicas();
+        let replicas = self.apps.deployment_named(deployment)?.replicas();
         let results =
             futures_util::future::join_all(replicas.iter().map(|r| r.control(name, body.clone())))
                 .await;
@@ -101,13 +113,8 @@ impl Controller {
         body: bytes::Bytes,
     ) -> Result<crate::Response, ServeError> {
         let router = match app {
-            Some(app) => self
-                .routers()
-                .find(|r| &*r.app == app && r.name() == deployment)
-                .ok_or_else(|| ServeError::NotFound {
-                    what: format!("no deployment '{deployment}' in application '{app}'"),
-                })?,
-            None => self.deployment(deployment)?,
+            Some(app) => &self.apps.deployment_of(app, deployment)?.0,
+            None => self.apps.deployment_named(deployment)?,
         };
         let mut request = http::Request::new(crate::Body::from(body));
         *request.method_mut() = http::Method::POST;
@@ -119,27 +126,6 @@ impl Controller {
     /// Whether a deployment named `name` can be managed here (see
     /// [`load_model`](Self::load_model)): an error says why not.
     pub fn check_deployment(&self, name: &str) -> Result<(), ServeError> {
-        self.deployment(name).map(drop)
-    }
-
-    /// The deployment named `name`, in whichever application has it.
-    fn deployment(&self, name: &str) -> Result<&Arc<DeploymentRouter>, ServeError> {
-        let found: Vec<_> = self.routers().filter(|r| r.name() == name).collect();
-        match found.as_slice() {
-            [router] => Ok(router),
-            [] => Err(ServeError::NotFound {
-                what: format!("no deployment named '{name}'"),
-            }),
-            several => Err(ServeError::BadRequest {
-                message: format!(
-                    "deployment '{name}' exists in applications {}; give deployments distinct names to manage them here",
-                    several
-                        .iter()
-                        .map(|r| format!("'{}'", r.app))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-            }),
-        }
+        self.apps.deployment_named(name).map(drop)
     }
 }
