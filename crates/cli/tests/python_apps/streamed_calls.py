@@ -15,16 +15,24 @@ from modelmux.serve.handle import DeploymentHandle
 class Producer:
     def __init__(self):
         self.closed = 0
+        self.released = asyncio.Event()
 
-    async def ticks(self, n: int, every_s: float):
+    async def ticks(self, n: int, every_s: float, gated: bool = False):
+        """`n` items `every_s` apart; when `gated`, the second only once `release` is called."""
         try:
             for i in range(n):
-                if i:
+                if i == 1 and gated:
+                    await self.released.wait()
+                    self.released.clear()
+                elif i:
                     await asyncio.sleep(every_s)
                 yield f"{i}\n"
         finally:
             # Runs when the generator ends, and when its caller went away mid-stream.
             self.closed += 1
+
+    def release(self) -> None:
+        self.released.set()
 
     def closed_count(self) -> int:
         return self.closed
@@ -47,6 +55,9 @@ class Relay:
             return {"sent": len(blob), "back": len(back), "same": back == blob[::-1]}
         if path == "/closed":
             return await self._producer.closed_count.remote()
+        if path == "/release":
+            await self._producer.release.remote()
+            return "released"
         if path == "/sees-admin-token":
             # Whether the token reaches this worker at all: under its own name, under another
             # one, or on its command line (the test passes its value).
@@ -58,7 +69,8 @@ class Relay:
                 "anywhere": any(value in v for v in os.environ.values()) or value in cmdline,
             }
         n = int(request.query_params.get("n", "5"))
-        items = self._producer.options(stream=True).ticks.remote(n, 0.25)
+        gated = request.query_params.get("gated") == "1"
+        items = self._producer.options(stream=True).ticks.remote(n, 0.25, gated)
         return StreamingResponse(items, media_type="text/plain")
 
 

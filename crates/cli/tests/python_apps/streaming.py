@@ -1,6 +1,7 @@
 """A StreamingResponse and `reconfigure(user_config)` (`/greeting` says it; `/slow-greeting` after
-half a second); `/flood` streams 256 MiB as fast as it
-can, for a client that never reads it."""
+half a second); `/` streams five lines, the last four only once `/release` has been asked for
+(so a client sees whether the first one reached it before the rest were made); `/flood` streams
+256 MiB as fast as it can, for a client that never reads it."""
 
 import asyncio
 
@@ -13,6 +14,7 @@ from modelmux import serve
 class Streamer:
     def __init__(self):
         self.greeting = None
+        self.released = asyncio.Event()
 
     def reconfigure(self, config: dict):
         self.greeting = config["greeting"]
@@ -24,6 +26,9 @@ class Streamer:
             return self.greeting
         if request.url.path.endswith("/greeting"):
             return self.greeting
+        if request.url.path.endswith("/release"):
+            self.released.set()
+            return "released"
         if request.url.path.endswith("/flood"):
             chunk = b"x" * (64 << 10)
 
@@ -34,9 +39,11 @@ class Streamer:
             return StreamingResponse(flood(), media_type="application/octet-stream")
 
         async def count():
-            for i in range(5):
+            yield "0\n"
+            await self.released.wait()
+            self.released.clear()
+            for i in range(1, 5):
                 yield f"{i}\n"
-                await asyncio.sleep(0.2)
 
         return StreamingResponse(count(), media_type="text/plain")
 

@@ -254,30 +254,3 @@ async fn the_figures_are_settled_when_the_answer_arrives() {
         );
     }
 }
-
-/// A request that arrives at an idle engine is admitted at once. The engine's intake once
-/// waited up to 50 ms for more commands after the first, whenever nothing was running: every
-/// request to an idle engine started 50 ms late. 20 requests one after another therefore took
-/// at least a second; on the tiny model they take about a millisecond each (measured 0.6-1.5
-/// ms), so half a second leaves room for a busy machine and none for the wait.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_to_an_idle_engine_starts_at_once() {
-    let engine = engine(EngineConfig::default());
-    let ask = || GenerationRequest {
-        prompt: CHAT.to_vec(),
-        params: SamplingParams::greedy(1),
-        adapter: None,
-        constraint: None,
-    };
-    // The first request warms the engine's thread and buffers up.
-    engine.submit(ask()).unwrap().collect().await.unwrap();
-    let started = tokio::time::Instant::now();
-    for _ in 0..20 {
-        engine.submit(ask()).unwrap().collect().await.unwrap();
-    }
-    let took = started.elapsed();
-    assert!(
-        took < std::time::Duration::from_millis(500),
-        "20 requests to an idle engine took {took:?}"
-    );
-}

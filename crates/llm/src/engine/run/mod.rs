@@ -17,7 +17,7 @@ mod prefixes;
 mod step;
 mod weights;
 
-use super::scheduler::{Limits, Schedulable, Scheduler};
+use super::scheduler::{IntakeWait, Limits, Schedulable, Scheduler};
 use super::{AdaptersInUse, Command, EngineConfig, EngineStats};
 use crate::error::LlmError;
 use crate::kv::{KvBudget, KvCache};
@@ -201,40 +201,30 @@ impl EngineLoop {
     /// command has come, takes only what is already there. Returns false once every handle
     /// is gone.
     fn intake(&mut self) -> bool {
-        // Only the first receive may wait: a request that arrives at an idle engine is
-        // admitted at once, not after the wait meant for sequences that found no KV room
-        // (that wait once delayed every such request's first token by 50 ms).
         let mut first = true;
         loop {
-            let may_wait = std::mem::replace(&mut first, false);
-            let idle = may_wait && self.sched.running().is_empty();
-            let command = if idle && self.sched.waiting().is_empty() {
-                match self.commands.recv() {
+            let wait = self
+                .sched
+                .intake_wait(std::mem::replace(&mut first, false), Instant::now());
+            let command = match wait {
+                IntakeWait::Block => match self.commands.recv() {
                     Ok(c) => c,
                     Err(_) => return false,
-                }
-            } else if idle {
-                // Only waiting sequences (no KV room): sleep until something changes or the
-                // first deadline passes.
-                let wait = self
-                    .sched
-                    .next_deadline()
-                    .map(|d| d.saturating_duration_since(Instant::now()))
-                    .unwrap_or_default()
-                    .min(Duration::from_millis(50));
-                match self.commands.recv_timeout(wait) {
+                },
+                IntakeWait::AtMost(wait) => match self.commands.recv_timeout(wait) {
                     Ok(c) => c,
                     Err(RecvTimeoutError::Timeout) => return true,
                     Err(RecvTimeoutError::Disconnected) => return false,
-                }
-            } else {
-                if self.sched.is_full() {
-                    return true;
-                }
-                match self.commands.try_recv() {
-                    Ok(c) => c,
-                    Err(TryRecvError::Empty) => return true,
-                    Err(TryRecvError::Disconnected) => return false,
+                },
+                IntakeWait::No => {
+                    if self.sched.is_full() {
+                        return true;
+                    }
+                    match self.commands.try_recv() {
+                        Ok(c) => c,
+                        Err(TryRecvError::Empty) => return true,
+                        Err(TryRecvError::Disconnected) => return false,
+                    }
                 }
             };
             if !self.take(command) || self.sched.is_full() {

@@ -85,6 +85,21 @@ impl From<&super::EngineConfig> for Limits {
     }
 }
 
+/// How the engine's intake waits for its next command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum IntakeWait {
+    /// Until a command comes, however long: nothing to run, nothing waiting.
+    Block,
+    /// Until a command comes or this long has passed (only sequences waiting for KV room:
+    /// one may expire meanwhile).
+    AtMost(std::time::Duration),
+    /// Not at all: take what has already come, then step.
+    No,
+}
+
+/// The longest an idle intake sleeps while sequences wait for room.
+const IDLE_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// The waiting queue (arrival order) and the running set (admission order).
 pub(crate) struct Scheduler<S> {
     limits: Limits,
@@ -151,6 +166,20 @@ impl<S: Schedulable> Scheduler<S> {
     /// The earliest deadline of a waiting sequence.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
         self.waiting.iter().map(Schedulable::deadline).min()
+    }
+
+    /// How the intake waits for a command at `now`: only the first receive of a turn may
+    /// wait (`first`), and only when nothing runs. A request that arrives at an idle engine is
+    /// therefore taken at once, and once a command has come the intake takes only what is
+    /// already there (a wait for more once delayed every request's first token by 50 ms).
+    pub(crate) fn intake_wait(&self, first: bool, now: Instant) -> IntakeWait {
+        if !first || !self.running.is_empty() {
+            return IntakeWait::No;
+        }
+        match self.next_deadline() {
+            None => IntakeWait::Block,
+            Some(d) => IntakeWait::AtMost(d.saturating_duration_since(now).min(IDLE_WAIT)),
+        }
     }
 
     /// Takes out the running sequences at `indices` (each once, any order), in that order.

@@ -313,6 +313,35 @@ fn turns(running: &[Fake]) -> HashMap<usize, usize> {
     turns
 }
 
+/// A request that arrives at an idle engine is taken at once: the intake blocks on the
+/// channel (woken by the command itself), and once one command has come it waits for no
+/// more. The intake once waited up to 50 ms for more commands after the first whenever
+/// nothing ran, which started every request to an idle engine 50 ms late.
+#[test]
+fn an_idle_engine_takes_a_request_at_once_and_waits_for_no_more() {
+    let now = Instant::now();
+    let mut s = scheduler(limits(4, 64), Vec::new());
+    assert_eq!(s.intake_wait(true, now), IntakeWait::Block);
+    assert_eq!(s.intake_wait(false, now), IntakeWait::No);
+    // Only sequences waiting for room: sleep until the first deadline, at most 50 ms.
+    let mut soon = Fake::new(0, None, 5);
+    soon.deadline = now + Duration::from_millis(20);
+    s.enqueue(soon);
+    assert_eq!(
+        s.intake_wait(true, now),
+        IntakeWait::AtMost(Duration::from_millis(20))
+    );
+    assert_eq!(s.intake_wait(false, now), IntakeWait::No);
+    let far = scheduler(limits(4, 64), vec![Fake::new(1, None, 5)]);
+    assert_eq!(
+        far.intake_wait(true, now),
+        IntakeWait::AtMost(Duration::from_millis(50))
+    );
+    // Something running: never wait, the next step is due.
+    s.extend_running([Fake::new(2, None, 0)]);
+    assert_eq!(s.intake_wait(true, now), IntakeWait::No);
+}
+
 proptest! {
     #[test]
     fn a_plan_stays_within_its_budget_and_shares_it_round_robin(
