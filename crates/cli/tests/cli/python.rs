@@ -424,39 +424,8 @@ fn a_streaming_response_streams_and_user_config_reaches_reconfigure() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(async {
-        use http_body_util::BodyExt;
-        let (mut sender, host, _conn) = common::connect(&server.url).await;
-        let request = http::Request::get("/")
-            .header("host", host)
-            .body(http_body_util::Full::default())
-            .unwrap();
-        let mut body = sender.send_request(request).await.unwrap().into_body();
-        let mut text = String::new();
-        let first = tokio::time::timeout(Duration::from_secs(30), async {
-            while text.is_empty() {
-                let frame = body.frame().await.expect("a first line").unwrap();
-                if let Ok(data) = frame.into_data() {
-                    text.push_str(&String::from_utf8_lossy(&data));
-                }
-            }
-        })
-        .await;
-        assert!(
-            first.is_ok(),
-            "no line arrived before the stream's end was made"
-        );
-        assert_eq!(text, "0\n");
-        let (status, _, released) =
-            common::send_async(&server.url, http::Request::get("/release"), Vec::new()).await;
-        assert_eq!((status, released.as_slice()), (200, b"released".as_slice()));
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame.unwrap().into_data() {
-                text.push_str(&String::from_utf8_lossy(&data));
-            }
-        }
-        assert_eq!(text, "0\n1\n2\n3\n4\n");
-    });
+    let (first, text) = rt.block_on(common::stream_through_gate(&server.url, "/", "/release"));
+    assert_eq!((first.as_str(), text.as_str()), ("0\n", "0\n1\n2\n3\n4\n"));
     // The admin API's reconfigure control passes a new user_config to every replica.
     reconfigure_streamer(&server.url, r#"{"greeting": "bonjour"}"#);
     let (status, body) = request(&server.url, "/greeting", "", "");

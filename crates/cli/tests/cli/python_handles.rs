@@ -94,40 +94,8 @@ async fn a_generator_streams_through_a_handle_item_by_item_and_stops_when_the_cl
     // The first item reaches the client before the callee makes the second: the producer
     // makes it only once `/release` is asked for, which the client does when the first has
     // arrived (a handle that collected the items before passing them on would never get there).
-    let (mut sender, host, _conn) = common::connect(&url).await;
-    let request = http::Request::get("/?n=5&gated=1")
-        .header("host", host)
-        .body(http_body_util::Full::default())
-        .unwrap();
-    let response = sender.send_request(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    let mut body = response.into_body();
-    let mut text = String::new();
-    let first = tokio::time::timeout(Duration::from_secs(30), async {
-        while text.is_empty() {
-            let frame = body.frame().await.expect("a first item").unwrap();
-            if let Ok(data) = frame.into_data() {
-                text.push_str(&String::from_utf8_lossy(&data));
-            }
-        }
-    })
-    .await;
-    assert!(
-        first.is_ok(),
-        "no item arrived before the generator's next one was made"
-    );
-    assert_eq!(text, "0\n");
-    let release = url.clone();
-    let released = tokio::task::spawn_blocking(move || get(&release, "/release"))
-        .await
-        .unwrap();
-    assert_eq!(released, (200, "released".to_string()));
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.unwrap().into_data() {
-            text.push_str(&String::from_utf8_lossy(&data));
-        }
-    }
-    assert_eq!(text, "0\n1\n2\n3\n4\n");
+    let (first, text) = common::stream_through_gate(&url, "/?n=5&gated=1", "/release").await;
+    assert_eq!((first.as_str(), text.as_str()), ("0\n", "0\n1\n2\n3\n4\n"));
     let closed = |url: String| async move {
         tokio::task::spawn_blocking(move || get(&url, "/closed"))
             .await

@@ -221,6 +221,45 @@ pub async fn connect(
     (sender, addr.to_string(), tokio::spawn(conn))
 }
 
+/// Streams `GET path` and checks that its first chunk arrives before the rest are made: the
+/// server makes them only once `GET release` is asked for (answered `released`), which this
+/// does when the first chunk has arrived; a response held back until its end never gets there
+/// (a failure after 30 s). Returns the first chunk and the whole body.
+pub async fn stream_through_gate(url: &str, path: &str, release: &str) -> (String, String) {
+    use http_body_util::BodyExt;
+    let (mut sender, host, _conn) = connect(url).await;
+    let request = http::Request::get(path)
+        .header("host", host)
+        .body(http_body_util::Full::default())
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    assert_eq!(response.status(), 200, "GET {path}");
+    let mut body = response.into_body();
+    let mut text = String::new();
+    let first = tokio::time::timeout(Duration::from_secs(30), async {
+        while text.is_empty() {
+            let frame = body.frame().await.expect("a first chunk").unwrap();
+            if let Ok(data) = frame.into_data() {
+                text.push_str(&String::from_utf8_lossy(&data));
+            }
+        }
+    })
+    .await;
+    assert!(
+        first.is_ok(),
+        "GET {path}: nothing arrived before the rest was made"
+    );
+    let first = text.clone();
+    let (status, _, released) = send_async(url, http::Request::get(release), Vec::new()).await;
+    assert_eq!((status, released.as_slice()), (200, b"released".as_slice()));
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            text.push_str(&String::from_utf8_lossy(&data));
+        }
+    }
+    (first, text)
+}
+
 /// [`send_with_headers`] from async code, the body as bytes.
 pub async fn send_async(
     url: &str,
