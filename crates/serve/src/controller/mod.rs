@@ -86,10 +86,10 @@ impl Controller {
             apps.clone(),
             readiness.clone(),
             node_id.as_deref(),
-            changes.clone(),
+            changes,
             call_token,
         );
-        let reconfiguration = Reconfiguration::new(apps.clone(), node_id, run_replicas, changes);
+        let reconfiguration = Reconfiguration::new(apps.clone(), node.clone(), run_replicas);
         Ok(Self {
             apps,
             readiness,

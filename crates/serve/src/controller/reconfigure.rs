@@ -14,11 +14,11 @@ use std::time::Duration;
 use modelmux_cache::{ModelId, ModelStatus};
 use tokio::time::Instant;
 
-use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 use super::applications::{AppState, Applications};
 use super::drain;
+use super::node::NodeHandle;
 use crate::deployment::{DeploymentConfig, DeploymentSpec};
 use crate::deployment_router::DeploymentRouter;
 use crate::error::{ServeError, StartError};
@@ -30,28 +30,20 @@ const RECENT: Duration = Duration::from_secs(60);
 /// Changes to running deployments ([`Controller::reconfiguration`](crate::Controller::reconfiguration)).
 pub struct Reconfiguration {
     apps: Arc<Applications>,
-    /// This node's id in a cluster (part of every replica id).
-    node_id: Option<String>,
+    /// This node: its id (part of every replica id) and the notifier of replica set changes.
+    node: NodeHandle,
     /// Whether this node runs replicas (on a router-only node only the specs change).
     run_replicas: bool,
-    /// Notified when the replica set changes.
-    changes: Arc<Notify>,
     /// Replicas out of routing, draining and shutting down.
     retiring: parking_lot::Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Reconfiguration {
-    pub(crate) fn new(
-        apps: Arc<Applications>,
-        node_id: Option<String>,
-        run_replicas: bool,
-        changes: Arc<Notify>,
-    ) -> Self {
+    pub(crate) fn new(apps: Arc<Applications>, node: NodeHandle, run_replicas: bool) -> Self {
         Self {
             apps,
-            node_id,
+            node,
             run_replicas,
-            changes,
             retiring: parking_lot::Mutex::default(),
         }
     }
@@ -182,7 +174,7 @@ impl Reconfiguration {
             replica.set_caps(max_models, max_bytes);
         }
         *cell.write() = spec;
-        self.changes.notify_one();
+        self.node.changes().notify_one();
         tracing::info!(
             app,
             deployment,
@@ -215,7 +207,7 @@ impl Reconfiguration {
                     message: e.to_string(),
                 }
             })?;
-        self.changes.notify_one();
+        self.node.changes().notify_one();
         Ok(started.into_iter().map(Arc::new).collect())
     }
 
@@ -226,7 +218,7 @@ impl Reconfiguration {
         state: &AppState,
         router: &Arc<DeploymentRouter>,
     ) -> Result<Replica, modelmux_cache::BoxError> {
-        let node = self.node_id.as_deref();
+        let node = self.node.node_id();
         Replica::start(
             spec,
             &state.name,
@@ -273,7 +265,7 @@ impl Reconfiguration {
         let mut retiring = self.retiring.lock();
         retiring.retain(|t| !t.is_finished());
         retiring.push(task);
-        self.changes.notify_one();
+        self.node.changes().notify_one();
     }
 
     /// Waits until every replica retired so far has shut down, or `deadline`.
