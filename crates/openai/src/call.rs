@@ -44,12 +44,27 @@ pub(crate) enum Op {
     Score,
     /// `POST /v1/rerank` (also `/rerank`)
     Rerank,
+    /// `POST /v1/responses`
+    Responses,
+    /// `GET /v1/responses/{id}`
+    StoredResponse,
+    /// `DELETE /v1/responses/{id}`
+    DeleteResponse,
+    /// `GET /v1/responses/{id}/input_items`
+    InputItems,
+    /// `POST /v1/messages` (Anthropic's)
+    Messages,
+    /// `POST /v1/messages/count_tokens` (Anthropic's)
+    CountTokens,
 }
 
 impl Op {
     /// The endpoint `method` and `path` name: 405 for a known path with another method, 404
     /// for an unknown path.
     pub(crate) fn of(method: &Method, path: &str) -> Result<Self, ServeError> {
+        if let Some(op) = Self::stored_response(method, path) {
+            return op;
+        }
         let (expected, op) = Self::table(path)?;
         if expected == *method {
             Ok(op)
@@ -66,6 +81,34 @@ impl Op {
         Self::table(path).map(|(_, op)| op)
     }
 
+    /// A stored response's paths (`/v1/responses/{id}`, `/v1/responses/{id}/input_items`),
+    /// which carry the id.
+    fn stored_response(method: &Method, path: &str) -> Option<Result<Self, ServeError>> {
+        let rest = path.strip_prefix("/v1/responses/")?;
+        let (id, items) = match rest.split_once('/') {
+            Some((id, "input_items")) => (id, true),
+            Some(_) => return None,
+            None => (rest, false),
+        };
+        if id.is_empty() {
+            return None;
+        }
+        Some(match (items, method) {
+            (true, &Method::GET) => Ok(Op::InputItems),
+            (false, &Method::GET) => Ok(Op::StoredResponse),
+            (false, &Method::DELETE) => Ok(Op::DeleteResponse),
+            _ => Err(ServeError::MethodNotAllowed {
+                message: format!("{method} is not allowed on {path}"),
+            }),
+        })
+    }
+
+    /// The response id a stored response's path names.
+    pub(crate) fn response_id(path: &str) -> &str {
+        let rest = path.strip_prefix("/v1/responses/").unwrap_or_default();
+        rest.split_once('/').map_or(rest, |(id, _)| id)
+    }
+
     /// The one table: each path, its method and its endpoint.
     fn table(path: &str) -> Result<(Method, Self), ServeError> {
         Ok(match path {
@@ -79,6 +122,9 @@ impl Op {
             "/detokenize" => (Method::POST, Op::Detokenize),
             "/v1/score" | "/score" => (Method::POST, Op::Score),
             "/v1/rerank" | "/rerank" => (Method::POST, Op::Rerank),
+            "/v1/responses" => (Method::POST, Op::Responses),
+            "/v1/messages" => (Method::POST, Op::Messages),
+            "/v1/messages/count_tokens" => (Method::POST, Op::CountTokens),
             // In the API this one follows (vLLM's, Ray's LLMServer), not served here.
             "/v1/audio/transcriptions" | "/v1/audio/translations" => {
                 return Err(ServeError::NotImplemented {
@@ -88,7 +134,7 @@ impl Op {
             _ => {
                 return Err(ServeError::UnknownEndpoint {
                     path: path.to_owned(),
-                    endpoints: "this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/score, /v1/rerank, /v1/models, /tokenize, /detokenize)".into(),
+                    endpoints: "this is an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /v1/responses, /v1/embeddings, /v1/score, /v1/rerank, /v1/models, /tokenize, /detokenize) and Anthropic's /v1/messages".into(),
                 });
             }
         })
@@ -107,6 +153,11 @@ impl Op {
             Op::Detokenize => "/detokenize",
             Op::Score => "/v1/score",
             Op::Rerank => "/v1/rerank",
+            Op::Responses => "/v1/responses",
+            Op::StoredResponse | Op::DeleteResponse => "/v1/responses/{id}",
+            Op::InputItems => "/v1/responses/{id}/input_items",
+            Op::Messages => "/v1/messages",
+            Op::CountTokens => "/v1/messages/count_tokens",
         }
     }
 }
@@ -174,7 +225,14 @@ impl LlmCall {
                 (LlmCall::Score(job), Some(model))
             }
             Op::LoadAdapter => (LlmCall::LoadAdapter, None),
-            Op::Models | Op::UnloadAdapter => {
+            Op::Models
+            | Op::UnloadAdapter
+            | Op::Responses
+            | Op::StoredResponse
+            | Op::DeleteResponse
+            | Op::InputItems
+            | Op::Messages
+            | Op::CountTokens => {
                 return Err(ServeError::NotFound {
                     what: format!("the LLM deployment does not answer {}", op.path()),
                 });
@@ -216,6 +274,9 @@ mod tests {
             Op::Detokenize,
             Op::Score,
             Op::Rerank,
+            Op::Responses,
+            Op::Messages,
+            Op::CountTokens,
         ] {
             let method = if op == Op::Models {
                 Method::GET
@@ -238,6 +299,20 @@ mod tests {
             Err(ServeError::UnknownEndpoint { .. })
         ));
         assert_eq!(Op::of(&Method::POST, "/score").unwrap(), Op::Score);
+        let stored = "/v1/responses/resp_1";
+        assert_eq!(Op::of(&Method::GET, stored).unwrap(), Op::StoredResponse);
+        assert_eq!(Op::of(&Method::DELETE, stored).unwrap(), Op::DeleteResponse);
+        let items = "/v1/responses/resp_1/input_items";
+        assert_eq!(Op::of(&Method::GET, items).unwrap(), Op::InputItems);
+        assert_eq!(Op::response_id(items), "resp_1");
+        assert!(matches!(
+            Op::of(&Method::POST, stored),
+            Err(ServeError::MethodNotAllowed { .. })
+        ));
+        assert!(matches!(
+            Op::of(&Method::GET, "/v1/responses/resp_1/other"),
+            Err(ServeError::UnknownEndpoint { .. })
+        ));
         assert!(matches!(
             Op::of(&Method::POST, "/v1/audio/transcriptions"),
             Err(ServeError::NotImplemented { .. })

@@ -28,6 +28,9 @@ pub struct LlmConfig {
     /// Streaming.
     #[serde(default)]
     pub experimental_configs: ExperimentalConfigs,
+    /// Where `/v1/responses` keeps stored responses, and how many.
+    #[serde(default)]
+    pub responses_store: crate::ResponsesStoreConfig,
 }
 
 /// `model_loading_config`.
@@ -288,6 +291,7 @@ impl LlmConfig {
             AllowedSources::parse(&lora.allowed_sources)
                 .map_err(|e| format!("lora_config.allowed_sources[{}]: {e}", e.index))?;
         }
+        self.responses_store.validate()?;
         if self.experimental_configs.stream_batching_interval_ms > 60_000 {
             return Err("experimental_configs.stream_batching_interval_ms: at most 60000".into());
         }

@@ -42,13 +42,17 @@ pub(crate) struct OpenAiIngress {
     pub(crate) prefix: String,
     /// The admin API's bearer token, which the adapter controls require when set.
     pub(crate) admin: modelmux_serve::AdminAccess,
+    /// This node's stored responses (`/v1/responses`).
+    pub(crate) responses: std::sync::Arc<crate::responses::ResponseStore>,
+    /// This node's id in a cluster, which the response ids it makes name.
+    pub(crate) node: Option<String>,
 }
 
 impl OpenAiIngress {
     /// The adapter a request's `model` (and the `serve_multiplexed_model_id` header) names:
     /// `None` for the base model. An adapter named by its source (a path or URL) outside
     /// `lora_config.allowed_sources` is refused here (403), whichever of the two named it.
-    fn adapter_for(&self, model: &str) -> Result<Option<ModelId>, ServeError> {
+    pub(crate) fn adapter_for(&self, model: &str) -> Result<Option<ModelId>, ServeError> {
         let base = &self.base;
         let named = if model == base {
             None
@@ -222,6 +226,18 @@ impl Deployment for OpenAiIngress {
             Op::Models => self.models().await,
             Op::LoadAdapter => self.adapter_control(request, true).await,
             Op::UnloadAdapter => self.adapter_control(request, false).await,
+            Op::StoredResponse | Op::DeleteResponse | Op::InputItems => {
+                let id = Op::response_id(path);
+                self.stored_response(op, id, request.uri().query()).await
+            }
+            Op::Responses => {
+                let body = request.into_body().to_bytes(usize::MAX).await?;
+                self.create_response(body).await
+            }
+            Op::Messages | Op::CountTokens => {
+                let body = request.into_body().to_bytes(usize::MAX).await?;
+                return Ok(self.anthropic(op, body).await);
+            }
             _ => {
                 // Parsed here, once (a long body on the blocking pool): the LLM replica gets
                 // the parsed call with the request.

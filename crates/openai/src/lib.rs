@@ -10,11 +10,15 @@
 //!
 //! Endpoints: `POST /v1/chat/completions`, `POST /v1/completions` (streamed as Server-Sent
 //! Events when asked), `POST /v1/embeddings`, `GET /v1/models`, `POST /tokenize`,
-//! `POST /detokenize`, and vLLM's
+//! `POST /detokenize`, OpenAI's Responses API (`/v1/responses`, its stored responses kept
+//! per node) and Anthropic's Messages API (`/v1/messages`), both translated into chats, and
+//! vLLM's
 //! `POST /v1/load_lora_adapter` / `POST /v1/unload_lora_adapter` (behind the admin token).
 
 mod adapter_control;
+mod anthropic;
 mod call;
+mod chat_reply;
 mod config;
 mod errors;
 #[cfg(test)]
@@ -28,6 +32,7 @@ mod metrics;
 mod params;
 mod protocol;
 mod respond;
+mod responses;
 mod score;
 mod stream;
 mod structured;
@@ -45,6 +50,7 @@ use modelmux_store::{DiskCache, FileSource, ModelRepository, RepositoryOptions, 
 pub use config::{
     EngineKwargs, ExperimentalConfigs, LlmConfig, LoraConfig, ModelLoadingConfig, WeightFormatName,
 };
+pub use responses::ResponsesStoreConfig;
 
 use crate::llm_server::{LlmServer, longest_token};
 use modelmux_store::option_strings;
@@ -184,7 +190,12 @@ pub fn llm_deployments(
     let server_name = name.to_owned();
     let prefix = route_prefix.to_owned();
     let admin = admin.clone();
+    let store_config = config.responses_store.clone();
+    // One store per process, shared by its ingress replicas, opened by the first.
+    let store: Arc<parking_lot::Mutex<Option<Arc<responses::ResponseStore>>>> = Arc::default();
     let ingress = DeploymentSpec::new(&format!("{name}-openai"), move |ctx| {
+        let responses = responses::shared_store(&store, &store_config, &ctx);
+        let node = ctx.node_id().map(str::to_owned);
         let llm = ctx.handle(&server_name);
         let base = base.clone();
         let adapters = adapters.clone();
@@ -196,6 +207,8 @@ pub fn llm_deployments(
         async move {
             Ok(ingress::OpenAiIngress {
                 llm: llm?,
+                responses: responses?,
+                node,
                 base,
                 max_model_len,
                 adapters,

@@ -17,7 +17,7 @@ pub(crate) const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "suffix", "best_
 use serde::{Deserialize, Serialize};
 
 /// A string or a list of strings (`stop`, `prompt`).
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub(crate) enum OneOrMany<T> {
     One(T),
@@ -25,7 +25,7 @@ pub(crate) enum OneOrMany<T> {
 }
 
 /// `stream_options`.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct StreamOptions {
     #[serde(default)]
@@ -40,7 +40,7 @@ pub(crate) enum ContentPart {
 }
 
 /// A message's content: text, or a list of parts.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub(crate) enum Content {
     Text(String),
@@ -48,7 +48,7 @@ pub(crate) enum Content {
 }
 
 /// One message of `messages`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Message {
     pub(crate) role: String,
@@ -68,7 +68,7 @@ pub(crate) struct Message {
 }
 
 /// One of an assistant message's `tool_calls`.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ToolCallIn {
     pub(crate) id: String,
@@ -78,7 +78,7 @@ pub(crate) struct ToolCallIn {
 }
 
 /// The function of a [`ToolCallIn`]: its name and arguments as JSON text.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FunctionCallIn {
     pub(crate) name: String,
@@ -86,7 +86,7 @@ pub(crate) struct FunctionCallIn {
 }
 
 /// `prompt` of a completion: text, token ids, or a list of either.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, Serialize)]
 #[serde(untagged)]
 pub(crate) enum PromptInput {
     Text(String),
@@ -98,7 +98,7 @@ pub(crate) enum PromptInput {
 /// The body of `POST /v1/chat/completions` and `POST /v1/completions`: one type for both, so
 /// serde refuses unknown fields and names the path of a bad value; `params.rs` refuses
 /// the fields of the other endpoint.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct GenerateBody {
     pub(crate) model: String,
@@ -163,13 +163,15 @@ pub(crate) struct EmbeddingRequest {
     pub(crate) user: Option<String>,
 }
 
-/// `POST /tokenize` (vLLM's shape): a prompt or a conversation.
-#[derive(Debug, Deserialize)]
+/// `POST /tokenize` (vLLM's shape): a prompt or a conversation (with the tools it is shown).
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TokenizeRequest {
     pub(crate) model: String,
     pub(crate) prompt: Option<String>,
     pub(crate) messages: Option<Vec<Message>>,
+    /// The tools a conversation is shown, counted as a chat counts them (as vLLM's are).
+    pub(crate) tools: Option<Vec<serde_json::Value>>,
     /// For `prompt`: add the beginning-of-sequence token as a completion would (default true).
     pub(crate) add_special_tokens: Option<bool>,
 }

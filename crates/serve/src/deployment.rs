@@ -233,6 +233,7 @@ pub struct ReplicaContext {
     pub(crate) app: Arc<str>,
     pub(crate) deployment: Arc<str>,
     pub(crate) replica_id: Arc<str>,
+    pub(crate) node: Option<Arc<str>>,
     pub(crate) caches: Arc<parking_lot::Mutex<Vec<Arc<dyn ModelCache>>>>,
     pub(crate) metrics: Arc<parking_lot::Mutex<Vec<Arc<dyn MetricsSource>>>>,
     pub(crate) handles: HandleDirectory,
@@ -252,6 +253,11 @@ impl ReplicaContext {
     /// This replica's id, `<deployment>#<suffix>`.
     pub fn replica_id(&self) -> &str {
         &self.replica_id
+    }
+
+    /// The id of the cluster node this replica runs on; `None` outside a cluster.
+    pub fn node_id(&self) -> Option<&str> {
+        self.node.as_deref()
     }
 
     /// Builds this replica's model cache and registers it: the router then sends each model's

@@ -87,6 +87,7 @@ impl Replica {
             app: app.clone(),
             deployment: deployment.clone(),
             replica_id: id.clone(),
+            node: node.map(Arc::from),
             caches: Arc::default(),
             metrics: Arc::default(),
             handles,

@@ -256,9 +256,10 @@ impl LlmServer {
     /// against the context); a text may be up to four times the longest prompt.
     async fn tokenize(&self, input: TokenizeInput) -> Result<Response, ServeError> {
         let ids = match input {
-            TokenizeInput::Chat(messages, bytes) => {
+            TokenizeInput::Chat(messages, bytes, tools) => {
                 self.limit().chat(bytes)?;
-                self.tokens(Prompt::Chat(messages), None).await?
+                self.tokens(Prompt::Chat(messages), tools.map(Arc::new))
+                    .await?
             }
             TokenizeInput::Text { text, .. } if text.len() > self.max_prompt_bytes * 4 => {
                 return Err(invalid(

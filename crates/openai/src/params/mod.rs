@@ -3,6 +3,7 @@
 //! never makes a replica load an adapter; the replica gets the parsed call (`call.rs`) and
 //! parses again only a request that arrives without one.
 
+use bytes::Bytes;
 use modelmux_llm::{ChatMessage, Constraint, SamplingParams};
 use modelmux_serve::ServeError;
 use serde::de::DeserializeOwned;
@@ -161,7 +162,48 @@ fn batch(
 /// `cache_salt`.
 pub(crate) fn parse_job(endpoint: Endpoint, body: &[u8]) -> Result<Job, ServeError> {
     refuse_the_other_endpoints_fields(endpoint, body)?;
-    let b: GenerateBody = parse_body(body)?;
+    job_of(endpoint, parse_body(body)?)
+}
+
+/// A chat request built by an API that translates into one (the Responses and Messages
+/// APIs): checked as [`parse_job`] checks a body, with the body as JSON, which a replica
+/// that gets the request without its parsed call (on another node) parses again.
+pub(crate) fn chat_request(b: GenerateBody) -> Result<(Job, Bytes), ServeError> {
+    let body = body_of(&b)?;
+    Ok((job_of(Endpoint::Chat, b)?, body))
+}
+
+/// A request built by an API that translates into another, as the JSON body it would have
+/// come with.
+pub(crate) fn body_of(request: &impl serde::Serialize) -> Result<Bytes, ServeError> {
+    let mut value = serde_json::to_value(request).map_err(|e| ServeError::BadRequest {
+        message: format!("the request cannot be written as JSON: {e}"),
+    })?;
+    strip_nulls(&mut value);
+    Ok(Bytes::from(value.to_string()))
+}
+
+/// Takes out the `null` fields a body leaves out: the body's and its messages' (not those
+/// of schemas, where `null` means something).
+fn strip_nulls(value: &mut serde_json::Value) {
+    let Some(body) = value.as_object_mut() else {
+        return;
+    };
+    body.retain(|_, v| !v.is_null());
+    for message in body
+        .get_mut("messages")
+        .and_then(serde_json::Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(m) = message.as_object_mut() {
+            m.retain(|_, v| !v.is_null());
+        }
+    }
+}
+
+/// Checks a parsed body as [`parse_job`] does.
+fn job_of(endpoint: Endpoint, b: GenerateBody) -> Result<Job, ServeError> {
     let prompt = prompt(endpoint, b.messages, b.prompt)?;
     check_prompt(&prompt, b.echo)?;
     let n = choices(b.n.as_ref(), b.best_of.as_ref())?;
@@ -376,8 +418,9 @@ pub(crate) enum TokenizeInput {
         text: String,
         add_special: bool,
     },
-    /// A conversation, and what it hands the chat template (counted as a chat's is).
-    Chat(Vec<ChatMessage>, TemplateBytes),
+    /// A conversation, and what it hands the chat template (counted as a chat's is), with
+    /// the tools it is shown (Anthropic's `count_tokens` counts them).
+    Chat(Vec<ChatMessage>, TemplateBytes, Option<Tools>),
 }
 
 /// Parses `/tokenize`.
@@ -390,8 +433,9 @@ pub(crate) fn parse_tokenize(body: &[u8]) -> Result<(String, TokenizeInput), Ser
         },
         (None, Some(m)) => {
             let messages = messages(m)?;
-            let bytes = TemplateBytes::of(&messages, None);
-            TokenizeInput::Chat(messages, bytes)
+            let tools = crate::tools::parse(r.tools, None, None)?.filter(Tools::active);
+            let bytes = TemplateBytes::of(&messages, tools.as_ref());
+            TokenizeInput::Chat(messages, bytes, tools)
         }
         _ => {
             return Err(invalid(
