@@ -46,6 +46,8 @@ pub(crate) struct OpenAiIngress {
     pub(crate) responses: std::sync::Arc<crate::responses::ResponseStore>,
     /// This node's id in a cluster, which the response ids it makes name.
     pub(crate) node: Option<String>,
+    /// Requests by the API they came in through.
+    pub(crate) api_metrics: std::sync::Arc<crate::metrics::ApiMetrics>,
 }
 
 impl OpenAiIngress {
@@ -214,14 +216,9 @@ impl OpenAiIngress {
     }
 }
 
-impl Deployment for OpenAiIngress {
-    async fn call(&self, request: Request) -> Result<Response, BoxError> {
-        let full = request.uri().path();
-        let path = match full.strip_prefix(self.prefix.trim_end_matches('/')) {
-            Some(rest) if rest.starts_with('/') => rest,
-            _ => full,
-        };
-        let op = Op::of(request.method(), path)?;
+impl OpenAiIngress {
+    /// Answers `request` to `op` (at `path`, the route prefix taken off).
+    async fn dispatch(&self, op: Op, path: &str, request: Request) -> Result<Response, BoxError> {
         let answer = match op {
             Op::Models => self.models().await,
             Op::LoadAdapter => self.adapter_control(request, true).await,
@@ -253,5 +250,27 @@ impl Deployment for OpenAiIngress {
             }
         };
         Ok(answer?)
+    }
+}
+
+impl Deployment for OpenAiIngress {
+    async fn call(&self, request: Request) -> Result<Response, BoxError> {
+        let full = request.uri().path();
+        let path = match full.strip_prefix(self.prefix.trim_end_matches('/')) {
+            Some(rest) if rest.starts_with('/') => rest,
+            _ => full,
+        }
+        .to_owned();
+        let op = Op::of(request.method(), &path)?;
+        let answer = self.dispatch(op, &path, request).await;
+        let status = match &answer {
+            Ok(response) => response.status(),
+            Err(e) => e.downcast_ref::<ServeError>().map_or(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                ServeError::http_status,
+            ),
+        };
+        self.api_metrics.count(op, status);
+        answer
     }
 }

@@ -196,6 +196,8 @@ pub fn llm_deployments(
     let ingress = DeploymentSpec::new(&format!("{name}-openai"), move |ctx| {
         let responses = responses::shared_store(&store, &store_config, &ctx);
         let node = ctx.node_id().map(str::to_owned);
+        let api_metrics = Arc::new(metrics::ApiMetrics::default());
+        ctx.register_metrics(api_metrics.clone());
         let llm = ctx.handle(&server_name);
         let base = base.clone();
         let adapters = adapters.clone();
@@ -209,6 +211,7 @@ pub fn llm_deployments(
                 llm: llm?,
                 responses: responses?,
                 node,
+                api_metrics,
                 base,
                 max_model_len,
                 adapters,

@@ -205,6 +205,32 @@ fn the_official_openai_client_works_against_modelmux_serve() {
     assert!(!logs.contains("generation started"), "{logs}");
 }
 
+/// The official `openai` client's Responses API and the official `anthropic` client's
+/// Messages API: every answer the chat of the same conversation (the scripts compare).
+#[test]
+fn the_official_responses_and_anthropic_clients_work_against_modelmux_serve() {
+    let mut server = serve(&llm_config(&env("MODELMUX_TEST_ADAPTERS"), ""));
+    let outs = ["responses_client.py", "anthropic_client.py"]
+        .map(|script| (script, run_client(script, &server.url, &[])));
+    let (_, logs) = server.terminate();
+    for (script, out) in outs {
+        assert!(
+            out.status.success(),
+            "{script}: the client's checks failed:\n{}\n{}\nserver logs:\n{logs}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // The access line names the API's own path, though the LLM deployment ran a chat.
+    for path in ["/v1/responses", "/v1/messages", "/v1/messages/count_tokens"] {
+        assert!(
+            logs.lines()
+                .any(|l| l.contains("modelmux::access") && l.contains(&format!("path=\"{path}\""))),
+            "no access line for {path}: {logs}"
+        );
+    }
+}
+
 fn metric(text: &str, name: &str) -> f64 {
     modelmux_promtext::parse(text).unwrap().sum(name)
 }

@@ -37,6 +37,38 @@ pub(crate) struct MessagesBody {
     pub(crate) service_tier: Option<String>,
     /// Extended thinking: only `{"type": "disabled"}`.
     pub(crate) thinking: Option<Value>,
+    /// The answer's format (`{"format": {"type": "json_schema", "schema"}}`, enforced with
+    /// the grammar as a chat's `response_format` is) and `effort`, advice a sampler cannot
+    /// follow (accepted).
+    pub(crate) output_config: Option<OutputConfig>,
+}
+
+/// `output_config`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OutputConfig {
+    #[allow(dead_code)]
+    pub(crate) effort: Option<String>,
+    pub(crate) format: Option<Value>,
+}
+
+/// `output_config.format` as the chat's `response_format`.
+fn response_format(format: &Value) -> Result<Value, ServeError> {
+    match format.get("type").and_then(Value::as_str) {
+        Some("json_schema") => {
+            let schema = format.get("schema").ok_or_else(|| {
+                invalid(
+                    "output_config.format.schema",
+                    "output_config.format.schema is required",
+                )
+            })?;
+            Ok(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}))
+        }
+        _ => Err(invalid(
+            "output_config.format.type",
+            "output_config.format.type must be json_schema",
+        )),
+    }
 }
 
 /// Parses a Messages body; `count` for `count_tokens`, which has no `max_tokens`.
@@ -273,6 +305,8 @@ fn chat_tool_choice(choice: &Value) -> Result<(Value, Option<bool>), ServeError>
 const RENAMED: &[(&str, &str)] = &[
     ("max_completion_tokens", "max_tokens"),
     ("stop", "stop_sequences"),
+    ("response_format.json_schema", "output_config.format"),
+    ("response_format", "output_config.format"),
     (".function.parameters", ".input_schema"),
     (".function.", "."),
 ];
@@ -298,6 +332,12 @@ pub(crate) fn chat_job(b: &MessagesBody) -> Result<(Job, bytes::Bytes), ServeErr
         top_p: b.top_p,
         top_k: b.top_k,
         stop: b.stop_sequences.clone().map(OneOrMany::Many),
+        response_format: b
+            .output_config
+            .as_ref()
+            .and_then(|c| c.format.as_ref())
+            .map(response_format)
+            .transpose()?,
         stream: Some(stream),
         stream_options: stream.then_some(StreamOptions {
             include_usage: true,

@@ -6,7 +6,10 @@
 //! `modelmux_model_resident_bytes`). The dashboard charts the vLLM-named families this
 //! source marks for it (`vllm::DASHBOARD`).
 
+mod api;
 mod vllm;
+
+pub(crate) use api::ApiMetrics;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

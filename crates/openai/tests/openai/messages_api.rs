@@ -272,6 +272,17 @@ async fn count_tokens_is_the_prompt_a_message_would_have() {
             "tools: {with_tools}"
         );
     }
+    // Labelled by the API they came in through, though each ran as a chat or a tokenize.
+    let page = page(&metrics(addr).await);
+    let api = |api: &str| {
+        page.sum_where(
+            "modelmux_api_requests_total",
+            &[("api", api), ("status", "2xx")],
+        )
+    };
+    assert_eq!(api("messages"), 4.0);
+    assert_eq!(api("chat_completions"), 0.0);
+    assert_eq!(api("tokenize"), 0.0);
     server.shutdown().await;
 }
 
