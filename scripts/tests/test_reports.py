@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from bench_agent_apis import report as agent_report
 from bench_cache import table as cache_table
 from bench_load import summary as load_summary
 from bench_python import hit_ratio, p99_ratio, ratio
@@ -113,3 +114,14 @@ def test_load_summary_reads_the_best_runs():
     assert lines[2].split()[:3] == ["modelmux", "read", "400"]
     assert "100000 MiB/s (0.001 s)" in lines[6]  # the GET's time is floored at the timer's 1 ms
     assert "( 50% of bare)" in lines[-2]
+
+
+def test_agent_api_targets():
+    rows = {"streams8": {"chat_tok_s": 100.0, "responses_tok_s": 99.0, "messages_tok_s": 97.0,
+                         "responses_ratio": 0.99, "messages_ratio": 0.97},
+            "chain": {"chained_p50_ms": 31.5, "inline_p50_ms": 30.0, "added_p50_ms": 1.5, "read_p50_ms": 0.4}}
+    lines, missed = agent_report(rows)
+    assert missed == ["messages: 0.970 < 0.98", "chaining adds 1.50 ms > 1 ms"]
+    assert "| 0.990 | >= 0.98 | ✓ |" in lines[2]
+    _, missed = agent_report({})
+    assert missed == ["streams8 missing", "chain missing"]

@@ -46,6 +46,9 @@ pub(crate) struct OpenAiIngress {
     pub(crate) responses: std::sync::Arc<crate::responses::ResponseStore>,
     /// This node's id in a cluster, which the response ids it makes name.
     pub(crate) node: Option<String>,
+    /// A handle to this deployment, in a cluster: a turn whose conversation another node
+    /// stored goes to that node's replicas.
+    pub(crate) own: Option<DeploymentHandle>,
     /// Requests by the API they came in through.
     pub(crate) api_metrics: std::sync::Arc<crate::metrics::ApiMetrics>,
 }
@@ -225,11 +228,18 @@ impl OpenAiIngress {
             Op::UnloadAdapter => self.adapter_control(request, false).await,
             Op::StoredResponse | Op::DeleteResponse | Op::InputItems => {
                 let id = Op::response_id(path);
-                self.stored_response(op, id, request.uri().query()).await
+                match self.stored_elsewhere(Some(id)) {
+                    Some(node) => {
+                        let (head, _) = request.into_parts();
+                        self.on_node(&node, id, None, &head, Bytes::new()).await
+                    }
+                    None => self.stored_response(op, id, request.uri().query()).await,
+                }
             }
             Op::Responses => {
-                let body = request.into_body().to_bytes(usize::MAX).await?;
-                self.create_response(body).await
+                let (head, body) = request.into_parts();
+                let body = body.to_bytes(usize::MAX).await?;
+                self.create_response(&head, body).await
             }
             Op::Messages | Op::CountTokens => {
                 let body = request.into_body().to_bytes(usize::MAX).await?;

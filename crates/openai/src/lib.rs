@@ -196,6 +196,10 @@ pub fn llm_deployments(
     let ingress = DeploymentSpec::new(&format!("{name}-openai"), move |ctx| {
         let responses = responses::shared_store(&store, &store_config, &ctx);
         let node = ctx.node_id().map(str::to_owned);
+        let own = node
+            .as_ref()
+            .map(|_| ctx.handle(ctx.deployment()))
+            .transpose();
         let api_metrics = Arc::new(metrics::ApiMetrics::default());
         ctx.register_metrics(api_metrics.clone());
         let llm = ctx.handle(&server_name);
@@ -211,6 +215,7 @@ pub fn llm_deployments(
                 llm: llm?,
                 responses: responses?,
                 node,
+                own: own?,
                 api_metrics,
                 base,
                 max_model_len,

@@ -78,6 +78,8 @@ pub(crate) struct Conn {
     streams: Mutex<Streams>,
     next_stream: AtomicU32,
     closed: watch::Sender<bool>,
+    /// Run once when the connection ends, before any stream learns of it.
+    on_end: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl Conn {
@@ -94,6 +96,7 @@ impl Conn {
             streams: Mutex::new(Streams::default()),
             next_stream: AtomicU32::new(1),
             closed: watch::channel(false).0,
+            on_end: Mutex::new(None),
         });
         tokio::spawn(write_loop(queue, writer));
         tokio::spawn(read_loop(conn.clone(), reader, callbacks));
@@ -183,8 +186,19 @@ impl Conn {
         }
     }
 
+    /// Has `f` run when the connection ends, before its streams fail: whoever sees a request
+    /// fail then also sees what `f` changed (the supervisor evicts the worker's models, so no
+    /// router still lists them by the time their requests have failed).
+    pub(crate) fn on_end(&self, f: impl FnOnce() + Send + 'static) {
+        *self.on_end.lock() = Some(Box::new(f));
+    }
+
     /// Ends every stream with `reason` and refuses new ones; the worker is gone.
     pub(crate) fn fail_all(&self, reason: &str) {
+        let on_end = self.on_end.lock().take();
+        if let Some(on_end) = on_end {
+            on_end();
+        }
         let (requests, controls) = {
             let mut streams = self.streams.lock();
             if streams.closed.is_none() {

@@ -74,6 +74,16 @@ pub(crate) async fn supervise(
 ) {
     let mut backoff = FIRST_BACKOFF;
     loop {
+        if let Some(models) = &models {
+            // The hook holds the cache, whose models hold this connection: the cycle ends with
+            // the connection, which ends with the worker (killed when this task is dropped).
+            let models = models.clone();
+            conn.on_end(move || {
+                for id in models.loaded_ids() {
+                    models.evict(&id);
+                }
+            });
+        }
         let served_since = Instant::now();
         let pid = child.id().unwrap_or_default();
         let why = tokio::select! {
@@ -93,12 +103,9 @@ pub(crate) async fn supervise(
             "the Python worker (pid {pid}) of replica {} {why}",
             launch.replica_id
         );
+        // Evicts the worker's models first (the `on_end` above), unless the connection's
+        // reader got there first.
         conn.fail_all(&message);
-        if let Some(models) = &models {
-            for id in models.loaded_ids() {
-                models.evict(&id);
-            }
-        }
         if served_since.elapsed() > STABLE {
             backoff = FIRST_BACKOFF;
         }

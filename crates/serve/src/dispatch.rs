@@ -31,6 +31,10 @@ pub enum Route {
         /// The replica the forwarding node chose.
         preferred: Option<Arc<str>>,
     },
+    /// Those of one node of the cluster (this one's, or another's, forwarded there): for a
+    /// request whose state lives on that node only (a stored conversation). Refused at once
+    /// when that node runs none.
+    Node(Arc<str>),
 }
 
 /// Marks a request as a call of one of the deployment's methods through a handle, made by code

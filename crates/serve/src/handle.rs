@@ -67,6 +67,7 @@ fn handle_of(
     Ok(DeploymentHandle {
         deployment: deployment.clone(),
         model_id: None,
+        node: None,
     })
 }
 
@@ -90,6 +91,8 @@ fn handle_of(
 pub struct DeploymentHandle {
     deployment: Arc<dyn Dispatch>,
     model_id: Option<ModelId>,
+    /// The cluster node whose replicas its calls go to, if one is named.
+    node: Option<Arc<str>>,
 }
 
 /// Options for the calls made through a handle (see [`DeploymentHandle::options`]).
@@ -109,6 +112,15 @@ impl HandleOptions {
     /// No model id (the default).
     pub fn no_model_id(mut self) -> DeploymentHandle {
         self.handle.model_id = None;
+        self.handle
+    }
+
+    /// Calls go to the deployment's replicas on cluster node `node` only (this node's when it
+    /// is this one; another's forwarded there as they are), for a request whose state lives
+    /// there. A call fails at once, as unavailable, when that node runs no replica this node
+    /// can reach.
+    pub fn on_node(mut self, node: &str) -> DeploymentHandle {
+        self.handle.node = Some(node.into());
         self.handle
     }
 }
@@ -161,7 +173,9 @@ impl DeploymentHandle {
         // call endpoint, with the token that endpoint checks (without one, the router keeps
         // it here). Any other request is an HTTP request for this node's replicas: only an
         // application's own requests go to other nodes as they are.
-        let route = if request.extensions().get::<HandleCall>().is_some() {
+        let route = if let Some(node) = &self.node {
+            Route::Node(node.clone())
+        } else if request.extensions().get::<HandleCall>().is_some() {
             Route::Anywhere
         } else {
             Route::Local { preferred: None }

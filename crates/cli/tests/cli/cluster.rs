@@ -132,7 +132,7 @@ async fn a_model_is_loaded_once_cluster_wide_and_then_served_by_its_holder() {
             &ingresses[0].url,
             "--json",
             "--duration",
-            "0.5",
+            "3",
         ])
         .args(["--concurrency", "2", "--models", "3", "--model-prefix", "b"])
         .args([
@@ -146,6 +146,8 @@ async fn a_model_is_loaded_once_cluster_wide_and_then_served_by_its_holder() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
     // Three new models on full replicas: at least three loads (the ingress itself has none).
+    // Three seconds, not less: the models are drawn at random (seeded), and the first few
+    // requests may name only two of them.
     let loads = report["server"]["loads"].as_f64().unwrap_or_default();
     assert!(loads >= 3.0, "{report}");
 }

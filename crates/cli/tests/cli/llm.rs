@@ -7,13 +7,13 @@ use common::*;
 use modelmux_llm::{ChatMessage, LlmRuntime, RuntimeOptions, SamplingParams};
 use modelmux_store::{ModelRepository, RepositoryOptions};
 
-fn env(name: &str) -> String {
+pub(crate) fn env(name: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| {
         panic!("{name} is not set: run the tests with ./scripts/test, which sets it up")
     })
 }
 
-fn llm_config(lora: &str, extra_lora: &str) -> String {
+pub(crate) fn llm_config(lora: &str, extra_lora: &str) -> String {
     format!(
         "\
 http_options: {{port: 0}}
@@ -73,7 +73,7 @@ fn direct(question: &str, adapters: &[Option<&str>], max_tokens: usize) -> Vec<S
 
 /// Runs `script` (a file of this directory) with the test Python against `url`, with `args`;
 /// its checks are `check(...)` calls, which `-O` keeps.
-fn run_client(script: &str, url: &str, args: &[&str]) -> std::process::Output {
+pub(crate) fn run_client(script: &str, url: &str, args: &[&str]) -> std::process::Output {
     let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let source = std::fs::read_to_string(&script).unwrap();
     let bare: Vec<&str> = source

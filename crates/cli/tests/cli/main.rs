@@ -13,6 +13,7 @@ mod dashboard;
 mod deploy;
 mod grafana;
 mod llm;
+mod llm_cluster;
 mod local_admin;
 mod partition;
 mod python;

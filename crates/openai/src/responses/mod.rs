@@ -7,6 +7,7 @@
 //! A response id names the node that stored it (`resp_<node>.<random>`, the node's id in hex,
 //! or `resp_<random>` outside a cluster).
 
+mod elsewhere;
 mod events;
 mod items;
 mod output;
@@ -162,7 +163,7 @@ pub(crate) fn node_of(id: &str) -> Option<String> {
     String::from_utf8(bytes?).ok()
 }
 
-fn not_stored(id: &str, param: Option<&str>) -> ServeError {
+pub(crate) fn not_stored(id: &str, param: Option<&str>) -> ServeError {
     let why = match node_of(id) {
         Some(node) => {
             format!("it was stored by node '{node}', which no longer keeps it or cannot be reached")
@@ -194,9 +195,19 @@ fn with_ids(mut input: Vec<Value>, response_id: &str) -> Vec<Value> {
 }
 
 impl OpenAiIngress {
-    /// `POST /v1/responses`.
-    pub(crate) async fn create_response(&self, body: Bytes) -> Result<Response, ServeError> {
+    /// `POST /v1/responses` (`head` is the request's, for a turn another node stored the
+    /// conversation of, which goes there as it came).
+    pub(crate) async fn create_response(
+        &self,
+        head: &http::request::Parts,
+        body: Bytes,
+    ) -> Result<Response, ServeError> {
         let b = request::parse(&body)?;
+        if let Some(node) = self.stored_elsewhere(b.previous_response_id.as_deref()) {
+            let previous = b.previous_response_id.as_deref().unwrap_or_default();
+            let param = Some("previous_response_id");
+            return self.on_node(&node, previous, param, head, body).await;
+        }
         let store = self.responses.clone();
         let context = match &b.previous_response_id {
             Some(id) => store

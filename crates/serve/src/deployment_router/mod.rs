@@ -196,11 +196,27 @@ impl DeploymentRouter {
     ) -> Result<(Ongoing, Reason), ServeError> {
         if self.shutting_down.load(Ordering::SeqCst) {
             return Err(match route {
-                Route::Anywhere => ServeError::ShuttingDown,
+                Route::Anywhere | Route::Node(_) => ServeError::ShuttingDown,
                 Route::Local { .. } => ServeError::NotHere {
                     reason: "this node is shutting down".into(),
                 },
             });
+        }
+        if let Route::Node(node) = route
+            && !self
+                .targets
+                .load()
+                .all
+                .iter()
+                .any(|t| t.node() == Some(node) && t.is_available())
+        {
+            return Err(ServeError::Failed(modelmux_cache::Failure::new(
+                modelmux_cache::ErrorKind::Unavailable,
+                format!(
+                    "node '{node}' runs no replica of deployment '{}' that this node can reach",
+                    self.config.name
+                ),
+            )));
         }
         if let Route::Local { preferred } = route
             && self.targets.load().local.is_empty()
@@ -262,7 +278,7 @@ impl DeploymentRouter {
                 Ok(Ok(granted)) => return Ok(granted),
                 Ok(Err(_)) => {
                     return Err(match route {
-                        Route::Anywhere => ServeError::ShuttingDown,
+                        Route::Anywhere | Route::Node(_) => ServeError::ShuttingDown,
                         _ if !self.shutting_down.load(Ordering::SeqCst) => self.none_here(),
                         Route::Local { .. } => ServeError::NotHere {
                             reason: "this node is shutting down".into(),
@@ -334,9 +350,19 @@ impl DeploymentRouter {
             return None;
         }
         let targets = self.targets.load();
+        let on_node: Vec<Target>;
         let replicas = match route {
             Route::Anywhere => &targets.all,
             Route::Local { .. } => &targets.local,
+            Route::Node(node) => {
+                on_node = targets
+                    .all
+                    .iter()
+                    .filter(|t| t.node() == Some(node))
+                    .cloned()
+                    .collect();
+                &on_node
+            }
         };
         // Without model caches, model ids say nothing about where to go.
         let model = model.filter(|_| replicas.iter().any(|r| r.slot().tracks_models()));

@@ -27,6 +27,14 @@ impl Target {
             Self::Remote(r) => &r.slot,
         }
     }
+
+    /// The cluster node it runs on (none for a local replica outside a cluster).
+    pub(crate) fn node(&self) -> Option<&str> {
+        match self {
+            Self::Local(r) => r.node.as_deref(),
+            Self::Remote(r) => Some(&r.node),
+        }
+    }
 }
 
 /// The replicas a deployment's router chooses among: all of them, and this node's own (for
