@@ -7,11 +7,10 @@ Usage: python3 scripts/lib/bench_agent_apis.py RESULTS.jsonl"""
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
-from benchutil import cpu_model, cpuinfo_lines, simd_level
+from benchutil import report_targets
 
 RATIO_TARGET = 0.98
 CHAIN_TARGET_MS = 1.0
@@ -50,19 +49,5 @@ def report(rows: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
     return lines, missed
 
 
-def main(argv: list[str]) -> int:
-    with open(argv[0]) as f:
-        rows = {r["scenario"]: r for r in map(json.loads, f)}
-    cpuinfo = cpuinfo_lines()
-    cores = len([line for line in cpuinfo if line.startswith("processor")])
-    print(f"\nCPU: {cpu_model(cpuinfo)} ({simd_level(''.join(cpuinfo))}), {cores} cores\n")
-    lines, missed = report(rows)
-    print("\n".join(lines))
-    if missed:
-        print("\nmissed: " + "; ".join(missed))
-        return 1
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(report_targets(sys.argv[1], report))

@@ -4,9 +4,11 @@ modules on whatever python3 the machine has."""
 
 from __future__ import annotations
 
+import json
 import math
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 
 def median_high(values: Iterable[float]) -> float:
@@ -53,3 +55,19 @@ def simd_level(cpuinfo: str, none: str = "no AVX2") -> str:
     if "avx512_vnni" in cpuinfo:
         return "AVX-512 VNNI"
     return "AVX2" if "avx2" in cpuinfo else none
+
+
+def report_targets(path: str, report: Callable[[dict[str, dict[str, Any]]], tuple[list[str], list[str]]]) -> int:
+    """Prints the CPU and `report`'s table for the JSON lines at `path` (one object per
+    scenario, keyed by its `scenario`), then the targets missed; 1 when any was."""
+    with open(path) as f:
+        rows = {r["scenario"]: r for r in map(json.loads, f)}
+    cpuinfo = cpuinfo_lines()
+    cores = len([line for line in cpuinfo if line.startswith("processor")])
+    print(f"\nCPU: {cpu_model(cpuinfo)} ({simd_level(''.join(cpuinfo))}), {cores} cores\n")
+    lines, missed = report(rows)
+    print("\n".join(lines))
+    if missed:
+        print("\nmissed: " + "; ".join(missed))
+        return 1
+    return 0
