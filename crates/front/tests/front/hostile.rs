@@ -296,3 +296,79 @@ async fn only_a_node_of_the_cluster_may_name_the_replica() {
     assert_eq!(counters.loads.load(Ordering::SeqCst), 2);
     server.shutdown().await;
 }
+
+/// One HPACK-encoded GET of `path` (indexed `:method`, `:scheme`; literal `:path` and
+/// `:authority` with indexed names, no Huffman coding), whose HEADERS frame ends the stream.
+fn h2_get(stream: u32, path: &str) -> Vec<u8> {
+    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path.as_bytes());
+    block.extend_from_slice(&[0x01, 1, b'x']);
+    let len = (block.len() as u32).to_be_bytes();
+    let mut frame = vec![len[1], len[2], len[3], 0x01, 0x05];
+    frame.extend_from_slice(&stream.to_be_bytes());
+    frame.extend_from_slice(&block);
+    frame
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_connection_carries_at_most_its_cap_of_streams_at_once() {
+    const CAP: usize = 1024;
+    let app = Application::new("a").route_prefix("/stream").ingress(
+        common::trickle("Trickle", 40)
+            .max_ongoing_requests(4 * CAP)
+            .max_queued_requests(4 * CAP),
+    );
+    let server = start(app, HttpOptions::default()).await;
+    let mut s = TcpStream::connect(server.local_addr()).await.unwrap();
+    s.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    // The server's SETTINGS announce the cap; they apply once acknowledged.
+    let mut head = [0u8; 9];
+    s.read_exact(&mut head).await.unwrap();
+    assert_eq!(head[3], 4, "the server's first frame is its SETTINGS");
+    let mut settings = vec![0u8; u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize];
+    s.read_exact(&mut settings).await.unwrap();
+    let announced = settings
+        .chunks(6)
+        .find(|s| u16::from_be_bytes([s[0], s[1]]) == 3)
+        .map(|s| u32::from_be_bytes([s[2], s[3], s[4], s[5]]));
+    assert_eq!(
+        announced,
+        Some(CAP as u32),
+        "SETTINGS_MAX_CONCURRENT_STREAMS"
+    );
+    s.write_all(b"\0\0\0\x04\x01\0\0\0\0").await.unwrap();
+    // 100 streams past the cap, all at once, on streams that last 4 s.
+    let opened = CAP + 100;
+    let frames: Vec<u8> = (0..opened as u32)
+        .flat_map(|i| h2_get(2 * i + 1, "/stream"))
+        .collect();
+    s.write_all(&frames).await.unwrap();
+    let (mut refused, mut answered) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while refused + answered < opened && Instant::now() < deadline {
+        let Ok(read) = timeout(Duration::from_secs(2), s.read_exact(&mut head)).await else {
+            break;
+        };
+        read.unwrap();
+        let mut payload = vec![0u8; u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize];
+        s.read_exact(&mut payload).await.unwrap();
+        match head[3] {
+            // RST_STREAM with REFUSED_STREAM (7): not processed, the client may retry it.
+            3 => {
+                assert_eq!(payload, 7u32.to_be_bytes(), "the reset's error code");
+                refused += 1;
+            }
+            1 => answered += 1,
+            7 => panic!("the connection was closed (GOAWAY) rather than the streams refused"),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        (answered, refused),
+        (CAP, opened - CAP),
+        "streams answered and refused of {opened} opened at once"
+    );
+    server.shutdown().await;
+}
