@@ -1,6 +1,6 @@
 """scripts/bench-agent-apis's table against issue 56's targets, from bench_agent_apis's JSON
 lines: /v1/responses and /v1/messages at >= 98% of /v1/chat/completions' tok/s on the same 8
-streams, and a turn chained by previous_response_id at most 1 ms (p50) over the same turn sent
+streams (the median of the runs' paired ratios; the interval of that median is shown beside it), and a turn chained by previous_response_id at most 1 ms (p50) over the same turn sent
 whole. Exits 1 when a target is missed.
 
 Usage: python3 scripts/lib/bench_agent_apis.py RESULTS.jsonl"""
@@ -27,9 +27,11 @@ def report(rows: dict[str, dict[str, Any]]) -> tuple[list[str], list[str]]:
         for api in ("responses", "messages"):
             ratio = s[f"{api}_ratio"]
             ok = ratio >= RATIO_TARGET
+            low, high = s.get(f"{api}_ratio_ci", [ratio, ratio])
             lines.append(
                 f"| /v1/{api}, 8 streams, tok/s | {s['chat_tok_s']:.1f} | {s[f'{api}_tok_s']:.1f} | "
-                f"{ratio:.3f} | >= {RATIO_TARGET:.2f} | {'✓' if ok else '✗'} |"
+                f"{ratio:.3f} (95%: {low:.3f}-{high:.3f}) | >= {RATIO_TARGET:.2f} | "
+                f"{'✓' if ok else '✗'} |"
             )
             if not ok:
                 missed.append(f"{api}: {ratio:.3f} < {RATIO_TARGET:.2f}")

@@ -118,10 +118,11 @@ def test_load_summary_reads_the_best_runs():
 
 def test_agent_api_targets():
     rows = {"streams8": {"chat_tok_s": 100.0, "responses_tok_s": 99.0, "messages_tok_s": 97.0,
-                         "responses_ratio": 0.99, "messages_ratio": 0.97},
+                         "responses_ratio": 0.99, "responses_ratio_ci": [0.97, 1.01], "messages_ratio": 0.97},
             "chain": {"chained_p50_ms": 31.5, "inline_p50_ms": 30.0, "added_p50_ms": 1.5, "read_p50_ms": 0.4}}
     lines, missed = agent_report(rows)
     assert missed == ["messages: 0.970 < 0.98", "chaining adds 1.50 ms > 1 ms"]
-    assert "| 0.990 | >= 0.98 | ✓ |" in lines[2]
+    assert "| 0.990 (95%: 0.970-1.010) | >= 0.98 | ✓ |" in lines[2]
+    assert "| 0.970 (95%: 0.970-0.970) | >= 0.98 | ✗ |" in lines[3]
     _, missed = agent_report({})
     assert missed == ["streams8 missing", "chain missing"]

@@ -12,7 +12,8 @@
 //!   `/v1/chat/completions`, `/v1/responses` and `/v1/messages` (greedy, `--tokens` at most; the
 //!   three generate the same tokens), runs alternating between the APIs; the median aggregate
 //!   tok/s of each (output tokens as each API's own usage reports them), and each API's ratio
-//!   to the chat's.
+//!   to the chat's: the median of the runs' paired ratios (each to the chat of its own run),
+//!   with the distribution-free ~95% interval of that median.
 //! - `chain`: a turn sent with `previous_response_id` (the conversation read from the store)
 //!   against the same turn with the whole conversation in `input`, alternating, `--chains`
 //!   each, one output token, both stored (a redb file on disk, as a node keeps it); the p50
@@ -72,6 +73,26 @@ fn args() -> Args {
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+/// The order statistics that bound the median of `v` with at least 95% confidence whatever
+/// the distribution (the binomial rule: ranks k and n + 1 - k with P(Bin(n, 1/2) < k) <=
+/// 2.5%); the extremes where `v` is too short for that.
+fn median_interval(mut v: Vec<f64>) -> (f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    let below = |k: usize| -> f64 {
+        // P(Bin(n, 1/2) < k), summed exactly.
+        let mut c = 1.0;
+        let mut sum = 0.0;
+        for i in 0..k {
+            sum += c;
+            c = c * (n - i) as f64 / (i + 1) as f64;
+        }
+        sum / 2f64.powi(n as i32)
+    };
+    let k = (1..=n / 2).rev().find(|&k| below(k) <= 0.025).unwrap_or(1);
+    (v[k - 1], v[n - k])
 }
 
 async fn send(addr: SocketAddr, method: &str, path: &str, body: &Value) -> Res<(u16, String)> {
@@ -241,12 +262,25 @@ async fn main() -> Res<()> {
             rates[i].push(streams8(addr, APIS[i], a.tokens).await?);
         }
     }
-    let rates: Vec<f64> = rates.into_iter().map(median).collect();
+    // Each run's ratio to the chat of the same run (seconds apart, so the machine's drift
+    // cancels), their median, and the distribution-free ~95% interval of that median.
+    let paired = |api: usize| {
+        let ratios: Vec<f64> = rates[api]
+            .iter()
+            .zip(&rates[0])
+            .map(|(x, c)| x / c)
+            .collect();
+        let (low, high) = median_interval(ratios.clone());
+        (median(ratios), low, high)
+    };
+    let (responses, messages) = (paired(1), paired(2));
+    let medians: Vec<f64> = rates.into_iter().map(median).collect();
     println!(
         "{}",
         json!({"scenario": "streams8", "tokens": a.tokens, "runs": a.runs,
-            "chat_tok_s": rates[0], "responses_tok_s": rates[1], "messages_tok_s": rates[2],
-            "responses_ratio": rates[1] / rates[0], "messages_ratio": rates[2] / rates[0]})
+            "chat_tok_s": medians[0], "responses_tok_s": medians[1], "messages_tok_s": medians[2],
+            "responses_ratio": responses.0, "responses_ratio_ci": [responses.1, responses.2],
+            "messages_ratio": messages.0, "messages_ratio_ci": [messages.1, messages.2]})
     );
     println!("{}", chain(addr, a.chains).await?);
     tokio::time::timeout(Duration::from_secs(30), server.shutdown()).await?;
