@@ -70,7 +70,7 @@ pub(crate) struct Resident<M: Model> {
     /// Guards alive on this model.
     pub(crate) in_use: AtomicUsize,
     /// When the last guard was dropped, as a coarse monotonic timestamp in ticks of
-    /// `coarsetime` (for people; the LRU order uses the logical tick).
+    /// the [coarse clock](crate::coarse_clock) (for people; the LRU order uses the logical tick).
     idle_since: AtomicU64,
     /// Logical LRU clock value of the last use (exact order, no ties).
     pub(crate) last_used_tick: AtomicU64,
@@ -125,7 +125,7 @@ impl<M: Model> Resident<M> {
             model: Some(model),
             in_use: AtomicUsize::new(0),
             last_used_tick: AtomicU64::new(tick),
-            idle_since: AtomicU64::new(coarsetime::Instant::now().as_ticks()),
+            idle_since: AtomicU64::new(crate::coarse_clock::ticks()),
             pinned: AtomicBool::new(false),
             evicted_for: AtomicU8::new(0),
             room: core.room.clone(),
@@ -152,16 +152,14 @@ impl<M: Model> Resident<M> {
         if self.in_use.load(Ordering::Relaxed) > 0 {
             return std::time::Duration::ZERO;
         }
-        let since = coarsetime::Instant::from_u64(self.idle_since.load(Ordering::Relaxed));
-        coarsetime::Instant::now().duration_since(since).into()
+        crate::coarse_clock::since(self.idle_since.load(Ordering::Relaxed))
     }
 
-    /// Records when the model became idle. A precise clock read costs about as much as the
-    /// rest of a cache hit; the coarse clock (CLOCK_MONOTONIC_COARSE, a few ms resolution) is
-    /// a plain memory read and is precise enough to tell people how long a model sat idle.
+    /// Records when the model became idle, by the [coarse clock](crate::coarse_clock): precise
+    /// enough to tell people how long a model sat idle.
     fn mark_idle(&self) {
         self.idle_since
-            .store(coarsetime::Instant::now().as_ticks(), Ordering::Relaxed);
+            .store(crate::coarse_clock::ticks(), Ordering::Relaxed);
     }
 }
 

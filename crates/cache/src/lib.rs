@@ -43,6 +43,7 @@
 //! # }).unwrap();
 //! ```
 
+pub mod coarse_clock;
 mod core;
 mod error;
 mod events;

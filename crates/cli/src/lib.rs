@@ -1,6 +1,6 @@
 //! The `modelmux` command's pieces, as a library so they can be tested: the YAML
 //! configuration, the load generator, the status table, the admin token's file and client, and
-//! the bare baseline server.
+//! the bare baseline server, the planner's command.
 //! `main.rs` only parses arguments and calls these.
 
 pub mod admin_client;
@@ -9,6 +9,7 @@ pub mod config;
 pub mod hello;
 pub mod local_admin;
 pub mod logging;
+pub mod plan;
 pub mod status;
 
 /// Writes `text` to stdout. Unlike `print!`, never panics: a closed stdout (`| head -1`, a

@@ -6,6 +6,7 @@
 //! modelmux status            show what a running server holds, per replica
 //! modelmux token             print the admin token a local server wrote to its file
 //! modelmux bench             load-test a running server
+//! modelmux plan TRACE        replay a trace in virtual time: which setting meets a target
 //! ```
 //!
 //! (`modelmux hello-server`, a bare hyper server that the benchmark scripts measure against,
@@ -18,7 +19,7 @@ use clap::{Parser, Subcommand};
 use modelmux_cli::admin_client::TokenFlags;
 use modelmux_cli::config::cluster::{self, Role};
 use modelmux_cli::config::{self, ClusterFlags, Config, LogFormat};
-use modelmux_cli::{CliError, admin_client, bench, hello, local_admin, logging, status};
+use modelmux_cli::{CliError, admin_client, bench, hello, local_admin, logging, plan, status};
 
 #[derive(Parser)]
 #[command(
@@ -114,6 +115,10 @@ enum Command {
     },
     /// Load-test a running server.
     Bench(bench::BenchArgs),
+    /// Replay a trace (an access log, a CSV or JSON lines) through the server's own router
+    /// and caches in virtual time: the hit ratio, loads, waits and copies of a setting, or
+    /// the cheapest setting of a grid that meets --target-p99-ms and --min-hit-ratio.
+    Plan(plan::PlanArgs),
     /// A bare hyper server answering "hello": the limit modelmux's overhead is measured against
     /// (a benchmark helper, hidden from the help).
     #[command(hide = true)]
@@ -143,6 +148,16 @@ struct ServerFlags {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The planner runs its replays on runtimes of its own (paused clocks), not in this one.
+    if let Command::Plan(args) = &cli.command {
+        return match plan::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -220,6 +235,7 @@ fn main() -> ExitCode {
                 config, url, token, ..
             } => status::deploy(&url, token.resolve(&url)?.as_ref(), &config).await,
             Command::Bench(args) => bench::run(args).await,
+            Command::Plan(_) => unreachable!("run above, outside the runtime"),
             Command::HelloServer { port } => hello::run(port).await,
         }
     });

@@ -15,6 +15,7 @@ mod explain;
 mod http;
 mod kinds;
 mod paths;
+pub mod plan;
 mod python;
 mod reload;
 #[cfg(test)]
@@ -486,10 +487,7 @@ async fn build_deployment(
 /// configuration's overrides.
 fn cache_settings(d: &DeploymentConfig, code_cap: Option<ModelCap>) -> MultiplexerBuilder {
     let cap = d.max_models_per_replica.or(code_cap).unwrap_or_default();
-    let concurrent_loads = d.max_concurrent_loads.map_or_else(
-        || cap.0.map_or(4, |models| models.div_ceil(2).clamp(1, 4)),
-        NonZeroUsize::get,
-    );
+    let concurrent_loads = concurrent_loads(d, cap);
     let mut cache = Multiplexer::builder()
         .max_concurrent_loads(concurrent_loads)
         .load_timeout(Some(d.model_load_timeout_s.0))
@@ -505,6 +503,15 @@ fn cache_settings(d: &DeploymentConfig, code_cap: Option<ModelCap>) -> Multiplex
         cache = cache.max_bytes(bytes);
     }
     cache
+}
+
+/// Loads running at once on a replica of `d` whose model cap is `cap`: the configuration's, or
+/// half the slots (rounded up), from 1 to 4.
+fn concurrent_loads(d: &DeploymentConfig, cap: ModelCap) -> usize {
+    d.max_concurrent_loads.map_or_else(
+        || cap.0.map_or(4, |models| models.div_ceil(2).clamp(1, 4)),
+        NonZeroUsize::get,
+    )
 }
 
 /// The deployment settings of `d` on `spec`; `max_ongoing_requests` falls back to `default`,

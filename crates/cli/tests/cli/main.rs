@@ -16,6 +16,7 @@ mod llm;
 mod llm_cluster;
 mod local_admin;
 mod partition;
+mod plan;
 mod python;
 mod python_cluster_calls;
 mod python_handles;

@@ -325,7 +325,10 @@ impl DeploymentRouter {
         {
             let mut waiting = self.waiting.lock();
             let mut i = 0;
-            while i < waiting.entries.len() {
+            // Once no replica has a free slot, no waiter further back can get one: the scan
+            // stops there (it was every waiter per freed slot, quadratic in a deep queue).
+            let mut open = self.any_open();
+            while open && i < waiting.entries.len() {
                 let waiter = &waiting.entries[i];
                 let Some(granted) = self.try_acquire(waiter.model.as_ref(), &waiter.route) else {
                     i += 1;
@@ -335,10 +338,20 @@ impl DeploymentRouter {
                 if let Err(granted) = waiter.grant.send(granted) {
                     unclaimed.push(granted);
                 }
+                open = self.any_open();
             }
             self.queued.store(waiting.entries.len(), Ordering::SeqCst);
         }
         drop(unclaimed);
+    }
+
+    /// Whether any replica could take a request now (available, a slot free).
+    fn any_open(&self) -> bool {
+        self.targets
+            .load()
+            .all
+            .iter()
+            .any(|t| t.is_available() && !t.is_saturated())
     }
 
     fn try_acquire(

@@ -118,7 +118,7 @@ impl Entry {
 }
 
 fn coarse_now() -> u64 {
-    coarsetime::Instant::now().as_ticks()
+    modelmux_cache::coarse_clock::ticks()
 }
 
 /// Sets how `id` is held and by which cache, keeping its routing time.
