@@ -108,8 +108,7 @@ struct Builder {
     models: Vec<ModelId>,
     index: HashMap<ModelId, u32>,
     facts: Vec<ModelFacts>,
-    /// Whether the CSV header line may still come (only as the first line).
-    first: bool,
+    /// Whether a line was read yet (a CSV header may only be the first).
     seen_any: bool,
 }
 
@@ -128,7 +127,6 @@ impl Builder {
 
     fn line(&mut self, line: &str) -> Result<(), String> {
         let first = !std::mem::replace(&mut self.seen_any, true);
-        self.first = first;
         if line.starts_with('{') {
             return self.json_line(line);
         }
@@ -138,12 +136,12 @@ impl Builder {
         if looks_like_log(line) {
             return Ok(());
         }
-        self.csv_line(line)
+        self.csv_line(line, first)
     }
 
-    fn csv_line(&mut self, line: &str) -> Result<(), String> {
+    fn csv_line(&mut self, line: &str, first: bool) -> Result<(), String> {
         let fields: Vec<&str> = line.split(',').map(str::trim).collect();
-        if self.first
+        if first
             && fields
                 .first()
                 .is_some_and(|f| f.eq_ignore_ascii_case("timestamp"))

@@ -1,30 +1,11 @@
 //! The replay of small hand-made traces, against figures worked out by hand.
 
+mod common;
+
+use common::{costs, one_replica};
 use std::time::Duration;
 
-use modelmux_cache::EvictionPolicy;
-use modelmux_plan::{Costs, Report, Setting, Trace, replay};
-
-fn one_replica(max_models: usize) -> Setting {
-    Setting {
-        replicas: 1,
-        max_models: Some(max_models),
-        max_bytes: None,
-        max_concurrent_loads: 1,
-        eviction: EvictionPolicy::Lru,
-        max_ongoing_requests: Some(8),
-        max_queued_requests: None,
-        queue_timeout: None,
-    }
-}
-
-fn costs() -> Costs {
-    Costs {
-        load: Duration::from_millis(100),
-        service: Duration::from_millis(10),
-        size_bytes: None,
-    }
-}
+use modelmux_plan::{Report, Trace, replay};
 
 #[test]
 fn lru_on_one_replica_gives_the_hits_loads_and_waits_worked_out_by_hand() {

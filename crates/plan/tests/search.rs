@@ -1,31 +1,12 @@
 //! The search over a small grid, the frontier's plot, and the explanation of slow requests.
 
-use std::time::Duration;
+mod common;
+
+use common::{costs, one_replica};
 
 use modelmux_cache::EvictionPolicy;
 use modelmux_plan::search::{Grid, Targets, cost, search};
-use modelmux_plan::{Costs, Setting, Trace, explain, plot, replay};
-
-fn base() -> Setting {
-    Setting {
-        replicas: 1,
-        max_models: Some(2),
-        max_bytes: None,
-        max_concurrent_loads: 1,
-        eviction: EvictionPolicy::Lru,
-        max_ongoing_requests: Some(8),
-        max_queued_requests: None,
-        queue_timeout: None,
-    }
-}
-
-fn costs() -> Costs {
-    Costs {
-        load: Duration::from_millis(100),
-        service: Duration::from_millis(10),
-        size_bytes: None,
-    }
-}
+use modelmux_plan::{Trace, explain, plot, replay};
 
 /// Ten models asked for round-robin every 50 ms, 20 rounds: only ten slots in all hit.
 fn round_robin() -> Trace {
@@ -44,7 +25,7 @@ fn the_cheapest_setting_that_meets_the_targets_is_found_and_the_frontier_is_not_
         max_concurrent_loads: vec![1, 2],
         policies: vec![EvictionPolicy::Lru],
     };
-    let settings = grid.settings(&base());
+    let settings = grid.settings(&one_replica(2));
     assert_eq!(settings.len(), 18);
     assert!(
         settings.windows(2).all(|w| cost(&w[0]) <= cost(&w[1])),
@@ -101,7 +82,7 @@ fn the_cheapest_setting_that_meets_the_targets_is_found_and_the_frontier_is_not_
 fn explain_names_the_load_waited_for_and_the_model_that_evicted_it() {
     // One replica, two slots, LRU: a, b, then c evicts a; a again waits for its load.
     let trace = Trace::parse("0,a\n1,b\n2,c\n3,a\n").unwrap();
-    let outcome = replay(&trace, &base(), &costs(), &|_| {}).unwrap();
+    let outcome = replay(&trace, &one_replica(2), &costs(), &|_| {}).unwrap();
     let late = explain::explain(&trace, &outcome, 50.0, 10);
     let last = late
         .iter()
