@@ -1,9 +1,10 @@
 //! The shared state of one multiplexer: the index readers use, the accounting writers keep.
 //!
 //! Two halves with different rules:
-//! - **The index** (`ArcSwap<Index>`) maps ids to loaded models. Readers (the hit path) never
-//!   lock: they load the current map, look up, pin. Writers replace the whole map (copy on
-//!   write), which is cheap because it changes only when a load finishes or a model is evicted.
+//! - **The index** ([`Index`], shards of `ArcSwap<HashMap>`) maps ids to loaded models.
+//!   Readers (the hit path) never lock: they load the id's shard, look up, pin. Writers replace
+//!   that shard (copy on write), which is cheap because it changes only when a load finishes
+//!   or a model is evicted, and a shard holds a sixteenth of the models.
 //! - **The state** (`Mutex<State>`) holds everything else: loads in progress, remembered
 //!   failures, capacity accounting, the event sequence. It is only locked for short, non-async
 //!   sections and never across an `.await` or a user callback, so it never serialises loads.
@@ -17,7 +18,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use tokio::runtime::Handle;
 use tokio::sync::{Semaphore, broadcast};
@@ -25,12 +25,11 @@ use tokio::time::Instant;
 
 use crate::events::{EvictReason, ModelEvent, ModelEventKind, ModelStatus, Subscription};
 use crate::guard::{ModelGuard, Resident, RoomSignal, WaiterCount};
+use crate::index::{Index, Snapshot};
 use crate::load::{Failure, LoadSlot};
 use crate::metrics::{Gauges, Metrics};
 use crate::model::DynLoader;
 use crate::{Config, Error, EvictionPolicy, Model, ModelId, ModelInfo};
-
-pub(crate) type Index<M> = HashMap<ModelId, Arc<Resident<M>>, foldhash::fast::RandomState>;
 
 /// The caps, changeable while the cache runs ([`Multiplexer::set_caps`](crate::Multiplexer::set_caps)).
 pub(crate) struct Caps {
@@ -69,7 +68,7 @@ pub(crate) struct Core<M: Model> {
     /// `config`'s caps as they are now (set again while running).
     pub(crate) caps: Caps,
     pub(crate) loader: Box<dyn DynLoader<M>>,
-    index: ArcSwap<Index<M>>,
+    index: Index<M>,
     pub(crate) state: Mutex<State<M>>,
     /// Logical LRU clock: bumped when a model other than the most recent one is used.
     clock: AtomicU64,
@@ -144,7 +143,7 @@ impl<M: Model> Core<M> {
             caps: Caps::new(config.max_models, config.max_bytes),
             config,
             loader,
-            index: ArcSwap::from_pointee(Index::default()),
+            index: Index::default(),
             state: Mutex::new(State {
                 loading: HashMap::new(),
                 failures: crate::ExpiringMap::new(crate::load::MAX_REMEMBERED_FAILURES),
@@ -169,7 +168,7 @@ impl<M: Model> Core<M> {
 
     /// The hit path: no lock, no allocation.
     pub(crate) fn hit(&self, id: &str) -> Option<ModelGuard<M>> {
-        let guard = ModelGuard::pin(self.index.load().get(id)?.clone());
+        let guard = ModelGuard::pin(self.index.get(id)?);
         self.touch(guard.resident());
         self.metrics.hits.inc();
         Some(guard)
@@ -208,15 +207,13 @@ impl<M: Model> Core<M> {
     }
 
     pub(crate) fn loaded(&self, id: &str) -> Option<Arc<Resident<M>>> {
-        self.index.load().get(id).cloned()
+        self.index.get(id)
     }
 
-    /// Replaces the index with a modified copy. Taking `&mut State` proves the caller holds
-    /// the state lock, which serialises writers.
-    pub(crate) fn update_index(&self, _st: &mut State<M>, f: impl FnOnce(&mut Index<M>)) {
-        let mut next = Index::clone(&self.index.load());
-        f(&mut next);
-        self.index.store(Arc::new(next));
+    /// Adds a loaded model to the index. Taking `&mut State` proves the caller holds the
+    /// state lock, which serialises writers.
+    pub(crate) fn index_insert(&self, _st: &mut State<M>, id: ModelId, r: Arc<Resident<M>>) {
+        self.index.insert(id, r);
     }
 
     /// Publishes an event. Called with the state lock held, so events are in state order.
@@ -260,15 +257,14 @@ impl<M: Model> Core<M> {
         if self.fits(after_slots, after_bytes) {
             return Room::Wait;
         }
-        let index = self.index.load();
-        let idle = self.eviction_order(&index);
+        let index = self.index.snapshot();
+        // The order is lazy: the next victim is asked for only while one is needed.
+        let mut idle = crate::eviction::order(self.config.eviction, &index);
         let mut victims = Vec::new();
         let mut victims_priority = Vec::new();
         let mut dearest = None;
-        for r in idle {
-            if self.fits(after_slots, after_bytes) {
-                break;
-            }
+        while !self.fits(after_slots, after_bytes) {
+            let Some(r) = idle.next() else { break };
             after_slots -= 1;
             after_bytes -= r.charged;
             victims.push(r.id.clone());
@@ -300,26 +296,12 @@ impl<M: Model> Core<M> {
     }
 
     /// The lowest GDSF priority of a model in use and not pinned (infinity if none is).
-    fn cheapest_busy(&self, index: &Index<M>) -> f64 {
+    fn cheapest_busy(&self, index: &Snapshot<M>) -> f64 {
         index
             .values()
             .filter(|r| !r.is_idle() && !r.pinned.load(Ordering::Relaxed))
             .map(|r| r.gdsf_priority())
             .fold(f64::INFINITY, f64::min)
-    }
-
-    /// The models that may be evicted (idle: unused and unpinned), first to go first.
-    fn eviction_order<'a>(&self, index: &'a Index<M>) -> Vec<&'a Arc<Resident<M>>> {
-        let mut idle: Vec<&Arc<Resident<M>>> = index.values().filter(|r| r.is_idle()).collect();
-        match self.config.eviction {
-            EvictionPolicy::Lru => {
-                idle.sort_unstable_by_key(|r| r.last_used_tick.load(Ordering::Relaxed))
-            }
-            EvictionPolicy::Gdsf => {
-                idle.sort_unstable_by(|a, b| a.gdsf_priority().total_cmp(&b.gdsf_priority()))
-            }
-        }
-        idle
     }
 
     /// Evicts idle models, in the policy's order, until what is held fits the caps (models
@@ -336,12 +318,11 @@ impl<M: Model> Core<M> {
             .fold((0, 0), |(n, b), d| (n + 1, b + d.size));
         let mut after_slots = st.used_slots - soon_slots;
         let mut after_bytes = st.used_bytes - soon_bytes;
-        let index = self.index.load();
+        let index = self.index.snapshot();
         let mut victims = Vec::new();
-        for r in self.eviction_order(&index) {
-            if self.fits(after_slots, after_bytes) {
-                break;
-            }
+        let mut idle = crate::eviction::order(self.config.eviction, &index);
+        while !self.fits(after_slots, after_bytes) {
+            let Some(r) = idle.next() else { break };
             after_slots -= 1;
             after_bytes -= r.charged;
             victims.push(r.id.clone());
@@ -358,10 +339,7 @@ impl<M: Model> Core<M> {
     /// Whether a model that is neither pinned nor idle is loaded: one that [`shrink_locked`]
     /// may evict once its requests are done.
     pub(crate) fn busy_unpinned(&self) -> bool {
-        self.index
-            .load()
-            .values()
-            .any(|r| !r.is_idle() && !r.pinned.load(Ordering::Relaxed))
+        (self.index.snapshot().values()).any(|r| !r.is_idle() && !r.pinned.load(Ordering::Relaxed))
     }
 
     /// Waits until `slots` and `bytes` fit, then reserves them. Gives up at `deadline` with
@@ -412,7 +390,7 @@ impl<M: Model> Core<M> {
         Error::CapacityExhausted {
             id: id.clone(),
             waited,
-            resident: self.index.load().len(),
+            resident: self.index.snapshot().len(),
             loading: st.loading.len().saturating_sub(1),
             draining: st.draining.len(),
             max_models: show(self.caps.models().map(|m| m as u64)),
@@ -424,9 +402,7 @@ impl<M: Model> Core<M> {
     /// draining until their unload finishes.
     pub(crate) fn evict_locked(&self, st: &mut State<M>, ids: &[ModelId], reason: EvictReason) {
         let mut evicted = Vec::with_capacity(ids.len());
-        self.update_index(st, |index| {
-            evicted.extend(ids.iter().filter_map(|id| index.remove(id)));
-        });
+        evicted.extend(ids.iter().filter_map(|id| self.index.remove(id)));
         for r in &evicted {
             r.pinned.store(false, Ordering::Relaxed);
             r.evicted_for.store(reason.code(), Ordering::Relaxed);
@@ -484,7 +460,7 @@ impl<M: Model> Core<M> {
     }
 
     pub(crate) fn gauges(&self, st: &State<M>) -> Gauges {
-        let index = self.index.load();
+        let index = self.index.snapshot();
         Gauges {
             loaded: index.len(),
             loading: st.loading.len(),
@@ -500,7 +476,7 @@ impl<M: Model> Core<M> {
 
     /// Mean reported size of the loaded models (the reservation for a load of unknown size).
     pub(crate) fn mean_loaded_size(&self) -> u64 {
-        let index = self.index.load();
+        let index = self.index.snapshot();
         let (n, sum) = index
             .values()
             .filter_map(|r| r.size)
@@ -510,7 +486,7 @@ impl<M: Model> Core<M> {
 
     pub(crate) fn subscribe(&self) -> Subscription {
         let st = self.state.lock();
-        let index = self.index.load();
+        let index = self.index.snapshot();
         let loaded = index.keys().map(|id| (id.clone(), ModelStatus::Loaded));
         let loading = st
             .loading
@@ -525,7 +501,7 @@ impl<M: Model> Core<M> {
 
     pub(crate) fn models(&self) -> Vec<ModelInfo> {
         let st = self.state.lock();
-        let index = self.index.load();
+        let index = self.index.snapshot();
         let mut loaded: Vec<&Arc<Resident<M>>> = index.values().collect();
         loaded
             .sort_unstable_by_key(|r| std::cmp::Reverse(r.last_used_tick.load(Ordering::Relaxed)));
@@ -568,6 +544,6 @@ impl<M: Model> Core<M> {
     }
 
     pub(crate) fn loaded_ids(&self) -> Vec<ModelId> {
-        self.index.load().keys().cloned().collect()
+        self.index.snapshot().keys().cloned().collect()
     }
 }

@@ -400,9 +400,7 @@ impl<M: Model> Core<M> {
         }
         st.failures.remove(id);
         let guard = ModelGuard::pin(resident.clone());
-        self.update_index(&mut st, |index| {
-            index.insert(id.clone(), resident);
-        });
+        self.index_insert(&mut st, id.clone(), resident);
         self.emit(
             &mut st,
             id,

@@ -165,7 +165,7 @@ struct Recorder {
     served: Mutex<Vec<Served>>,
     events: Mutex<Vec<Happening>>,
     replicas: Mutex<Vec<String>>,
-    index: HashMap<ModelId, u32>,
+    index: HashMap<ModelId, u32, foldhash::fast::RandomState>,
     load_times: Vec<Duration>,
     sizes: Vec<Option<u64>>,
     default_service: Duration,
@@ -233,7 +233,14 @@ async fn run(
         };
         let model = trace.model_of(r).clone();
         recorder.in_flight.fetch_add(1, Ordering::Relaxed);
-        tokio::spawn(send(controller.clone(), recorder.clone(), tag, model));
+        // Boxed: the request's future is some kilobytes, which the spawn would otherwise copy.
+        // Boxed: the request's future is some kilobytes, which the spawn would otherwise copy.
+        tokio::spawn(Box::pin(send(
+            controller.clone(),
+            recorder.clone(),
+            tag,
+            model,
+        )));
     }
     progress(trace.requests.len());
     while recorder.in_flight.load(Ordering::Acquire) > 0 {

@@ -106,7 +106,7 @@ struct Arrival {
 struct Builder {
     arrivals: Vec<Arrival>,
     models: Vec<ModelId>,
-    index: HashMap<ModelId, u32>,
+    index: HashMap<ModelId, u32, foldhash::fast::RandomState>,
     facts: Vec<ModelFacts>,
     /// Whether a line was read yet (a CSV header may only be the first).
     seen_any: bool,
@@ -114,10 +114,11 @@ struct Builder {
 
 impl Builder {
     fn intern(&mut self, id: &str) -> Result<u32, String> {
-        let id = ModelId::new(id).map_err(|e| format!("model id: {e}"))?;
-        if let Some(&i) = self.index.get(&id) {
+        // Looked up by the text first: only a new id is checked and allocated.
+        if let Some(&i) = self.index.get(id) {
             return Ok(i);
         }
+        let id = ModelId::new(id).map_err(|e| format!("model id: {e}"))?;
         let i = u32::try_from(self.models.len()).map_err(|_| "too many models".to_string())?;
         self.index.insert(id.clone(), i);
         self.models.push(id);
@@ -130,17 +131,20 @@ impl Builder {
         if line.starts_with('{') {
             return self.json_line(line);
         }
-        if line.contains("modelmux::access") || line.contains("Loaded model '") {
-            return self.text_log_line(line);
-        }
-        if looks_like_log(line) {
-            return Ok(());
+        // A log line has words; most CSV lines have no white space, and skip the searches.
+        if line.contains(char::is_whitespace) {
+            if line.contains("modelmux::access") || line.contains("Loaded model '") {
+                return self.text_log_line(line);
+            }
+            if looks_like_log(line) {
+                return Ok(());
+            }
         }
         self.csv_line(line, first)
     }
 
     fn csv_line(&mut self, line: &str, first: bool) -> Result<(), String> {
-        let fields: Vec<&str> = line.split(',').map(str::trim).collect();
+        let fields: smallvec::SmallVec<[&str; 4]> = line.split(',').map(str::trim).collect();
         if first
             && fields
                 .first()

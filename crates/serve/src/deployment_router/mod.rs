@@ -1,9 +1,10 @@
 //! Sending one request to one replica of a deployment: choose (router.rs), reserve a slot on
 //! the replica, queue (bounded, with a timeout) when nothing has room, call, count, log.
 //!
-//! The request path takes no lock while nobody waits: the replica list and each replica's
-//! model set are read through `ArcSwap`, and a replica slot is reserved with one
-//! compare-and-swap. Once requests wait, the queue is fair: a new request joins the end of it,
+//! The request path takes no exclusive lock while nobody waits and no model is placed: the
+//! replica list is read through `ArcSwap`, each replica's model set under a read lock (written
+//! only when its caches report a change, or once per coarse tick for a model routed to), and a
+//! replica slot is reserved with one compare-and-swap. Once requests wait, the queue is fair: a new request joins the end of it,
 //! and whenever capacity may have freed (a request finished, a model loaded, the replica set
 //! changed) one pass hands each free slot to the first waiter that can use it, so a finished
 //! request wakes one waiter, not all of them, and nobody overtakes the queue.
@@ -24,7 +25,7 @@ use crate::dispatch::{Dispatch, Dispatched, Route, Waker};
 use crate::placement::ReplicaView;
 use crate::remote::{ForwardError, RemoteReplica};
 use crate::replica::Replica;
-use crate::router::{Choice, Reason, Rng, choose_with};
+use crate::router::{Choice, Reason, Rng, Triage, choose_with, triage};
 use crate::{HandleCall, Request, Response, ServeError};
 
 mod dispatch_impl;
@@ -402,17 +403,18 @@ impl DeploymentRouter {
         // A lost race for the last slot on a replica just means choosing again.
         for _ in 0..4 {
             let waiting = self.queued.load(Ordering::Relaxed);
-            let mut choice =
-                with_rng(|rng| choose_with(replicas, model, Instant::now(), rng, waiting));
-            // Placing a model: decide again, and mark, under the placement lock.
-            let _placing = match choice {
-                Choice::Replica(_, Reason::Placed | Reason::NewCopy) => {
+            // Placing a model: decide (again, from the start), and mark, under the placement
+            // lock, so that two requests for a cold model cannot place it on two replicas.
+            let (choice, _placing) = match with_rng(|rng| {
+                triage(replicas, model, Instant::now(), rng, waiting)
+            }) {
+                Triage::Decided(choice) => (choice, None),
+                Triage::Place(_) => {
                     let lock = self.placing.lock();
-                    choice =
+                    let choice =
                         with_rng(|rng| choose_with(replicas, model, Instant::now(), rng, waiting));
-                    Some(lock)
+                    (choice, Some(lock))
                 }
-                _ => None,
             };
             match choice {
                 Choice::Replica(i, reason) => {

@@ -1,8 +1,10 @@
 //! What the router knows about each replica: its load, and which models it holds.
 //!
-//! Each replica has a [`ReplicaLedger`]. Its model set is replaced (copy on write) whenever one
-//! of the replica's caches publishes an event, the moment it publishes it, so reading it on the
-//! request path takes no lock. The router adds *pending* entries when it places a cold model on
+//! Each replica has a [`ReplicaLedger`]. Its model set ([`model_set::ModelSet`]) changes in
+//! place whenever one of the replica's caches publishes an event, the moment it publishes it,
+//! under a write lock held for that one change; the routing rules read it under a read lock,
+//! and the counts they ask for (models held, bytes, copies draining) are kept up to date with
+//! each change, so no routing decision scans a replica's models. The router adds *pending* entries when it places a cold model on
 //! a replica, before that replica has even started the load: requests for the same model that
 //! arrive in between follow the first one instead of scattering (Ray's first-request burst).
 
@@ -11,7 +13,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
+use model_set::{ModelSet, live};
 use modelmux_cache::{ExpiringMap, ModelEvent, ModelEventKind, ModelId, ModelStatus};
 use tokio::time::Instant;
 
@@ -21,8 +23,6 @@ pub(crate) const PENDING_TTL: Duration = Duration::from_secs(5);
 /// long enough for the replica to report `Loading`, short enough that a placement never
 /// confirmed (the request failed before asking its cache) cannot hold requests back.
 pub(crate) const PENDING_LOADING_GRACE: Duration = Duration::from_secs(1);
-/// The source of the entries the router itself adds (pending placements).
-const ROUTER: usize = usize::MAX;
 
 /// How a replica holds a model, as far as routing is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,10 +49,8 @@ pub(crate) struct ReplicaLedger {
     model_capacity: AtomicUsize,
     /// `max_bytes` of the replica's caches (summed), `u64::MAX` if unbounded or unknown.
     byte_capacity: AtomicU64,
-    /// Evicted copies whose unload has not run yet (still in use, or unloading), per cache and
-    /// id: how many, and their bytes. They hold capacity a new load cannot have.
-    draining: parking_lot::Mutex<HashMap<(usize, ModelId), (usize, u64)>>,
-    models: ArcSwap<HashMap<ModelId, Entry>>,
+    /// Its models, and the copies of them still draining.
+    models: parking_lot::RwLock<ModelSet>,
     /// Requests inside the replica: with a slot, or waiting for a load without one. A drain
     /// waits for it to reach 0. Changed only when a request enters or leaves.
     inside: AtomicUsize,
@@ -88,56 +86,6 @@ const MAX_FAILED: usize = 4096;
 const FIRST_AVOID: Duration = Duration::from_secs(1);
 const MAX_AVOID: Duration = Duration::from_secs(60);
 
-/// A model in a replica's set: how it is held, who reported it, when it was last routed here.
-#[derive(Debug, Clone)]
-struct Entry {
-    holding: Holding,
-    /// Which of the replica's caches reported it (`ROUTER` for a pending placement).
-    source: usize,
-    /// Coarse monotonic ticks of the last routing here (shared across copies of the map).
-    routed: Arc<AtomicU64>,
-    /// How long the load took, once loaded.
-    load_time: Option<Duration>,
-    /// When this router learned it was loaded.
-    loaded_at: Option<Instant>,
-    /// Its size, once loaded (if it reports one).
-    size_bytes: Option<u64>,
-}
-
-impl Entry {
-    fn new(holding: Holding, source: usize) -> Self {
-        Self {
-            holding,
-            source,
-            routed: Arc::new(AtomicU64::new(coarse_now())),
-            load_time: None,
-            loaded_at: None,
-            size_bytes: None,
-        }
-    }
-}
-
-fn coarse_now() -> u64 {
-    modelmux_cache::coarse_clock::ticks()
-}
-
-/// Sets how `id` is held and by which cache, keeping its routing time.
-fn set(m: &mut HashMap<ModelId, Entry>, id: &ModelId, holding: Holding, source: usize) {
-    m.entry(id.clone())
-        .and_modify(|e| {
-            e.holding = holding;
-            e.source = source;
-        })
-        .or_insert_with(|| Entry::new(holding, source));
-}
-
-fn live(h: &Holding, now: Instant) -> bool {
-    match h {
-        Holding::Pending(at) => now.duration_since(*at) <= PENDING_TTL,
-        Holding::Loading | Holding::Loaded => true,
-    }
-}
-
 impl ReplicaLedger {
     pub(crate) fn new(
         id: Arc<str>,
@@ -153,8 +101,7 @@ impl ReplicaLedger {
             tracks_models: caches > 0,
             model_capacity: AtomicUsize::new(model_capacity.unwrap_or(usize::MAX)),
             byte_capacity: AtomicU64::new(u64::MAX),
-            draining: parking_lot::Mutex::default(),
-            models: ArcSwap::default(),
+            models: parking_lot::RwLock::default(),
             inside: AtomicUsize::new(0),
             loading_waiters: AtomicUsize::new(0),
             waiting_per_model: parking_lot::Mutex::default(),
@@ -211,54 +158,43 @@ impl ReplicaLedger {
         self.tracks_models
     }
 
-    /// Replaces the model set with `f` applied to a copy (retried if a concurrent update won).
-    fn update(&self, f: impl Fn(&mut HashMap<ModelId, Entry>)) {
-        self.models.rcu(|current| {
-            let mut next = HashMap::clone(current);
-            // Drop placements the replica never confirmed, before the change, so an expired
-            // entry cannot stand in for a new one.
-            let now = Instant::now();
-            next.retain(|_, e| !matches!(e.holding, Holding::Pending(at) if now.duration_since(at) > PENDING_TTL));
-            f(&mut next);
-            next
-        });
+    /// Changes the model set with `f`, after dropping the placements the replica never
+    /// confirmed (so an expired entry cannot stand in for a new one).
+    fn update(&self, f: impl FnOnce(&mut ModelSet)) {
+        let mut models = self.models.write();
+        models.expire(Instant::now());
+        f(&mut models);
     }
 
     /// Records that the router sent `id` here to be loaded.
     pub(crate) fn mark_pending(&self, id: &ModelId) {
-        let now = Instant::now();
-        self.update(|m| {
-            m.entry(id.clone())
-                .or_insert_with(|| Entry::new(Holding::Pending(now), ROUTER));
-        });
+        // The time is taken under the lock: the set's placements stay in time order.
+        self.update(|m| m.place(id, Instant::now()));
     }
 
     /// Records that a request for `id` was just routed here: the placement of cold models uses
     /// it to find the replica holding the least recently used model (a global LRU). Writes
     /// only when the coarse clock has moved, so hot models cost a read per request.
     pub(crate) fn note_routed(&self, id: &ModelId) {
-        if let Some(e) = self.models.load().get(id) {
-            let now = coarse_now();
-            if e.routed.load(Ordering::Relaxed) != now {
-                e.routed.store(now, Ordering::Relaxed);
-            }
+        let now = modelmux_cache::coarse_clock::ticks();
+        if (self.models.read().get(id)).is_some_and(|e| e.routed != now) {
+            self.models.write().routed(id, now);
         }
     }
 
     /// Starts (or starts again, after lagging) from the snapshot of cache number `source`:
-    /// what it reports replaces what that cache reported before; other caches' entries and the
-    /// router's pending placements stay.
+    /// what it reports replaces what that cache reported before (and which of its models
+    /// still drain is unknown after a resync); other caches' entries and the router's pending
+    /// placements stay.
     pub(crate) fn apply_snapshot(&self, source: usize, snapshot: &[(ModelId, ModelStatus)]) {
-        // Which of that cache's models still drain is unknown after a resync.
-        self.draining.lock().retain(|(s, _), _| *s != source);
         self.update(|m| {
-            m.retain(|_, e| e.source != source);
+            m.forget_source(source);
             for (id, status) in snapshot {
                 let holding = match status {
                     ModelStatus::Queued | ModelStatus::Loading => Holding::Loading,
                     ModelStatus::Loaded => Holding::Loaded,
                 };
-                set(m, id, holding, source);
+                m.set(id, holding, source);
             }
         });
     }
@@ -291,63 +227,30 @@ impl ReplicaLedger {
                     now,
                 );
             }
-            ModelEventKind::Evicting { .. } => {
-                let bytes = self
-                    .models
-                    .load()
-                    .get(&event.id)
-                    .filter(|e| e.source == source)
-                    .and_then(|e| e.size_bytes)
-                    .unwrap_or(0);
-                let mut draining = self.draining.lock();
-                let copies = draining.entry((source, event.id.clone())).or_default();
-                *copies = (copies.0 + 1, copies.1.saturating_add(bytes));
-            }
-            ModelEventKind::Unloaded { .. } => {
-                let mut draining = self.draining.lock();
-                let key = (source, event.id.clone());
-                if let Some(&(n, bytes)) = draining.get(&key) {
-                    if n <= 1 {
-                        draining.remove(&key);
-                    } else {
-                        // Copies of one id are about the same size: release an even share.
-                        draining.insert(key, (n - 1, bytes - bytes / n as u64));
-                    }
-                }
-            }
             _ => {}
         }
-        self.update(|m| match event.kind {
-            ModelEventKind::Loading => set(m, &event.id, Holding::Loading, source),
+        let id = &event.id;
+        match event.kind {
+            ModelEventKind::Loading => self.update(|m| m.set(id, Holding::Loading, source)),
             ModelEventKind::Loaded {
                 load_time,
                 size_bytes,
-            } => {
-                set(m, &event.id, Holding::Loaded, source);
-                if let Some(e) = m.get_mut(&event.id) {
-                    e.load_time = Some(load_time);
-                    e.size_bytes = size_bytes;
-                    e.loaded_at.get_or_insert_with(Instant::now);
-                }
-            }
+            } => self.update(|m| m.loaded(id, source, load_time, size_bytes)),
             // Failed retracts the Loading (and any pending placement); Evicting means new
-            // requests can no longer be served from it. Unloaded changes nothing more. Another
-            // cache's entry for the same id stays.
-            ModelEventKind::Failed { .. } | ModelEventKind::Evicting { .. }
-                if m.get(&event.id)
-                    .is_some_and(|e| e.source == source || e.source == ROUTER) =>
-            {
-                m.remove(&event.id);
-            }
+            // requests can no longer be served from it, and its room drains until Unloaded.
+            ModelEventKind::Failed { .. } => self.update(|m| m.retract(id, source)),
+            ModelEventKind::Evicting { .. } => self.update(|m| {
+                m.evicting(id, source);
+                m.retract(id, source);
+            }),
+            ModelEventKind::Unloaded { .. } => self.update(|m| m.unloaded(id, source)),
             _ => {}
-        });
+        }
     }
 
     /// The models held now (for admin views and tests).
     pub(crate) fn holdings(&self) -> HashMap<ModelId, Holding> {
-        self.models
-            .load()
-            .iter()
+        (self.models.read().entries())
             .map(|(id, e)| (id.clone(), e.holding))
             .collect()
     }
@@ -372,20 +275,20 @@ impl ReplicaView for ReplicaLedger {
 
     fn holds(&self, id: &ModelId, now: Instant) -> bool {
         self.models
-            .load()
+            .read()
             .get(id)
             .is_some_and(|e| live(&e.holding, now))
     }
 
     fn holds_loaded(&self, id: &ModelId) -> bool {
         self.models
-            .load()
+            .read()
             .get(id)
             .is_some_and(|e| e.holding == Holding::Loaded)
     }
 
     fn holds_loading(&self, id: &ModelId, now: Instant) -> bool {
-        self.models.load().get(id).is_some_and(|e| match e.holding {
+        self.models.read().get(id).is_some_and(|e| match e.holding {
             Holding::Loading => true,
             Holding::Pending(at) => now.duration_since(at) <= PENDING_LOADING_GRACE,
             Holding::Loaded => false,
@@ -393,11 +296,7 @@ impl ReplicaView for ReplicaLedger {
     }
 
     fn model_count(&self, now: Instant) -> usize {
-        self.models
-            .load()
-            .values()
-            .filter(|e| live(&e.holding, now))
-            .count()
+        self.models.read().held(now)
     }
 
     /// Room for one more model without evicting: counting models that still drain, and, under
@@ -408,38 +307,25 @@ impl ReplicaView for ReplicaLedger {
         if model_capacity.is_none() && byte_capacity.is_none() {
             return true;
         }
-        let (draining, draining_bytes) = self
-            .draining
-            .lock()
-            .values()
-            .fold((0, 0u64), |(n, b), &(dn, db)| {
-                (n + dn, b.saturating_add(db))
-            });
-        let models = self.models.load();
-        let held: Vec<&Entry> = models.values().filter(|e| live(&e.holding, now)).collect();
-        if model_capacity.is_some_and(|cap| held.len() + draining >= cap) {
+        let models = self.models.read();
+        let held = models.held(now);
+        let (draining, draining_bytes) = models.draining();
+        if model_capacity.is_some_and(|cap| held + draining >= cap) {
             return false;
         }
         let Some(cap) = byte_capacity else {
             return true;
         };
-        let known: Vec<u64> = held.iter().filter_map(|e| e.size_bytes).collect();
-        let known_bytes = known.iter().fold(0u64, |a, &b| a.saturating_add(b));
-        let typical = known_bytes / (known.len() as u64).max(1);
+        let (known, known_bytes) = models.known();
+        let typical = known_bytes / (known as u64).max(1);
         let used = known_bytes
-            .saturating_add(((held.len() - known.len()) as u64).saturating_mul(typical))
+            .saturating_add(((held.saturating_sub(known)) as u64).saturating_mul(typical))
             .saturating_add(draining_bytes);
         used.saturating_add(typical.max(1)) <= cap
     }
 
     fn oldest_use(&self) -> u64 {
-        self.models
-            .load()
-            .values()
-            .filter(|e| e.holding == Holding::Loaded)
-            .map(|e| e.routed.load(Ordering::Relaxed))
-            .min()
-            .unwrap_or(u64::MAX)
+        self.models.read().oldest_use()
     }
 
     fn service_time(&self) -> Option<Duration> {
@@ -450,7 +336,7 @@ impl ReplicaView for ReplicaLedger {
     }
 
     fn load_time(&self, id: &ModelId) -> Option<Duration> {
-        self.models.load().get(id).and_then(|e| e.load_time)
+        self.models.read().get(id).and_then(|e| e.load_time)
     }
 
     fn waiting_for_load(&self, model: &ModelId) -> usize {
@@ -458,7 +344,7 @@ impl ReplicaView for ReplicaLedger {
     }
 
     fn loaded_for(&self, id: &ModelId, now: Instant) -> Option<Duration> {
-        let at = self.models.load().get(id)?.loaded_at?;
+        let at = self.models.read().get(id)?.loaded_at?;
         Some(now.saturating_duration_since(at))
     }
 
@@ -478,6 +364,7 @@ impl ReplicaView for ReplicaLedger {
     }
 }
 
+mod model_set;
 mod remote;
 mod slots;
 #[cfg(test)]

@@ -1,16 +1,14 @@
 //! Feeding a [`ReplicaLedger`] from another node's published state instead of local cache
 //! events (cluster mode).
 
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use modelmux_cache::ModelId;
 
-use super::{Entry, Holding, ROUTER, ReplicaLedger, coarse_now};
+use super::model_set::{Entry, ROUTER};
+use super::{Holding, ReplicaLedger};
 
 /// One model copy a remote replica reports: whether it is loaded (else loading), its size and
 /// how long its load took, when known.
@@ -35,18 +33,7 @@ impl ReplicaLedger {
     /// a model still reported keeps when it was last routed here.
     pub(crate) fn replace_copies(&self, copies: &[CopyReport]) {
         self.update(|m| {
-            let mut routed: HashMap<ModelId, Arc<AtomicU64>> = HashMap::new();
-            let mut loaded_at: HashMap<ModelId, Instant> = HashMap::new();
-            m.retain(|id, e| {
-                if e.source == ROUTER {
-                    return true;
-                }
-                routed.insert(id.clone(), e.routed.clone());
-                if let Some(at) = e.loaded_at.filter(|_| e.holding == Holding::Loaded) {
-                    loaded_at.insert(id.clone(), at);
-                }
-                false
-            });
+            let mut before = m.remove_where(|e| e.source != ROUTER);
             let now = Instant::now();
             for copy in copies {
                 let holding = if copy.loaded {
@@ -54,22 +41,21 @@ impl ReplicaLedger {
                 } else {
                     Holding::Loading
                 };
-                m.insert(
-                    copy.id.clone(),
-                    Entry {
-                        holding,
-                        source: REMOTE,
-                        routed: routed
-                            .remove(&copy.id)
-                            .unwrap_or_else(|| Arc::new(AtomicU64::new(coarse_now()))),
-                        load_time: copy.load_time,
-                        // Since this router first heard it was loaded there.
-                        loaded_at: copy
-                            .loaded
-                            .then(|| loaded_at.remove(&copy.id).unwrap_or(now)),
-                        size_bytes: copy.size_bytes,
-                    },
-                );
+                let old = before.remove(&copy.id);
+                let mut e = Entry::new(holding, REMOTE);
+                if let Some(old) = &old {
+                    e.routed = old.routed;
+                }
+                e.load_time = copy.load_time;
+                // Since this router first heard it was loaded there.
+                e.loaded_at = copy.loaded.then(|| {
+                    (old.as_ref())
+                        .filter(|o| o.holding == Holding::Loaded)
+                        .and_then(|o| o.loaded_at)
+                        .unwrap_or(now)
+                });
+                e.size_bytes = copy.size_bytes;
+                m.insert(&copy.id, e);
             }
         });
     }
@@ -77,10 +63,7 @@ impl ReplicaLedger {
     /// What the replica holds, as reports (loaded and loading copies; pending placements are
     /// this router's own and left out): what a node publishes of its local replicas.
     pub(crate) fn copies(&self) -> Vec<CopyReport> {
-        let mut copies: Vec<CopyReport> = self
-            .models
-            .load()
-            .iter()
+        let mut copies: Vec<CopyReport> = (self.models.read().entries())
             .filter(|(_, e)| e.source != ROUTER)
             .filter_map(|(id, e)| {
                 let loaded = match e.holding {

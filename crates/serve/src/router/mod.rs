@@ -115,30 +115,43 @@ fn power_of_two<R: ReplicaView>(
     }
 }
 
+/// How good a place for a new model a replica is, the rendezvous score aside: a free slot,
+/// fewer models, an older least recently used model (greater is better).
+type PlacementKey = (bool, std::cmp::Reverse<usize>, u64);
+
 /// The best replica to load `model` on among those `eligible` says yes to: a free model slot
 /// first, then the fewest models, then (when full) the oldest least-recently-used model, then
-/// the highest rendezvous score.
+/// the highest rendezvous score (hashed only to break a tie: it costs more than the rest).
 fn best_placement<R: ReplicaView>(
     replicas: &[R],
     model: &ModelId,
     now: Instant,
     eligible: impl Fn(usize) -> bool,
 ) -> Option<usize> {
-    (0..replicas.len())
-        .filter(|&i| eligible(i))
-        .max_by_key(|&i| {
-            let r = &replicas[i];
-            let free = r.has_free_slot(now);
-            // Among full replicas, the one whose least recently used model is oldest: loading
-            // there evicts what a single global LRU would (ModelMesh's rule).
-            let older_victim = if free { 0 } else { u64::MAX - r.oldest_use() };
-            (
-                free,
-                std::cmp::Reverse(r.model_count(now)),
-                older_victim,
-                rendezvous_score(model, r.id()),
-            )
-        })
+    let key = |r: &R| {
+        let free = r.has_free_slot(now);
+        // Among full replicas, the one whose least recently used model is oldest: loading
+        // there evicts what a single global LRU would (ModelMesh's rule).
+        let older_victim = if free { 0 } else { u64::MAX - r.oldest_use() };
+        (free, std::cmp::Reverse(r.model_count(now)), older_victim)
+    };
+    let mut best: Option<(usize, PlacementKey)> = None;
+    for i in (0..replicas.len()).filter(|&i| eligible(i)) {
+        let k = key(&replicas[i]);
+        let better = match &best {
+            None => true,
+            Some((b, bk)) => {
+                k > *bk
+                    || (k == *bk
+                        && rendezvous_score(model, replicas[i].id())
+                            >= rendezvous_score(model, replicas[*b].id()))
+            }
+        };
+        if better {
+            best = Some((i, k));
+        }
+    }
+    best.map(|(i, _)| i)
 }
 
 /// Where an operator's prewarm of `model` should go, whatever the load: a replica that already
@@ -207,7 +220,7 @@ fn copy_pays<R: ReplicaView>(
 
 /// Replica indices, on the stack up to 16 (a choice is made for every request; two heap
 /// allocations for it were an eighth of a trivial request's).
-type Indices = smallvec::SmallVec<[usize; 16]>;
+pub(crate) type Indices = smallvec::SmallVec<[usize; 16]>;
 
 /// Applies the rules above, with `waiting` requests already queued in front of this one.
 pub(crate) fn choose_with<R: ReplicaView>(
@@ -217,13 +230,45 @@ pub(crate) fn choose_with<R: ReplicaView>(
     rng: &mut Rng,
     waiting: usize,
 ) -> Choice {
+    match triage(replicas, model, now, rng, waiting) {
+        Triage::Decided(choice) => choice,
+        Triage::Place(holders) => place_copy(
+            replicas,
+            model.expect("only a model is placed"),
+            now,
+            &holders,
+        ),
+    }
+}
+
+/// What rules 1-3 make of a request.
+pub(crate) enum Triage {
+    /// They decide (or nothing is open to place it on: rule 5).
+    Decided(Choice),
+    /// Rule 4 decides: place the model; these replicas hold it already.
+    Place(Indices),
+}
+
+/// Rules 1-3 (and 5 when nothing is open): the choice they make, or, where rule 4 decides
+/// (placing the model on a replica that does not hold it), the holders, for [`place_copy`]. A
+/// dispatcher triages without a lock and places under its placement lock, so the placement,
+/// the dearer step, is worked out once.
+pub(crate) fn triage<R: ReplicaView>(
+    replicas: &[R],
+    model: Option<&ModelId>,
+    now: Instant,
+    rng: &mut Rng,
+    waiting: usize,
+) -> Triage {
     let open = |r: &R| r.is_available() && !r.is_saturated();
     let Some(model) = model else {
         let candidates: Indices = (0..replicas.len())
             .filter(|&i| open(&replicas[i]))
             .collect();
-        return power_of_two(replicas, &candidates, rng)
-            .map_or(Choice::Wait, |i| Choice::Replica(i, Reason::LeastLoaded));
+        return Triage::Decided(
+            power_of_two(replicas, &candidates, rng)
+                .map_or(Choice::Wait, |i| Choice::Replica(i, Reason::LeastLoaded)),
+        );
     };
 
     let mut holders = Indices::new();
@@ -242,17 +287,32 @@ pub(crate) fn choose_with<R: ReplicaView>(
         }
     }
     if let Some(i) = power_of_two(replicas, &open_holders, rng) {
-        return Choice::Replica(i, Reason::Holder);
+        return Triage::Decided(Choice::Replica(i, Reason::Holder));
     }
     if holders
         .iter()
         .any(|&i| replicas[i].holds_loading(model, now))
     {
-        return Choice::Wait;
+        return Triage::Decided(Choice::Wait);
     }
     if !holders.is_empty() && !copy_pays(replicas, &holders, model, now, waiting) {
-        return Choice::Wait;
+        return Triage::Decided(Choice::Wait);
     }
+    let any_open = (0..replicas.len()).any(|i| open(&replicas[i]) && !holders.contains(&i));
+    if !any_open {
+        return Triage::Decided(Choice::Wait);
+    }
+    Triage::Place(holders)
+}
+
+/// Rule 4: where to load another copy of `model` (its first, if `holders` is empty).
+pub(crate) fn place_copy<R: ReplicaView>(
+    replicas: &[R],
+    model: &ModelId,
+    now: Instant,
+    holders: &[usize],
+) -> Choice {
+    let open = |r: &R| r.is_available() && !r.is_saturated();
     let candidate = |i: usize| open(&replicas[i]) && !holders.contains(&i);
     let best = best_placement(replicas, model, now, |i| {
         candidate(i) && !replicas[i].backing_off(model, now)
