@@ -17,7 +17,8 @@ pub struct LocalEtcd {
     pub(crate) admin: modelmux_etcd::ConnectOptions,
     #[cfg(feature = "local-etcd-tls")]
     pub(crate) secure: Option<crate::local_etcd_tls::SecureEtcd>,
-    _dir: tempfile::TempDir,
+    /// The members' data and logs (shared by the attempts of one start).
+    _dir: std::sync::Arc<tempfile::TempDir>,
 }
 
 /// How members are started: TLS for their clients, and more flags.
@@ -55,12 +56,59 @@ impl LocalEtcd {
         Self::launch(members, host, dir, Launch::default()).await
     }
 
-    /// Starts the members with their data in `dir`, as `launch` says.
+    /// Starts the members with their data in `dir`, as `launch` says. Their ports are found
+    /// free just before etcd binds them, so another process can take one in between: a
+    /// member that exits because its port was taken is started again, with all the others, on
+    /// fresh ports (a few times at most).
     pub(crate) async fn launch(
         members: usize,
         host: IpAddr,
         dir: tempfile::TempDir,
         launch: Launch,
+    ) -> std::io::Result<Self> {
+        let dir = std::sync::Arc::new(dir);
+        let mut attempt = 0;
+        loop {
+            let mut etcd = Self::launch_once(members, host, &dir, &launch, attempt)?;
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                if etcd.leader().await.is_some() {
+                    return Ok(etcd);
+                }
+                if etcd.lost_its_port() && attempt < 4 {
+                    break;
+                }
+                if Instant::now() >= deadline {
+                    // The same answer a later wait gives: what the first member says, and
+                    // its log.
+                    etcd.wait_for_leader(Duration::ZERO).await?;
+                    return Ok(etcd);
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            attempt += 1;
+        }
+    }
+
+    /// Whether a member has exited because its port was taken (it says so in its log).
+    fn lost_its_port(&mut self) -> bool {
+        let dir = self._dir.clone();
+        self.members.iter_mut().any(|m| {
+            let exited = (m.child.as_mut()).is_some_and(|c| c.try_wait().ok().flatten().is_some());
+            exited
+                && std::fs::read_to_string(dir.path().join(format!("{}.log", m.name)))
+                    .is_ok_and(|log| log.contains("address already in use"))
+        })
+    }
+
+    /// One attempt of [`launch`](Self::launch): the members spawned on fresh ports, their data
+    /// in a directory of this attempt's own.
+    fn launch_once(
+        members: usize,
+        host: IpAddr,
+        dir: &std::sync::Arc<tempfile::TempDir>,
+        launch: &Launch,
+        attempt: usize,
     ) -> std::io::Result<Self> {
         let url = |scheme: &str, port: u16| {
             format!("{scheme}://{}", std::net::SocketAddr::new(host, port))
@@ -101,7 +149,7 @@ impl LocalEtcd {
             let child = command
                 .args(&launch.args)
                 .args(["--name", &name, "--data-dir"])
-                .arg(dir.path().join(&name))
+                .arg(dir.path().join(format!("{name}-{attempt}")))
                 .args(["--listen-client-urls", &client])
                 .args(["--advertise-client-urls", &client])
                 .args(["--listen-peer-urls", &peer])
@@ -130,20 +178,18 @@ impl LocalEtcd {
                 child: Some(child),
             });
         }
-        let admin = launch.admin.unwrap_or_else(|| {
+        let admin = launch.admin.clone().unwrap_or_else(|| {
             modelmux_etcd::ConnectOptions::new()
                 .with_connect_timeout(Duration::from_secs(2))
                 .with_timeout(Duration::from_secs(5))
         });
-        let etcd = Self {
+        Ok(Self {
             members: started,
             admin,
             #[cfg(feature = "local-etcd-tls")]
             secure: None,
-            _dir: dir,
-        };
-        etcd.wait_for_leader(Duration::from_secs(30)).await?;
-        Ok(etcd)
+            _dir: dir.clone(),
+        })
     }
 
     /// Every member's client URL.

@@ -28,6 +28,9 @@ use crate::errors::serve_error;
 use crate::ingress::OpenAiIngress;
 use crate::params::invalid;
 
+/// How long a load's or unload's answer waits for `/v1/models` to list what it did.
+const LISTED_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The header a load's answer names the replica it loaded on in.
 pub(crate) const LOADED_ON_HEADER: &str = "x-modelmux-loaded-on";
 
@@ -82,7 +85,7 @@ impl OpenAiIngress {
         if load {
             self.load_adapter(crate::params::parse_body(&body)?).await
         } else {
-            self.unload_adapter(crate::params::parse_body(&body)?)
+            self.unload_adapter(crate::params::parse_body(&body)?).await
         }
     }
 
@@ -213,7 +216,39 @@ impl OpenAiIngress {
         let body = small_body(response.into_body()).await?;
         let answer: serde_json::Value =
             serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
-        Ok(answer["replica"].as_str().unwrap_or_default().to_owned())
+        let replica = answer["replica"].as_str().unwrap_or_default().to_owned();
+        if !replica.is_empty() {
+            self.until_listed(id, Some(&replica)).await;
+        }
+        Ok(replica)
+    }
+
+    /// Waits until the router's view (what `/v1/models` lists) says `id` is loaded on
+    /// `replica` (or, for `None`, on no replica), at most [`LISTED_WITHIN`]. The cache has
+    /// done the load or the eviction already; its event reaches the router's view on another
+    /// task, a moment later, and a client that reads `/v1/models` after the answer must see
+    /// what the answer said (vLLM's listing is updated before it answers). A replica this
+    /// node does not run (the load went to another node) is not waited for.
+    async fn until_listed(&self, id: &ModelId, replica: Option<&str>) {
+        if replica.is_some_and(|r| !self.llm.held_models().iter().any(|(id, _)| id == r)) {
+            return;
+        }
+        let listed = || {
+            let held = self.llm.held_models();
+            let mut loaded_on = (held.iter())
+                .filter(|(_, models)| {
+                    (models.iter()).any(|(m, h)| m == id && *h == modelmux_serve::Holding::Loaded)
+                })
+                .map(|(r, _)| r.as_str());
+            match replica {
+                Some(replica) => loaded_on.any(|r| r == replica),
+                None => loaded_on.next().is_none(),
+            }
+        };
+        let deadline = tokio::time::Instant::now() + LISTED_WITHIN;
+        while !listed() && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
     }
 
     fn loaded(&self, id: &ModelId, replica: &str) -> Response {
@@ -226,7 +261,7 @@ impl OpenAiIngress {
         response
     }
 
-    fn unload_adapter(&self, control: UnloadAdapter) -> Result<Response, ServeError> {
+    async fn unload_adapter(&self, control: UnloadAdapter) -> Result<Response, ServeError> {
         let id = self.control_id(&control.lora_name)?;
         let registered = self.names.remove(id.as_str());
         let evicted = self.llm.evict_model(id.as_str());
@@ -235,6 +270,7 @@ impl OpenAiIngress {
                 what: format!("adapter '{id}' is not loaded on any replica"),
             });
         }
+        self.until_listed(&id, None).await;
         Ok(text(format!(
             "Success: adapter '{id}' unloaded successfully from {} replica(s).",
             evicted.len()

@@ -5,11 +5,12 @@
 //! [replayed](replay()) through the server's own router and model caches on a paused Tokio
 //! clock: the same placement, queue, single-flight loads and eviction the server runs, with
 //! stand-in models whose loads and requests take the trace's (or the configuration's) times.
-//! A day of traffic replays in seconds. A [`Report`] gives the hit ratio (and Belady's optimum
-//! for the same slots), loads per second, queue, load and end-to-end percentiles, replica
-//! utilisation and copies per model; a [search](search::search) over replicas, caps, load
-//! slots and eviction policies finds the cheapest setting that meets a latency and hit-ratio
-//! target, and the frontier of the others.
+//! A replay runs as fast as that code (tens of thousands of requests a second, whatever the
+//! trace's rate). A [`Report`] gives the hit ratio (and Belady's optimum for the same slots),
+//! loads per second, queue, load and end-to-end percentiles, replica utilisation and copies
+//! per model; a [search](search::search) over replicas, caps, load slots and eviction policies
+//! finds the cheapest setting that meets a latency and hit-ratio target, and the frontier of
+//! the others.
 
 pub mod belady;
 pub mod explain;
