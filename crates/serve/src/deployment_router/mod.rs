@@ -439,9 +439,10 @@ impl DeploymentRouter {
         if !slot.try_begin() {
             return None;
         }
+        let mut placement = None;
         if let Some(model) = model {
             if matches!(reason, Reason::Placed | Reason::NewCopy) {
-                slot.mark_pending(model);
+                placement = slot.mark_pending(model);
             }
             slot.note_routed(model);
         }
@@ -450,6 +451,7 @@ impl DeploymentRouter {
             target: target.clone(),
             model: model.cloned(),
             suspended: AtomicBool::new(false),
+            placement,
         };
         Some((reserved, reason))
     }
@@ -496,10 +498,15 @@ pub(crate) struct Ongoing {
     model: Option<ModelId>,
     /// Whether the slot is given back while the request waits for its model's load.
     suspended: AtomicBool,
+    /// The pending placement of its model this request made, if it made one.
+    placement: Option<u64>,
 }
 
 impl Drop for Ongoing {
     fn drop(&mut self) {
+        if let (Some(placement), Some(model)) = (self.placement, &self.model) {
+            self.target.slot().placement_ended(model, placement);
+        }
         if self.suspended.load(Ordering::SeqCst) {
             self.target.slot().abandon_suspended(self.model.as_ref());
         } else {

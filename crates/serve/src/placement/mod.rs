@@ -19,9 +19,12 @@ use tokio::time::Instant;
 
 /// How long a placement the router made stays valid without word from the replica.
 pub(crate) const PENDING_TTL: Duration = Duration::from_secs(5);
-/// How long a fresh placement counts as "loading" for the wait-for-the-loading-holder rule:
-/// long enough for the replica to report `Loading`, short enough that a placement never
-/// confirmed (the request failed before asking its cache) cannot hold requests back.
+/// How long a fresh placement counts as "loading" for the wait-for-the-loading-holder rule
+/// once the request that placed it has ended (while that request is in flight it counts as
+/// loading: it cannot be answered before the load, and a remote replica's report can take
+/// longer than this to arrive on a busy cluster): long enough for the replica to report
+/// `Loading`, short enough that a placement never confirmed (the request failed before asking
+/// its cache) cannot hold requests back.
 pub(crate) const PENDING_LOADING_GRACE: Duration = Duration::from_secs(1);
 
 /// How a replica holds a model, as far as routing is concerned.
@@ -166,10 +169,18 @@ impl ReplicaLedger {
         f(&mut models);
     }
 
-    /// Records that the router sent `id` here to be loaded.
-    pub(crate) fn mark_pending(&self, id: &ModelId) {
+    /// Records that the router sent `id` here to be loaded: the placement's number, for
+    /// [`Self::placement_ended`] when the request that made it ends, if it made one.
+    pub(crate) fn mark_pending(&self, id: &ModelId) -> Option<u64> {
         // The time is taken under the lock: the set's placements stay in time order.
-        self.update(|m| m.place(id, Instant::now()));
+        let mut placed = None;
+        self.update(|m| placed = m.place(id, Instant::now()));
+        placed
+    }
+
+    /// The request that made placement number `placement` of `id` here has ended.
+    pub(crate) fn placement_ended(&self, id: &ModelId, placement: u64) {
+        self.models.write().placement_ended(id, placement);
     }
 
     /// Records that a request for `id` was just routed here: the placement of cold models uses
@@ -290,7 +301,7 @@ impl ReplicaView for ReplicaLedger {
     fn holds_loading(&self, id: &ModelId, now: Instant) -> bool {
         self.models.read().get(id).is_some_and(|e| match e.holding {
             Holding::Loading => true,
-            Holding::Pending(at) => now.duration_since(at) <= PENDING_LOADING_GRACE,
+            Holding::Pending(at) => e.placing || now.duration_since(at) <= PENDING_LOADING_GRACE,
             Holding::Loaded => false,
         })
     }

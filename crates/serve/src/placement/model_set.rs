@@ -29,6 +29,10 @@ pub(super) struct Entry {
     pub(super) size_bytes: Option<u64>,
     /// Which placement made it, while it is pending (a number the set gives each).
     placement: u64,
+    /// While it is pending: whether the request that placed it is still in flight (it cannot
+    /// be answered before the replica has loaded the model, so the replica is loading it or
+    /// about to, however long its report takes to arrive).
+    pub(super) placing: bool,
 }
 
 impl Entry {
@@ -41,6 +45,7 @@ impl Entry {
             loaded_at: None,
             size_bytes: None,
             placement: 0,
+            placing: false,
         }
     }
 }
@@ -174,15 +179,27 @@ impl ModelSet {
         }
     }
 
-    /// Records a pending placement of `id` at `now`, unless the replica holds it already.
-    pub(super) fn place(&mut self, id: &ModelId, now: Instant) {
+    /// Records a pending placement of `id` at `now`, unless the replica holds it already:
+    /// its number, for [`Self::placement_ended`], if it made one.
+    pub(super) fn place(&mut self, id: &ModelId, now: Instant) -> Option<u64> {
         if self.map.contains_key(id) {
-            return;
+            return None;
         }
         self.placements += 1;
         let mut e = Entry::new(Holding::Pending(now), ROUTER);
         e.placement = self.placements;
+        e.placing = true;
         self.insert(id, e);
+        Some(self.placements)
+    }
+
+    /// The request that made placement number `placement` of `id` has ended (answered or
+    /// not): if the replica has still not reported the model, the placement is no longer
+    /// vouched for by a request in flight.
+    pub(super) fn placement_ended(&mut self, id: &ModelId, placement: u64) {
+        if (self.map.get(id)).is_some_and(|e| e.placement == placement && e.placing) {
+            self.modify(id, |e| e.placing = false);
+        }
     }
 
     /// Sets how `id` is held and by which cache, keeping its routing time and facts.
@@ -382,7 +399,11 @@ mod tests {
             for op in ops {
                 let id = |i: u8| ModelId::new(format!("m{i}")).unwrap();
                 match op {
-                    Op::Place(i) => s.place(&id(i), now),
+                    Op::Place(i) => {
+                        if let Some(n) = s.place(&id(i), now) {
+                            s.placement_ended(&id(i), n);
+                        }
+                    }
                     Op::Loading(i, src) => s.set(&id(i), Holding::Loading, src),
                     Op::Loaded(i, src, b) => s.loaded(&id(i), src, Duration::ZERO, Some(b)),
                     Op::Retract(i, src) => s.retract(&id(i), src),

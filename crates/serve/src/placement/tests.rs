@@ -89,15 +89,22 @@ async fn two_caches_on_one_replica_keep_their_own_entries() {
 async fn a_new_placement_replaces_an_expired_one() {
     let slot = ReplicaLedger::new("r".into(), 5, 1, None);
     let m = ModelId::new("m").unwrap();
-    slot.mark_pending(&m);
+    let first = slot.mark_pending(&m).unwrap();
+    slot.placement_ended(&m, first);
     tokio::time::advance(PENDING_TTL + Duration::from_secs(1)).await;
-    slot.mark_pending(&m);
+    let second = slot.mark_pending(&m).unwrap();
     assert!(slot.holds(&m, Instant::now()));
     assert!(slot.holds_loading(&m, Instant::now()));
+    slot.placement_ended(&m, first);
     tokio::time::advance(PENDING_LOADING_GRACE + Duration::from_millis(1)).await;
     assert!(
+        slot.holds_loading(&m, Instant::now()),
+        "the request that placed it is still in flight (the first one's end does not count)"
+    );
+    slot.placement_ended(&m, second);
+    assert!(
         !slot.holds_loading(&m, Instant::now()),
-        "an unconfirmed placement stops holding requests back"
+        "an unconfirmed placement stops holding requests back once its request has ended"
     );
 }
 

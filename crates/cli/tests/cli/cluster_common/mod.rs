@@ -98,6 +98,24 @@ pub fn node(etcd: &LocalEtcd, id: &str, role: &str, infer_ms: u64) -> Running {
     node_in(&[], "127.0.0.1", etcd, id, role, infer_ms)
 }
 
+/// A node on loopback whose loads take `load_ms` instead of 200 ms.
+pub fn node_loading(
+    etcd: &LocalEtcd,
+    id: &str,
+    role: &str,
+    infer_ms: u64,
+    load_ms: u64,
+) -> Running {
+    let config =
+        config("127.0.0.1", infer_ms).replace("load_ms: 200", &format!("load_ms: {load_ms}"));
+    let cluster = etcd.cluster_url();
+    common::serve_in(
+        &[],
+        &for_etcd(&config, etcd),
+        &["--cluster", &cluster, "--node-id", id, "--role", role],
+    )
+}
+
 /// A node run by `wrapper` (`ip netns exec NS`), serving on `host`.
 pub fn node_in(
     wrapper: &[&str],
