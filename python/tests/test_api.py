@@ -51,7 +51,6 @@ class DeploymentOptionsTest(unittest.TestCase):
     def test_ray_only_options_are_refused_by_name(self):
         for name, value in [
             ("ray_actor_options", {"num_gpus": 1}),
-            ("autoscaling_config", {"min_replicas": 1}),
             ("placement_group_bundles", [{"CPU": 1}]),
             ("placement_group_strategy", "PACK"),
             ("max_replicas_per_node", 1),
@@ -78,9 +77,33 @@ class DeploymentOptionsTest(unittest.TestCase):
         with self.assertRaisesRegex(TypeError, "ray_actor_options"):
             Model.options(ray_actor_options={})
 
+    def test_autoscaling_options_are_rays(self):
+        @serve.deployment(num_replicas="auto")
+        class Auto:
+            pass
+
+        self.assertEqual(Auto.user_options["num_replicas"], "auto")
+
+        @serve.deployment(autoscaling_config={"min_replicas": 0, "max_replicas": 4})
+        class Scaled:
+            pass
+
+        # A fixed count replaces inherited autoscaling, and autoscaling a fixed count.
+        fixed = Scaled.options(num_replicas=2).user_options
+        self.assertEqual((fixed["num_replicas"], "autoscaling_config" in fixed), (2, False))
+        again = Scaled.options(num_replicas=2).options(autoscaling_config={"max_replicas": 3})
+        self.assertNotIn("num_replicas", again.user_options)
+        # Ray's rule: both at once is an error; unknown keys and bad values are refused.
+        with self.assertRaisesRegex(ValueError, "num_replicas"):
+            serve.deployment(num_replicas=2, autoscaling_config={"max_replicas": 4})
+        with self.assertRaisesRegex(TypeError, "policy"):
+            serve.deployment(autoscaling_config={"policy": "my:policy"})
+        with self.assertRaisesRegex(TypeError, "max_replicas"):
+            serve.deployment(autoscaling_config={"max_replicas": "many"})
+        with self.assertRaisesRegex(ValueError, "aggregation_function"):
+            serve.deployment(autoscaling_config={"aggregation_function": "median"})
+
     def test_auto_replicas_and_bad_values(self):
-        with self.assertRaisesRegex(TypeError, "num_replicas='auto'"):
-            serve.deployment(num_replicas="auto")
         with self.assertRaises(ValueError):
             serve.deployment(num_replicas=0)
         with self.assertRaises(TypeError):

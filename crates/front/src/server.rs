@@ -245,7 +245,8 @@ impl Server {
             controller.stop().await;
             return Err(e);
         }
-        let health = controller.watch_health(&stopped);
+        let mut health = controller.watch_health(&stopped);
+        health.extend(controller.autoscale(&stopped));
         tracing::info!(%local_addr, "modelmux ready");
         Ok(Server {
             local_addr,

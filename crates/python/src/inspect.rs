@@ -82,7 +82,11 @@ pub struct PythonDeployment {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[allow(missing_docs)]
 pub struct DeploymentOptions {
-    pub num_replicas: Option<usize>,
+    /// A number, or Ray's `"auto"` (autoscaling): the server resolves it with
+    /// `autoscaling_config`, as it resolves the YAML's.
+    pub num_replicas: Option<serde_json::Value>,
+    /// Ray's `autoscaling_config`, as the decorator was given it.
+    pub autoscaling_config: Option<serde_json::Value>,
     pub max_ongoing_requests: Option<usize>,
     /// Ray's `-1` is "no limit".
     pub max_queued_requests: Option<i64>,
@@ -223,7 +227,11 @@ impl PythonApp {
         };
         let o = &d.options;
         let mut spec = replica::spec(&d.name, plan);
-        if let Some(n) = o.num_replicas.filter(|n| *n > 0) {
+        let fixed = (o.num_replicas.as_ref()).and_then(serde_json::Value::as_u64);
+        if let Some(n) = fixed
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0)
+        {
             spec = spec.num_replicas(n);
         }
         if let Some(n) = o.max_ongoing_requests.filter(|n| *n > 0) {

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use modelmux_cache::{BoxError, Loader, Model, Multiplexer, MultiplexerBuilder};
 
+use crate::autoscale::AutoscalingConfig;
 use crate::custom_metrics::MetricsSource;
 use crate::handle::{DeploymentHandle, HandleDirectory};
 use crate::model_cache::ModelCache;
@@ -116,6 +117,8 @@ pub struct DeploymentConfig {
     /// is a request whose local replica stopped under it, answering `Unavailable` (otherwise
     /// a 503). (One that never reached its node is always sent elsewhere.)
     pub idempotent: bool,
+    /// How its replica count follows its load; `None`: `num_replicas`, fixed.
+    pub autoscaling: Option<AutoscalingConfig>,
 }
 
 impl DeploymentConfig {
@@ -130,6 +133,7 @@ impl DeploymentConfig {
             health_check_timeout: Duration::from_secs(30),
             graceful_shutdown_timeout: Duration::from_secs(20),
             idempotent: false,
+            autoscaling: None,
         }
     }
 }
@@ -174,6 +178,20 @@ impl DeploymentSpec {
     pub fn num_replicas(mut self, n: usize) -> Self {
         assert!(n > 0, "num_replicas must be at least 1");
         self.config.num_replicas = n;
+        self
+    }
+
+    /// Scales its replica count with its load under `config` (Ray's `autoscaling_config`),
+    /// starting with `config`'s initial replicas (which may be none).
+    ///
+    /// # Panics
+    /// If `config` is inconsistent ([`AutoscalingConfig::validate`]).
+    pub fn autoscaling(mut self, config: AutoscalingConfig) -> Self {
+        if let Err(e) = config.validate() {
+            panic!("autoscaling_config: {e}");
+        }
+        self.config.num_replicas = config.start_replicas();
+        self.config.autoscaling = Some(config);
         self
     }
 

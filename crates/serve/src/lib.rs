@@ -14,6 +14,7 @@
 //! This crate knows nothing of model formats; model kinds live in their own crates.
 
 mod access;
+mod autoscale;
 mod body;
 mod controller;
 mod custom_metrics;
@@ -32,6 +33,7 @@ mod replica;
 mod router;
 
 pub use access::{AdminAccess, is_admin_path, is_reserved_route_prefix};
+pub use autoscale::{Aggregation, AutoscalingConfig};
 pub(crate) use body::bearer_token_matches;
 pub use body::{Body, BodySender, json_response};
 pub use controller::{

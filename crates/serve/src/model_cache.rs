@@ -15,6 +15,8 @@ pub(crate) trait ModelCache: Send + Sync + 'static {
     fn metrics(&self) -> MetricsSnapshot;
     fn max_models(&self) -> Option<usize>;
     fn max_bytes(&self) -> Option<u64>;
+    /// Loads it runs at once (its load slots).
+    fn max_concurrent_loads(&self) -> usize;
     fn set_caps(&self, max_models: Option<usize>, max_bytes: Option<u64>);
     fn subscribe(&self) -> Subscription;
     fn load(&self, id: &str, pin: bool) -> BoxFuture<'_, Result<(), modelmux_cache::Error>>;
@@ -41,6 +43,9 @@ impl<M: Model> ModelCache for Multiplexer<M> {
     }
     fn max_bytes(&self) -> Option<u64> {
         self.caps().1
+    }
+    fn max_concurrent_loads(&self) -> usize {
+        self.config().max_concurrent_loads
     }
     fn set_caps(&self, max_models: Option<usize>, max_bytes: Option<u64>) {
         Multiplexer::set_caps(self, max_models, max_bytes);

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from modelmux._api.multiplex import find_multiplexed
-from modelmux._api.options import check_options
+from modelmux._api.options import check_options, normalized
 
 
 class Deployment:
@@ -46,7 +46,15 @@ class Deployment:
     def options(self, **options: Any) -> Deployment:
         """A copy with these options set over the current ones (the same checks apply)."""
         check_options(options)
-        return Deployment(self._cls, {**self._options, **options})
+        merged = {**self._options, **options}
+        # A new fixed count replaces inherited autoscaling, and new autoscaling an inherited
+        # fixed count (as Ray's `options` does).
+        if isinstance(options.get("num_replicas"), int) and "autoscaling_config" not in options:
+            merged.pop("autoscaling_config", None)
+        if options.get("autoscaling_config") is not None and "num_replicas" not in options:
+            if isinstance(merged.get("num_replicas"), int):
+                merged.pop("num_replicas")
+        return Deployment(self._cls, normalized(merged))
 
     def bind(self, *args: Any, **kwargs: Any) -> Application:
         """The deployment with its constructor's arguments: an application's node."""
@@ -86,12 +94,14 @@ class Application:
 def deployment(_cls: type | None = None, /, **options: Any) -> Any:
     """Makes a class a deployment, as Ray's `@serve.deployment` (bare or with options).
 
-    Options: `name`, `num_replicas` (int >= 1), `max_ongoing_requests`,
+    Options: `name`, `num_replicas` (int >= 1, or "auto"), `autoscaling_config` (Ray's
+    keys, a dict or Ray's `AutoscalingConfig`), `max_ongoing_requests`,
     `max_queued_requests`, `user_config`, `health_check_period_s`,
     `health_check_timeout_s`, `graceful_shutdown_timeout_s`, `version` (recorded only).
-    Ray's other options (`ray_actor_options`, `autoscaling_config`, ...) raise TypeError.
+    Ray's other options (`ray_actor_options`, ...) raise TypeError.
     """
     check_options(options)
+    options = normalized(options)
 
     def decorate(cls: type) -> Deployment:
         if not inspect.isclass(cls):

@@ -10,7 +10,6 @@ from typing import Any
 _RAY_ONLY = frozenset(
     {
         "ray_actor_options",
-        "autoscaling_config",
         "placement_group_bundles",
         "placement_group_strategy",
         "max_replicas_per_node",
@@ -59,12 +58,58 @@ def _max_queued(name: str, value: Any) -> None:
 
 
 def _num_replicas(name: str, value: Any) -> None:
-    if value == "auto":
-        raise TypeError(
-            "modelmux does not support the deployment option num_replicas='auto' "
-            "(autoscaling): give a number of replicas"
-        )
+    if value == "auto" or value is None:
+        return
     _int_at_least(1)(name, value)
+
+
+_AUTOSCALING_KEYS = frozenset(
+    {
+        "min_replicas",
+        "max_replicas",
+        "initial_replicas",
+        "target_ongoing_requests",
+        "upscale_delay_s",
+        "downscale_delay_s",
+        "downscale_to_zero_delay_s",
+        "upscaling_factor",
+        "downscaling_factor",
+        "smoothing_factor",
+        "upscale_smoothing_factor",
+        "downscale_smoothing_factor",
+        "metrics_interval_s",
+        "look_back_period_s",
+        "aggregation_function",
+    }
+)
+"""Ray's `autoscaling_config` keys (its custom `policy` is not supported)."""
+
+
+def _autoscaling_config(name: str, value: Any) -> None:
+    if value is None:
+        return
+    if hasattr(value, "model_dump"):  # Ray's AutoscalingConfig object
+        value = value.model_dump(exclude_unset=True)
+    if not isinstance(value, dict):
+        raise TypeError(f"deployment option '{name}' must be a dict, got {value!r}")
+    for key, v in value.items():
+        if key not in _AUTOSCALING_KEYS:
+            raise TypeError(f"'{key}' is not an autoscaling_config key modelmux supports")
+        if key == "aggregation_function":
+            if str(v).lower() not in ("mean", "max", "min"):
+                raise ValueError(f"autoscaling_config.{key} must be mean, max or min, got {v!r}")
+        elif v is not None and (isinstance(v, bool) or not isinstance(v, numbers.Real)):
+            raise TypeError(f"autoscaling_config.{key} must be a number, got {v!r}")
+    # The server checks them together (min <= initial <= max, ...) as it checks the YAML's.
+
+
+def check_scaling(options: dict[str, Any]) -> None:
+    """Ray's rule: a fixed `num_replicas` and an `autoscaling_config` together are refused."""
+    n = options.get("num_replicas")
+    if options.get("autoscaling_config") is not None and n not in (None, "auto"):
+        raise ValueError(
+            "Manually setting num_replicas is not allowed when autoscaling_config is provided."
+        )
 
 
 def _json(name: str, value: Any) -> None:
@@ -83,6 +128,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
     "name": _str,
     "version": _str,
     "num_replicas": _num_replicas,
+    "autoscaling_config": _autoscaling_config,
     "max_ongoing_requests": _int_at_least(1),
     "max_queued_requests": _max_queued,
     "user_config": _json,
@@ -93,6 +139,7 @@ _CHECKS: dict[str, Callable[[str, Any], None]] = {
 
 SERVER_OPTIONS = (
     "num_replicas",
+    "autoscaling_config",
     "max_ongoing_requests",
     "max_queued_requests",
     "user_config",
@@ -112,3 +159,12 @@ def check_options(options: dict[str, Any]) -> None:
         if check is None:
             raise TypeError(f"'{name}' is not a deployment option")
         check(name, value)
+    check_scaling(options)
+
+
+def normalized(options: dict[str, Any]) -> dict[str, Any]:
+    """The options as the server reads them: Ray's `AutoscalingConfig` object as its dict."""
+    value = options.get("autoscaling_config")
+    if value is not None and hasattr(value, "model_dump"):
+        return {**options, "autoscaling_config": value.model_dump(exclude_unset=True)}
+    return options

@@ -10,6 +10,7 @@ use modelmux_cache::{EvictionPolicy, Multiplexer, MultiplexerBuilder};
 
 /// The `cluster` section and joining a cluster: the `cluster` feature's, or its stand-in.
 #[cfg_attr(not(feature = "cluster"), path = "no_cluster.rs")]
+mod autoscaling;
 pub mod cluster;
 mod explain;
 mod http;
@@ -23,6 +24,7 @@ mod tests;
 mod trace_export;
 mod values;
 
+pub use autoscaling::{AutoscalingYaml, ReplicaCount};
 pub use cluster::ClusterConfig;
 pub use http::HttpOptions;
 use kinds::BuildContext;
@@ -194,9 +196,13 @@ fn default_route_prefix() -> String {
 pub struct DeploymentConfig {
     /// Its name.
     pub name: String,
-    /// Replicas (default 1, or what a Python deployment's decorator says).
+    /// Replicas (default 1, or what a Python deployment's decorator says), or `auto`
+    /// (autoscaling with Ray's preset).
     #[serde(default)]
-    pub num_replicas: Option<NonZeroUsize>,
+    pub num_replicas: Option<ReplicaCount>,
+    /// Ray's `autoscaling_config`: the replica count follows the load.
+    #[serde(default)]
+    pub autoscaling_config: Option<AutoscalingYaml>,
     /// Requests one replica handles at once (default 5; for `kind: llm`, the engine's
     /// `max_num_seqs`, so a replica counts as saturated when its batch is full).
     #[serde(default)]
@@ -238,6 +244,14 @@ pub struct DeploymentConfig {
     /// A Python deployment's `user_config`, given to its `reconfigure` (Ray's).
     #[serde(default)]
     pub user_config: Option<serde_json::Value>,
+}
+
+impl DeploymentConfig {
+    /// Its autoscaling, from `num_replicas` and `autoscaling_config` (`None`: a fixed
+    /// count); the message says what is wrong.
+    pub fn autoscaling(&self) -> Result<Option<modelmux_serve::AutoscalingConfig>, String> {
+        autoscaling::resolve(self.num_replicas, self.autoscaling_config.as_ref())
+    }
 }
 
 fn default_max_queued() -> usize {
@@ -291,6 +305,12 @@ impl Config {
                 if d.name.is_empty() || d.name.contains('/') {
                     return Err(ConfigError::Invalid(format!(
                         "applications[{i}].deployments[{j}].name: '{}' must be non-empty and have no '/'",
+                        d.name
+                    )));
+                }
+                if let Err(e) = d.autoscaling() {
+                    return Err(ConfigError::Invalid(format!(
+                        "applications[{i}].deployments[{j}] ('{}'): {e}",
                         d.name
                     )));
                 }
@@ -521,8 +541,11 @@ fn settings(
     d: &DeploymentConfig,
     default: Option<usize>,
 ) -> modelmux_serve::DeploymentSpec {
+    let mut spec = spec.num_replicas(d.num_replicas.and_then(ReplicaCount::fixed).unwrap_or(1));
+    if let Ok(Some(autoscaling)) = d.autoscaling() {
+        spec = spec.autoscaling(autoscaling);
+    }
     let mut spec = spec
-        .num_replicas(d.num_replicas.map_or(1, NonZeroUsize::get))
         .max_queued_requests(d.max_queued_requests.unwrap_or_else(default_max_queued))
         .queue_timeout(d.queue_timeout_s.0)
         .idempotent(d.idempotent);

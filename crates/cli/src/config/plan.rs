@@ -48,7 +48,15 @@ pub fn setting(
         _ => Some(5),
     };
     let setting = Setting {
-        replicas: d.num_replicas.map_or(1, NonZeroUsize::get),
+        // (An autoscaled deployment is planned at its initial count: the replay does not
+        // autoscale yet.)
+        replicas: match d.autoscaling() {
+            Ok(Some(a)) => a.start_replicas().max(1),
+            _ => d
+                .num_replicas
+                .and_then(super::ReplicaCount::fixed)
+                .unwrap_or(1),
+        },
         max_models: cap.0,
         max_bytes: d.max_bytes_per_replica,
         max_concurrent_loads: super::concurrent_loads(d, cap),

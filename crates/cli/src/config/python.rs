@@ -136,9 +136,21 @@ pub(super) async fn build(i: usize, app: &AppConfig) -> Result<Application, Conf
         let user_config = overrides.and_then(|d| d.user_config.clone());
         let mut spec =
             inspected.deployment_spec(deployment, &app.route_prefix, Some(cache), user_config);
+        // The decorator's scaling, unless the YAML gives its own.
+        let yaml_scales =
+            overrides.is_some_and(|d| d.num_replicas.is_some() || d.autoscaling_config.is_some());
+        if !yaml_scales
+            && let Some(autoscaling) =
+                super::autoscaling::from_python(&deployment.options).map_err(at)?
+        {
+            spec = spec.autoscaling(autoscaling);
+        }
         if let Some(d) = overrides {
-            if let Some(n) = d.num_replicas {
-                spec = spec.num_replicas(n.get());
+            if let Some(n) = d.num_replicas.and_then(super::ReplicaCount::fixed) {
+                spec = spec.num_replicas(n);
+            }
+            if let Ok(Some(autoscaling)) = d.autoscaling() {
+                spec = spec.autoscaling(autoscaling);
             }
             if let Some(n) = d.max_ongoing_requests {
                 spec = spec.max_ongoing_requests(n.get());

@@ -124,12 +124,21 @@ impl Reloader {
                     &old["applications"][i]["deployments"][j],
                     &new["applications"][i]["deployments"][j],
                 );
-                let replicas = d.num_replicas.map_or(1, std::num::NonZeroUsize::get);
+                let replicas = d
+                    .num_replicas
+                    .and_then(super::ReplicaCount::fixed)
+                    .unwrap_or(1);
+                // An autoscaled deployment's count is its autoscaler's: a change of its
+                // scaling settings rolls it (its autoscaler reads the new ones from the spec).
+                let autoscaled = |v: &Value| {
+                    v["num_replicas"].as_str() == Some("auto") || !v["autoscaling_config"].is_null()
+                };
+                let fixed = !autoscaled(before) && !autoscaled(after);
                 let change = if before == after {
                     Change::Keep
-                } else if without(before, SCALE) == without(after, SCALE) {
+                } else if fixed && without(before, SCALE) == without(after, SCALE) {
                     Change::Scale(replicas)
-                } else if without(before, CAPS) == without(after, CAPS) {
+                } else if fixed && without(before, CAPS) == without(after, CAPS) {
                     let (served, _) = build_deployment(i, j, d, &context)
                         .await
                         .map_err(|e| refuse(e.to_string()))?;

@@ -27,7 +27,11 @@ async fn the_demo_and_the_examples_parse() {
     if built("onnx") {
         let c = Config::parse(DEMO).unwrap();
         assert_eq!(
-            c.applications[0].deployments[0].num_replicas.unwrap().get(),
+            c.applications[0].deployments[0]
+                .num_replicas
+                .unwrap()
+                .fixed()
+                .unwrap(),
             2
         );
         assert!(c.server().await.is_ok());
@@ -367,7 +371,7 @@ fn python_applications_take_overrides_and_only_they_take_python_keys() {
     let ok = "applications:\n  - name: a\n    import_path: app:entry\n    runtime_env: {working_dir: src}\n    deployments:\n      - name: Model\n        num_replicas: 2\n        user_config: {threshold: 0.5}\n";
     let c = Config::parse(ok).unwrap();
     let d = &c.applications[0].deployments[0];
-    assert_eq!(d.num_replicas.unwrap().get(), 2);
+    assert_eq!(d.num_replicas.unwrap().fixed().unwrap(), 2);
     assert_eq!(d.user_config, Some(serde_json::json!({"threshold": 0.5})));
     assert!(d.model.is_none());
     let no_deployments = "applications:\n  - name: a\n    import_path: app:entry\n";
@@ -491,4 +495,80 @@ async fn without_the_cluster_feature_its_flags_and_deploy_are_refused() {
         err.contains(words) && err.contains("deploy --cluster"),
         "{err}"
     );
+}
+
+/// A deployment of synthetic models with `scaling` (YAML lines at the deployment's indent).
+fn scaled(scaling: &str) -> Result<Config, ConfigError> {
+    Config::parse(&format!(
+        "applications:\n  - name: a\n    deployments:\n      - name: d\n        model: {{kind: synthetic}}\n{scaling}"
+    ))
+}
+
+#[test]
+fn num_replicas_auto_and_autoscaling_config_take_rays_keys_and_defaults() {
+    let auto = scaled("        num_replicas: auto\n").unwrap();
+    let a = auto.applications[0].deployments[0]
+        .autoscaling()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (a.min_replicas, a.max_replicas, a.target_ongoing_requests),
+        (1, 100, 2.0)
+    );
+
+    // Keys beside `auto` override its preset; without `auto`, the rest are Ray's class
+    // defaults (max_replicas 1), and the deprecated factor names still count.
+    let c = scaled("        num_replicas: auto\n        autoscaling_config: {max_replicas: 7, upscale_delay_s: 0}\n").unwrap();
+    let a = c.applications[0].deployments[0]
+        .autoscaling()
+        .unwrap()
+        .unwrap();
+    assert_eq!((a.max_replicas, a.upscale_delay), (7, Duration::ZERO));
+    assert_eq!(a.downscale_delay, Duration::from_secs(600));
+    let c = scaled("        autoscaling_config:\n          min_replicas: 0\n          initial_replicas: 0\n          smoothing_factor: 0.5\n          upscale_smoothing_factor: 0.3\n          aggregation_function: MAX\n").unwrap();
+    let a = c.applications[0].deployments[0]
+        .autoscaling()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (a.min_replicas, a.max_replicas, a.start_replicas()),
+        (0, 1, 0)
+    );
+    assert_eq!((a.upscaling_factor, a.downscaling_factor), (0.3, 0.5));
+    assert_eq!(a.aggregation, modelmux_serve::Aggregation::Max);
+    let fixed = scaled("        num_replicas: 3\n").unwrap();
+    assert_eq!(fixed.applications[0].deployments[0].autoscaling(), Ok(None));
+}
+
+#[test]
+fn inconsistent_or_unknown_autoscaling_keys_are_refused_by_name() {
+    let err = |scaling: &str| scaled(scaling).unwrap_err().to_string();
+    let e = err("        num_replicas: 2\n        autoscaling_config: {max_replicas: 4}\n");
+    assert!(
+        e.contains("num_replicas") && e.contains("autoscaling_config"),
+        "{e}"
+    );
+    let e = err("        autoscaling_config: {min_replicas: 5, max_replicas: 4}\n");
+    assert!(
+        e.contains("min_replicas (5) is above max_replicas (4)"),
+        "{e}"
+    );
+    let e = err("        autoscaling_config: {max_replicas: 4, initial_replicas: 9}\n");
+    assert!(e.contains("initial_replicas"), "{e}");
+    let e = err("        autoscaling_config: {aggregation_function: median}\n");
+    assert!(e.contains("median"), "{e}");
+    // Ray's removed name is refused here, where Ray ignores it without a word.
+    let e =
+        err("        autoscaling_config:\n          target_num_ongoing_requests_per_replica: 3\n");
+    assert!(
+        e.contains("target_num_ongoing_requests_per_replica") && e.contains("line 7"),
+        "{e}"
+    );
+    let e = err("        autoscaling_config: {upscale_delay_s: -1}\n");
+    assert!(
+        e.contains("upscale_delay_s") || e.contains("0 or more"),
+        "{e}"
+    );
+    let e = err("        num_replicas: many\n");
+    assert!(e.contains("\"auto\"") && e.contains("line 6"), "{e}");
 }

@@ -18,6 +18,7 @@ mod local_admin;
 mod partition;
 mod plan;
 mod python;
+mod python_autoscaling;
 mod python_cluster_calls;
 mod python_handles;
 mod tracing;

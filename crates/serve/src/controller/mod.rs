@@ -20,6 +20,7 @@ use crate::error::StartError;
 use crate::replica::Replica;
 
 mod applications;
+mod autoscaling;
 mod node;
 mod operations;
 mod readiness;
@@ -162,6 +163,21 @@ impl Controller {
             .enumerate()
             .flat_map(|(a, app)| (0..app.deployments.len()).map(move |d| (a, d)))
             .map(|(a, d)| tokio::spawn(health_loop(self.clone(), a, d, stopped.clone())))
+            .collect()
+    }
+
+    /// Starts the autoscaling loop of every deployment (those without `autoscaling_config`
+    /// idle in theirs, until a reload gives them one), until `stopped` turns true. On a
+    /// router-only node nothing scales: its deployments run no replica here.
+    pub fn autoscale(self: &Arc<Self>, stopped: &watch::Receiver<bool>) -> Vec<JoinHandle<()>> {
+        if !self.run_replicas {
+            return Vec::new();
+        }
+        self.apps
+            .iter()
+            .enumerate()
+            .flat_map(|(a, app)| (0..app.deployments.len()).map(move |d| (a, d)))
+            .map(|(a, d)| tokio::spawn(autoscaling::run(self.clone(), a, d, stopped.clone())))
             .collect()
     }
 

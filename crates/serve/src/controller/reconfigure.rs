@@ -54,7 +54,8 @@ impl Reconfiguration {
         Some(cell.read().config.clone())
     }
 
-    /// Runs `replicas` replicas of `deployment` (at least one). Returns once the new ones
+    /// Runs `replicas` replicas of `deployment` (at least one, unless it autoscales with
+    /// `min_replicas: 0`: then none is a deployment whose next request starts one). Returns once the new ones
     /// have started (scaling up) or the leaving ones have left routing (scaling down: their
     /// draining goes on in the background, and shutdown waits for it).
     pub async fn scale(
@@ -64,7 +65,11 @@ impl Reconfiguration {
         replicas: usize,
     ) -> Result<(), ServeError> {
         let (router, cell) = self.apps.deployment_of(app, deployment)?;
-        let replicas = replicas.max(1);
+        // None only where autoscaling may go to zero.
+        let floor = usize::from(
+            (cell.read().config.autoscaling.as_ref()).is_none_or(|a| a.min_replicas > 0),
+        );
+        let replicas = replicas.max(floor);
         cell.write().config.num_replicas = replicas;
         if !self.run_replicas {
             return Ok(());
@@ -86,7 +91,11 @@ impl Reconfiguration {
                 .filter(|r| !leaving.iter().any(|l| Arc::ptr_eq(l, r)))
                 .cloned()
                 .collect();
+            let none_left = staying.is_empty();
             router.set_replicas(staying);
+            if none_left {
+                router.set_wakes_from_zero(true);
+            }
             // Warm the survivors with what only the leavers held and was used lately.
             let held: HashSet<String> = router
                 .replicas()
@@ -99,7 +108,7 @@ impl Reconfiguration {
                 .filter(|(id, idle)| *idle < RECENT && !held.contains(id))
                 .map(|(id, _)| id)
                 .collect();
-            for id in hot {
+            for id in hot.into_iter().filter(|_| !none_left) {
                 if let Ok(id) = ModelId::new(id)
                     && let Err(e) = load_into(router, &id).await
                 {

@@ -76,6 +76,12 @@ pub(crate) struct DeploymentRouter {
     /// raised by the other's mark, its holding not yet) and place the model twice. Requests to
     /// replicas that hold their model never take it.
     placing: parking_lot::Mutex<()>,
+    /// The deployment may run no replica (autoscaling down to zero): a request then waits in
+    /// the queue for the one its arrival starts, instead of being refused.
+    wakes_from_zero: AtomicBool,
+    /// Notified when a request queues with no replica on this node (the autoscaler starts one
+    /// at once, not at its next tick).
+    pub(crate) demand: tokio::sync::Notify,
 }
 
 fn with_rng<T>(f: impl FnOnce(&mut Rng) -> T) -> T {
@@ -114,6 +120,8 @@ impl DeploymentRouter {
             shutting_down: AtomicBool::new(false),
             starting: AtomicBool::new(false),
             placing: parking_lot::Mutex::new(()),
+            wakes_from_zero: AtomicBool::new(false),
+            demand: tokio::sync::Notify::new(),
         }
     }
 
@@ -150,6 +158,12 @@ impl DeploymentRouter {
     /// Whether this node is still starting the deployment's first replicas.
     pub(crate) fn is_starting(&self) -> bool {
         self.starting.load(Ordering::SeqCst)
+    }
+
+    /// Sets whether a request that finds no replica waits for one to start (a deployment
+    /// that autoscales from zero).
+    pub(crate) fn set_wakes_from_zero(&self, wakes: bool) {
+        self.wakes_from_zero.store(wakes, Ordering::SeqCst);
     }
 
     /// Replicas of this deployment on other nodes.
@@ -230,7 +244,7 @@ impl DeploymentRouter {
                     reason: format!("this node runs no replica of '{}'", self.config.name),
                 });
             }
-            if !self.is_starting() {
+            if !self.is_starting() && !self.wakes_from_zero.load(Ordering::SeqCst) {
                 return Err(self.none_here());
             }
         }
@@ -263,6 +277,9 @@ impl DeploymentRouter {
             self.queued.store(waiting.entries.len(), Ordering::SeqCst);
             ticket
         };
+        if self.targets.load().local.is_empty() {
+            self.demand.notify_one();
+        }
         let _leave = LeaveQueue {
             router: self,
             ticket,
