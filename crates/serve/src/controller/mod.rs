@@ -21,6 +21,7 @@ use crate::replica::Replica;
 
 mod applications;
 mod autoscaling;
+mod loss;
 mod node;
 mod operations;
 mod readiness;

@@ -1,7 +1,7 @@
 //! Changing a running deployment without a restart: its replica count (up: new replicas take
-//! traffic once started; down: the replicas cheapest to lose leave routing at once, the
-//! models only they held that were used in the last minute are loaded on the survivors, then
-//! they drain), its caches' caps (in place) and its spec (a roll: new replicas start and take
+//! traffic once started; down: the models only the replicas cheapest to lose hold that were
+//! used in the last minute are loaded on the survivors while the leavers still serve, then the
+//! leavers leave routing and drain), its caches' caps (in place) and its spec (a roll: new replicas start and take
 //! traffic before the old ones drain), and its sick replicas (replaced, the old one serving until
 //! its replacement has started). Other deployments are not touched: their replicas and warm
 //! models stay. [`Reconfiguration`] owns the replicas it has taken out of routing while they
@@ -18,6 +18,7 @@ use tokio::task::JoinHandle;
 
 use super::applications::{AppState, Applications};
 use super::drain;
+use super::loss::{self, Copy};
 use super::node::NodeHandle;
 use crate::deployment::{DeploymentConfig, DeploymentSpec};
 use crate::deployment_router::DeploymentRouter;
@@ -56,7 +57,8 @@ impl Reconfiguration {
 
     /// Runs `replicas` replicas of `deployment` (at least one, unless it autoscales with
     /// `min_replicas: 0`: then none is a deployment whose next request starts one). Returns once the new ones
-    /// have started (scaling up) or the leaving ones have left routing (scaling down: their
+    /// have started (scaling up) or the leaving ones, their recent models loaded on the
+    /// survivors, have left routing (scaling down: their
     /// draining goes on in the background, and shutdown waits for it).
     pub async fn scale(
         &self,
@@ -91,14 +93,9 @@ impl Reconfiguration {
                 .filter(|r| !leaving.iter().any(|l| Arc::ptr_eq(l, r)))
                 .cloned()
                 .collect();
-            let none_left = staying.is_empty();
-            router.set_replicas(staying);
-            if none_left {
-                router.set_wakes_from_zero(true);
-            }
-            // Warm the survivors with what only the leavers held and was used lately.
-            let held: HashSet<String> = router
-                .replicas()
+            // Warm the survivors with what only the leavers held and was used lately, while
+            // the leavers still serve: no request pays a load for the scale-down.
+            let held: HashSet<String> = staying
                 .iter()
                 .flat_map(|r| loaded(r).into_iter().map(|(id, _)| id))
                 .collect();
@@ -108,12 +105,17 @@ impl Reconfiguration {
                 .filter(|(id, idle)| *idle < RECENT && !held.contains(id))
                 .map(|(id, _)| id)
                 .collect();
-            for id in hot.into_iter().filter(|_| !none_left) {
+            for id in hot {
                 if let Ok(id) = ModelId::new(id)
-                    && let Err(e) = load_into(router, &id).await
+                    && let Err(e) = load_into(&staying, &id).await
                 {
                     tracing::warn!(app, deployment, model = %id, error = %e, "could not move a model off a replica scaled away");
                 }
+            }
+            let none_left = staying.is_empty();
+            router.set_replicas(staying);
+            if none_left {
+                router.set_wakes_from_zero(true);
             }
             for old in leaving {
                 self.retire(old, spec.config.graceful_shutdown_timeout);
@@ -286,10 +288,9 @@ impl Reconfiguration {
     }
 }
 
-/// Loads `id` where a first request for it would go.
-async fn load_into(router: &DeploymentRouter, id: &ModelId) -> Result<(), ServeError> {
-    let replicas = router.replicas();
-    let Some(index) = crate::router::place(&replicas, id, Instant::now()) else {
+/// Loads `id` on the one of `replicas` a first request for it would go to.
+async fn load_into(replicas: &[Arc<Replica>], id: &ModelId) -> Result<(), ServeError> {
+    let Some(index) = crate::router::place(replicas, id, Instant::now()) else {
         return Ok(());
     };
     if let Some(cache) = replicas[index].caches.first() {
@@ -318,34 +319,26 @@ fn loaded(replica: &Replica) -> Vec<(String, Duration)> {
         .collect()
 }
 
-/// The `n` replicas whose leaving loses least: fewest models held nowhere else, then fewest
-/// requests in flight, then the longest idle.
+/// The `n` replicas whose leaving loses least ([`loss::cheapest`]): by the reload time the
+/// models only they hold would cost their next requests.
 fn cheapest_to_lose(replicas: &[Arc<Replica>], n: usize) -> Vec<Arc<Replica>> {
-    let models: Vec<Vec<(String, Duration)>> = replicas.iter().map(|r| loaded(r)).collect();
-    let mut cost: Vec<(usize, usize, Duration, usize)> = replicas
+    use crate::placement::ReplicaView;
+    let models: Vec<Vec<Copy>> = replicas
         .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let only_here = models[i]
-                .iter()
-                .filter(|(id, _)| {
-                    !models
-                        .iter()
-                        .enumerate()
-                        .any(|(j, other)| j != i && other.iter().any(|(o, _)| o == id))
+        .map(|r| {
+            (r.caches.iter().flat_map(|c| c.models()))
+                .filter(|m| m.status == ModelStatus::Loaded)
+                .map(|m| Copy {
+                    load_time: r.slot.load_time(&m.id),
+                    id: m.id.to_string(),
+                    idle: m.idle_for,
                 })
-                .count();
-            let most_recent = models[i]
-                .iter()
-                .map(|(_, idle)| *idle)
-                .min()
-                .unwrap_or(Duration::MAX);
-            (only_here, r.slot.inside(), Duration::MAX - most_recent, i)
+                .collect()
         })
         .collect();
-    cost.sort();
-    cost.into_iter()
-        .take(n)
-        .map(|(_, _, _, i)| replicas[i].clone())
+    let inside: Vec<usize> = replicas.iter().map(|r| r.slot.inside()).collect();
+    loss::cheapest(&models, &inside, n, RECENT)
+        .into_iter()
+        .map(|i| replicas[i].clone())
         .collect()
 }
