@@ -8,9 +8,9 @@ use std::time::Duration;
 
 use modelmux_cache::{EvictionPolicy, Multiplexer, MultiplexerBuilder};
 
+mod autoscaling;
 /// The `cluster` section and joining a cluster: the `cluster` feature's, or its stand-in.
 #[cfg_attr(not(feature = "cluster"), path = "no_cluster.rs")]
-mod autoscaling;
 pub mod cluster;
 mod explain;
 mod http;
