@@ -239,6 +239,10 @@ pub struct ExperimentalConfigs {
     /// first text of a stream is always sent at once.
     #[serde(default = "default_stream_interval")]
     pub stream_batching_interval_ms: u64,
+    /// After this many seconds with no request and no sequence, a replica's engine releases
+    /// its weights (its adapters stay) until the next request wakes it; unset: never.
+    #[serde(default)]
+    pub sleep_after_idle_s: Option<f64>,
 }
 
 fn default_stream_interval() -> u64 {
@@ -249,6 +253,7 @@ impl Default for ExperimentalConfigs {
     fn default() -> Self {
         Self {
             stream_batching_interval_ms: default_stream_interval(),
+            sleep_after_idle_s: None,
         }
     }
 }
@@ -292,6 +297,9 @@ impl LlmConfig {
                 .map_err(|e| format!("lora_config.allowed_sources[{}]: {e}", e.index))?;
         }
         self.responses_store.validate()?;
+        if let Some(s) = self.experimental_configs.sleep_after_idle_s {
+            seconds("experimental_configs.sleep_after_idle_s", s)?;
+        }
         if self.experimental_configs.stream_batching_interval_ms > 60_000 {
             return Err("experimental_configs.stream_batching_interval_ms: at most 60000".into());
         }
@@ -528,6 +536,23 @@ mod tests {
         assert!(!local.needs_disk_cache());
         // ... and with none remote, the repository refuses them (naming the option).
         assert_eq!(local.adapter_store_options("/srv/a").len(), 1);
+    }
+
+    #[test]
+    fn the_idle_sleep_time_is_a_positive_number_of_seconds() {
+        let with = |s: f64| {
+            let mut c = config(serde_json::json!({"dynamic_lora_loading_path": "/srv/a"}));
+            c.experimental_configs.sleep_after_idle_s = Some(s);
+            c.validate()
+        };
+        assert_eq!(with(600.0), Ok(()));
+        for bad in [0.0, -1.0, f64::NAN] {
+            let e = with(bad).unwrap_err();
+            assert!(
+                e.starts_with("experimental_configs.sleep_after_idle_s: "),
+                "{e}"
+            );
+        }
     }
 
     #[test]

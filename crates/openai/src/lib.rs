@@ -159,6 +159,7 @@ pub fn llm_deployments(
     let allowed = sources.allowed().clone();
     let options = config.runtime_options();
     let interval = Duration::from_millis(config.experimental_configs.stream_batching_interval_ms);
+    let sleep_after = (config.experimental_configs.sleep_after_idle_s).map(Duration::from_secs_f64);
     let server_adapters = adapters.clone();
     let server = DeploymentSpec::new(name, move |ctx| {
         let gguf = gguf.clone();
@@ -175,8 +176,11 @@ pub fn llm_deployments(
             ctx.register_metrics(metrics.clone());
             let max_prompt_bytes =
                 longest_token(runtime.tokenizer()) * runtime.engine().config().max_model_len;
+            let runtime = Arc::new(runtime);
+            let idle = sleep_after.map(|after| llm_server::IdleSleep::start(after, &runtime));
             Ok(LlmServer {
-                runtime: Arc::new(runtime),
+                runtime,
+                idle,
                 metrics,
                 stream_interval: interval,
                 max_prompt_bytes,

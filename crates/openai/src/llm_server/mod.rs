@@ -21,6 +21,7 @@ use crate::respond::{Answer, Echo, Timing, whole};
 use crate::score::ScoreJob;
 use crate::stream::streamed;
 use crate::tools::Tools;
+pub(crate) use idle::IdleSleep;
 
 /// One replica of the LLM deployment.
 pub(crate) struct LlmServer {
@@ -32,6 +33,8 @@ pub(crate) struct LlmServer {
     pub(crate) max_prompt_bytes: usize,
     /// This replica's id (answers of adapter loads name it).
     pub(crate) replica: String,
+    /// Its idle watch, when it sleeps while idle (`sleep_after_idle_s`).
+    pub(crate) idle: Option<Arc<IdleSleep>>,
 }
 
 /// The bytes of the vocabulary's longest token.
@@ -380,6 +383,7 @@ impl LlmServer {
 
 impl Deployment for LlmServer {
     async fn call(&self, mut request: Request) -> Result<Response, BoxError> {
+        let _busy = (self.idle.as_ref()).map(|idle| idle.enter(&self.runtime));
         let op = Op::at(request.uri().path())?;
         // The ingress parsed it already; a request built elsewhere is parsed here.
         let parsed = request.extensions_mut().remove::<Parsed>();
@@ -536,5 +540,6 @@ impl LlmServer {
     }
 }
 
+mod idle;
 #[cfg(test)]
 mod tests;

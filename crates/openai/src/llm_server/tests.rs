@@ -11,6 +11,7 @@ async fn server() -> LlmServer {
         .await
         .unwrap();
     LlmServer {
+        idle: None,
         metrics: Arc::new(LlmMetrics::new(&runtime)),
         max_prompt_bytes: longest_token(runtime.tokenizer()) * 512,
         runtime: Arc::new(runtime),

@@ -7,6 +7,7 @@ mod adapter_controls;
 mod adapter_sources;
 mod api;
 mod batch;
+mod idle_sleep;
 mod limits;
 mod messages_api;
 mod prefix_cache;
