@@ -243,6 +243,10 @@ pub struct ExperimentalConfigs {
     /// its weights (its adapters stay) until the next request wakes it; unset: never.
     #[serde(default)]
     pub sleep_after_idle_s: Option<f64>,
+    /// Idle this long (more than `sleep_after_idle_s`), a sleeping replica also evicts its
+    /// idle adapters (sleep level 2); unset: they stay.
+    #[serde(default)]
+    pub drop_adapters_after_idle_s: Option<f64>,
 }
 
 fn default_stream_interval() -> u64 {
@@ -254,6 +258,7 @@ impl Default for ExperimentalConfigs {
         Self {
             stream_batching_interval_ms: default_stream_interval(),
             sleep_after_idle_s: None,
+            drop_adapters_after_idle_s: None,
         }
     }
 }
@@ -297,8 +302,15 @@ impl LlmConfig {
                 .map_err(|e| format!("lora_config.allowed_sources[{}]: {e}", e.index))?;
         }
         self.responses_store.validate()?;
-        if let Some(s) = self.experimental_configs.sleep_after_idle_s {
+        let x = &self.experimental_configs;
+        if let Some(s) = x.sleep_after_idle_s {
             seconds("experimental_configs.sleep_after_idle_s", s)?;
+        }
+        if let Some(s) = x.drop_adapters_after_idle_s {
+            seconds("experimental_configs.drop_adapters_after_idle_s", s)?;
+            if x.sleep_after_idle_s.is_none_or(|sleep| s <= sleep) {
+                return Err("experimental_configs.drop_adapters_after_idle_s: must be longer than sleep_after_idle_s, which it needs".into());
+            }
         }
         if self.experimental_configs.stream_batching_interval_ms > 60_000 {
             return Err("experimental_configs.stream_batching_interval_ms: at most 60000".into());
@@ -553,6 +565,12 @@ mod tests {
                 "{e}"
             );
         }
+        let mut c = config(serde_json::json!({"dynamic_lora_loading_path": "/srv/a"}));
+        c.experimental_configs.drop_adapters_after_idle_s = Some(60.0);
+        let e = c.validate().unwrap_err();
+        assert!(e.contains("longer than sleep_after_idle_s"), "{e}");
+        c.experimental_configs.sleep_after_idle_s = Some(10.0);
+        assert_eq!(c.validate(), Ok(()));
     }
 
     #[test]

@@ -160,6 +160,8 @@ pub fn llm_deployments(
     let options = config.runtime_options();
     let interval = Duration::from_millis(config.experimental_configs.stream_batching_interval_ms);
     let sleep_after = (config.experimental_configs.sleep_after_idle_s).map(Duration::from_secs_f64);
+    let drop_adapters_after =
+        (config.experimental_configs.drop_adapters_after_idle_s).map(Duration::from_secs_f64);
     let server_adapters = adapters.clone();
     let server = DeploymentSpec::new(name, move |ctx| {
         let gguf = gguf.clone();
@@ -177,7 +179,8 @@ pub fn llm_deployments(
             let max_prompt_bytes =
                 longest_token(runtime.tokenizer()) * runtime.engine().config().max_model_len;
             let runtime = Arc::new(runtime);
-            let idle = sleep_after.map(|after| llm_server::IdleSleep::start(after, &runtime));
+            let idle = sleep_after
+                .map(|after| llm_server::IdleSleep::start(after, drop_adapters_after, &runtime));
             Ok(LlmServer {
                 runtime,
                 idle,

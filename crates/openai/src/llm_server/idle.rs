@@ -2,7 +2,9 @@
 //! request in flight and no sequence in its engine for that long, its engine releases its
 //! weights (vLLM's sleep level 1: its adapters stay loaded), and the next request wakes it.
 //! That request asks the engine to load its weights again; requests arriving meanwhile wait
-//! in the engine's queue with it, so a burst costs one reload. Health checks and `/metrics`
+//! in the engine's queue with it, so a burst costs one reload. Level 2
+//! (`drop_adapters_after_idle_s`, longer): its idle adapters are evicted too, their memory
+//! returned; the next request for one loads it again. Health checks and `/metrics`
 //! are not requests: they never wake it. An engine an operator put to sleep (the `sleep`
 //! control) is not woken by requests: they wait for `wakeup`, as before.
 
@@ -15,6 +17,8 @@ use tokio::time::Instant;
 /// One replica's idle watch.
 pub(crate) struct IdleSleep {
     after: Duration,
+    /// Idle this long, asleep, its adapters go too.
+    drop_adapters_after: Option<Duration>,
     state: parking_lot::Mutex<State>,
 }
 
@@ -25,6 +29,8 @@ struct State {
     last: Instant,
     /// Whether this watch put the engine to sleep (and the next request wakes it).
     slept: bool,
+    /// Whether it dropped the adapters since (level 2).
+    dropped: bool,
 }
 
 /// A call in progress (the replica is busy while it lives).
@@ -41,13 +47,19 @@ impl Drop for Busy {
 impl IdleSleep {
     /// Watches `runtime`'s replica: after `after` idle, its engine sleeps. The watch ends with
     /// the runtime.
-    pub(crate) fn start(after: Duration, runtime: &Arc<LlmRuntime>) -> Arc<Self> {
+    pub(crate) fn start(
+        after: Duration,
+        drop_adapters_after: Option<Duration>,
+        runtime: &Arc<LlmRuntime>,
+    ) -> Arc<Self> {
         let idle = Arc::new(Self {
             after,
+            drop_adapters_after,
             state: parking_lot::Mutex::new(State {
                 in_flight: 0,
                 last: Instant::now(),
                 slept: false,
+                dropped: false,
             }),
         });
         tokio::spawn(watch(Arc::downgrade(&idle), Arc::downgrade(runtime)));
@@ -60,6 +72,7 @@ impl IdleSleep {
         let mut s = self.state.lock();
         s.in_flight += 1;
         s.last = Instant::now();
+        s.dropped = false;
         if std::mem::take(&mut s.slept) {
             tracing::info!("a request wakes the idle LLM replica");
             runtime.engine().wake_up();
@@ -90,7 +103,18 @@ async fn watch(idle: Weak<IdleSleep>, runtime: Weak<LlmRuntime>) {
             s.last = now;
             continue;
         }
-        if s.slept || engine.is_asleep() || now < s.last + idle.after {
+        if s.slept {
+            if let Some(after) = idle.drop_adapters_after
+                && !s.dropped
+                && now >= s.last + after
+            {
+                s.dropped = true;
+                let evicted = drop_idle_adapters(&runtime);
+                tracing::info!(evicted, "the idle LLM replica drops its idle adapters");
+            }
+            continue;
+        }
+        if engine.is_asleep() || now < s.last + idle.after {
             continue;
         }
         match engine.sleep() {
@@ -107,4 +131,15 @@ async fn watch(idle: Weak<IdleSleep>, runtime: Weak<LlmRuntime>) {
             }
         }
     }
+}
+
+/// Evicts every adapter no request holds (each unloads once its last guard goes); how many.
+fn drop_idle_adapters(runtime: &LlmRuntime) -> usize {
+    let Some(adapters) = runtime.adapters() else {
+        return 0;
+    };
+    (adapters.models().into_iter())
+        .filter(|m| m.in_use == 0 && !m.pinned)
+        .filter(|m| adapters.evict(m.id.as_str()))
+        .count()
 }

@@ -17,17 +17,26 @@ async fn asleep(addr: std::net::SocketAddr) -> bool {
     replicas.values().all(|r| r["asleep"] == true)
 }
 
+/// A chat for the pirate adapter.
+async fn pirate(addr: std::net::SocketAddr) -> Reply {
+    let request = chat("smollm2:pirate", "Hi", 4, false);
+    post(addr, "/v1/chat/completions", request).await
+}
+
+/// Models (here: adapters) the replicas hold, from `/metrics` (a scrape: it does not wake).
+async fn held(addr: std::net::SocketAddr) -> f64 {
+    metric(&metrics(addr).await, "modelmux_models_loaded")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_replica_sleeps_and_requests_wake_it_but_scrapes_and_probes_do_not() {
-    let config = config(json!({"experimental_configs": {"sleep_after_idle_s": 1.0}}));
+    let config = config(json!({"experimental_configs": {
+        "sleep_after_idle_s": 1.0,
+        "drop_adapters_after_idle_s": 2.5,
+    }}));
     let server = serve(&config, 1).await;
     let addr = server.local_addr();
-    let first = post(
-        addr,
-        "/v1/chat/completions",
-        chat("smollm2", "Hi", 4, false),
-    )
-    .await;
+    let first = pirate(addr).await;
     assert_eq!(first.status, 200);
     assert!(!asleep(addr).await, "busy a moment ago");
 
@@ -48,19 +57,25 @@ async fn an_idle_replica_sleeps_and_requests_wake_it_but_scrapes_and_probes_do_n
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(asleep(addr).await, "a scrape or a probe woke it");
+    assert_eq!(held(addr).await, 1.0, "level 1 keeps the adapter");
+
+    // Level 2: the adapter goes as well, the engine still asleep.
+    while held(addr).await > 0.0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "the adapter stayed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        start.elapsed() >= Duration::from_millis(1000),
+        "dropped before its idle time"
+    );
+    assert!(asleep(addr).await);
 
     // A burst: every request answered, with the same weights' answer.
     let burst: Vec<_> = (0..4)
-        .map(|_| {
-            tokio::spawn(async move {
-                post(
-                    addr,
-                    "/v1/chat/completions",
-                    chat("smollm2", "Hi", 4, false),
-                )
-                .await
-            })
-        })
+        .map(|_| tokio::spawn(async move { pirate(addr).await }))
         .collect();
     for b in burst {
         let again = b.await.unwrap();
@@ -68,5 +83,6 @@ async fn an_idle_replica_sleeps_and_requests_wake_it_but_scrapes_and_probes_do_n
         assert_eq!(again.json()["choices"], first.json()["choices"]);
     }
     assert!(!asleep(addr).await, "awake after the requests");
+    assert_eq!(held(addr).await, 1.0, "the adapter loaded again");
     server.shutdown().await;
 }
