@@ -5,7 +5,7 @@
 //!
 //! The allocation meter counts the whole test binary (stats_alloc wraps the system allocator
 //! for it), and other unit tests run meanwhile: each case is measured three times and the
-//! least is judged, which other threads' allocations cannot all inflate at once.
+//! least is judged, again after a pause while it is over (see [`allocated`]).
 
 use proptest::prelude::*;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
@@ -21,16 +21,26 @@ static ALLOCATOR: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 const PER_BODY_BYTE: usize = 64;
 const BASE: usize = 256 << 10;
 
-/// The least of three measurements of the bytes `f` allocates.
-fn allocated(mut f: impl FnMut()) -> usize {
-    (0..3)
-        .map(|_| {
+/// The least of the measurements of the bytes `f` allocates: three, and while that is over
+/// `allowed`, three more after a pause, up to 20 rounds. Parsing is deterministic, so a parse
+/// over its cap is over it every time, while another test's allocations (one that loads a
+/// model, say) inflate the meter for a while only: seen once in a full suite, three in a row.
+fn allocated(mut f: impl FnMut(), allowed: usize) -> usize {
+    let mut least = usize::MAX;
+    for round in 0..20 {
+        if round > 0 {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        for _ in 0..3 {
             let region = Region::new(ALLOCATOR);
             f();
-            region.change().bytes_allocated
-        })
-        .min()
-        .unwrap_or(0)
+            least = least.min(region.change().bytes_allocated);
+        }
+        if least <= allowed {
+            break;
+        }
+    }
+    least
 }
 
 /// JSON values drawn around the requests' fields: the right shapes and the wrong ones.
@@ -147,7 +157,7 @@ proptest! {
     fn any_body_is_refused_or_parsed_within_the_caps_by_every_endpoint(body in body()) {
         let allowed = BASE + PER_BODY_BYTE * body.len();
         for endpoint in [Endpoint::Chat, Endpoint::Completion] {
-            let bytes = allocated(|| drop(parse_job(endpoint, &body)));
+            let bytes = allocated(|| drop(parse_job(endpoint, &body)), allowed);
             prop_assert!(bytes <= allowed, "{bytes} bytes for a {}-byte body", body.len());
             match parse_job(endpoint, &body) {
                 Ok(job) => {
@@ -157,11 +167,14 @@ proptest! {
                 Err(e) => prop_assert!(e.http_status().is_client_error(), "{e}"),
             }
         }
-        let bytes = allocated(|| {
-            drop(parse_tokenize(&body));
-            drop(parse_detokenize(&body));
-            drop(parse_embeddings(&body));
-        });
+        let bytes = allocated(
+            || {
+                drop(parse_tokenize(&body));
+                drop(parse_detokenize(&body));
+                drop(parse_embeddings(&body));
+            },
+            allowed,
+        );
         prop_assert!(bytes <= allowed, "{bytes} bytes for a {}-byte body", body.len());
         for error in [
             parse_tokenize(&body).err(),
